@@ -1,0 +1,131 @@
+# kvtier — GNU Make build. `make demo` and `make test` do all the set-up (scripts/deps.sh).
+#   make                 library (static + shared), CLI, kvtier.pc
+#   make test            build and run every test suite
+#   make demo            build and run the demo
+#   make SANITIZE=address,undefined test    sanitizer build in build/san-address-undefined
+#   make SANITIZE=thread test-threads       ThreadSanitizer build of the threaded suites
+#   make fuzz            libFuzzer targets (clang);  make fuzz-replay  corpus replay
+#   make install PREFIX=/usr/local
+
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCDIR ?= $(PREFIX)/include
+BINDIR ?= $(PREFIX)/bin
+CC ?= cc
+SANITIZE ?=
+OPT ?= -O2
+
+ifeq ($(SANITIZE),)
+BUILD ?= build/default
+SAN_FLAGS :=
+else
+BUILD ?= build/san-$(subst $(comma),-,$(SANITIZE))
+SAN_FLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+comma := ,
+
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wvla -Werror
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) -fPIC -fvisibility=hidden \
+               -Iinclude -Isrc $(SAN_FLAGS)
+VERSION := 0.1.0
+
+# Detected libraries, written once per build dir after the dependency script has run.
+CONFIG := $(BUILD)/config.mk
+-include $(CONFIG)
+$(CONFIG): scripts/deps.sh scripts/configure.sh
+	@mkdir -p $(@D)
+	@scripts/deps.sh
+	@scripts/configure.sh > $@.tmp && mv $@.tmp $@
+
+CFLAGS_ALL = $(BASE_CFLAGS) $(DEP_CFLAGS) $(URING_CFLAGS) $(CFLAGS)
+LIBS_ALL = $(DEP_LIBS) $(URING_LIBS) $(SAN_FLAGS) $(LDFLAGS)
+
+LIB_SRC := $(sort $(wildcard src/*/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TOOL_SRC := $(sort $(wildcard tools/*.c))
+TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/obj/%.o)
+SUPPORT_SRC := $(sort $(wildcard tests/support/*.c))
+SUPPORT_OBJ := $(SUPPORT_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+PROG_SRC := $(sort $(wildcard tests/progs/*.c))
+PROG_BIN := $(PROG_SRC:tests/progs/%.c=$(BUILD)/tests/progs/%)
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+
+STATIC := $(BUILD)/libkvtier.a
+SHARED := $(BUILD)/libkvtier.so.$(VERSION)
+CLI := $(BUILD)/kvtier
+
+.PHONY: all lib cli tests progs benches test test-threads demo fuzz fuzz-replay install clean format
+all: lib cli $(BUILD)/kvtier.pc
+
+lib: $(STATIC) $(SHARED)
+cli: $(CLI)
+
+$(BUILD)/obj/%.o: %.c $(CONFIG)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libkvtier.so.0 -o $@ $^ $(LIBS_ALL)
+	ln -sf libkvtier.so.$(VERSION) $(BUILD)/libkvtier.so.0
+	ln -sf libkvtier.so.$(VERSION) $(BUILD)/libkvtier.so
+
+$(CLI): $(TOOL_OBJ) $(STATIC)
+	$(CC) -o $@ $(TOOL_OBJ) $(STATIC) $(LIBS_ALL) -lm
+
+$(BUILD)/kvtier.pc: kvtier.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCDIR@|$(INCDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
+
+# Tests link the static library (internal symbols visible) and the shared test support.
+TEST_CFLAGS = -DKVT_TEST_DIR=\"$(abspath tests)\" -DKVT_BUILD_DIR=\"$(abspath $(BUILD))\"
+$(BUILD)/obj/tests/%.o: tests/%.c $(CONFIG)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) $(CMOCKA_CFLAGS) $(TEST_CFLAGS) -Itests -MMD -MP -c $< -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJ) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $< $(SUPPORT_OBJ) $(STATIC) $(CMOCKA_LIBS) $(LIBS_ALL) -lm
+
+$(BUILD)/bench/%: bench/%.c $(STATIC) $(CONFIG)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -o $@ $< $(STATIC) $(LIBS_ALL) -lm
+
+tests: $(TEST_BIN) $(PROG_BIN) $(CLI)
+progs: $(PROG_BIN)
+benches: $(BENCH_BIN)
+
+test: tests
+	@scripts/run-tests.sh $(BUILD) $(TEST_BIN)
+
+# Suites that run threads, for the ThreadSanitizer build (SANITIZE=thread).
+THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $(BUILD)/tests/test_store_mp%,$(TEST_BIN))
+test-threads: $(THREAD_TESTS) $(PROG_BIN)
+	@scripts/run-tests.sh $(BUILD) $(THREAD_TESTS)
+
+demo: $(CLI)
+	$(CLI) demo --dir $(BUILD)/demo-store
+
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 644 include/kvtier.h $(DESTDIR)$(INCDIR)/
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvtier.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvtier.so.0
+	ln -sf libkvtier.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvtier.so
+	install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(BUILD)/kvtier.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+
+format:
+	clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*.c tests/*/*.[ch] bench/*.c fuzz/*.c
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SUPPORT_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)

@@ -1,0 +1,525 @@
+/*
+ * kvtier — a persistent prompt cache for LLM inference engines.
+ *
+ * Saves the KV/SSM state of prompts to disk crash-safely in the `.mlxkv` v3 format,
+ * finds the longest cached prefix of a new prompt, and restores it at device speed.
+ *
+ * Caveats
+ *  - Returns: every `int` function returns 0 on success, `-errno` for an OS failure,
+ *    or a negative KVT_E_* code. Out-params are set to NULL (or zeroed) on failure.
+ *    Destructors accept NULL. A failing call leaves a message for the calling thread
+ *    in kvt_last_error(); the library itself never prints.
+ *  - Threads: value objects (tensors, caches, entries) are not locked: one thread at a
+ *    time per object. Buffer refcounts are atomic, so objects that share buffers may
+ *    live on different threads. kvt_store and kvt_pcache are safe from any thread.
+ *  - Files on disk are untrusted: every header is validated before anything it sizes is
+ *    allocated; tensor hashes are checked during the restore copy unless turned off.
+ *  - A store directory must be on a local filesystem (advisory locks guard writers).
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVT_API __attribute__((visibility("default")))
+#else
+#define KVT_API
+#endif
+
+#define KVT_VERSION_MAJOR 0
+#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------
+ * Errors. Library codes are stable and never renumbered; they lie below -1000 so they never
+ * collide with -errno.
+ */
+#define KVT_E_FORMAT      (-1001) /* not an .mlxkv file (unknown magic) */
+#define KVT_E_CORRUPT     (-1002) /* integrity or structural failure */
+#define KVT_E_MISMATCH    (-1003) /* intact, but for another model/tokenizer/ns/layout */
+#define KVT_E_UNSUPPORTED (-1004) /* other format version, kind, dtype or feature */
+#define KVT_E_TOO_LARGE   (-1005) /* the entry exceeds a configured byte cap */
+#define KVT_E_STATE       (-1006) /* operation not allowed in the object's state */
+#define KVT_E_REFUSED     (-1007) /* the engine's exclusion callback refused a step */
+#define KVT_E_TIMEOUT     (-1008) /* a bounded wait ran out */
+
+/** A static description of @p code (any value); never NULL. */
+KVT_API const char *kvt_strerror(int code);
+
+/**
+ * The message of the last failed call on this thread: what failed and where (file, offset,
+ * field, check ID). Never NULL ("" when none). Valid until the next kvtier call on this thread.
+ */
+KVT_API const char *kvt_last_error(void);
+
+/** Diagnostics sink: @p level is one of KVT_LOG_*; @p msg is valid only during the call. */
+enum { KVT_LOG_DEBUG = 0, KVT_LOG_INFO = 1, KVT_LOG_WARN = 2, KVT_LOG_ERROR = 3 };
+typedef void (*kvt_log_fn)(void *ud, int level, const char *msg);
+
+/* ------------------------------------------------------------------------------------------
+ * Hash: Wyhash exactly as Zig std.hash.Wyhash (the reference's Bun.hash).
+ */
+KVT_API uint64_t kvt_wyhash(uint64_t seed, const void *data, size_t len);
+
+/** Streaming form; gives the same value as kvt_wyhash() over the concatenated input. */
+struct kvt_wyhash_state {
+    uint64_t s[3];
+    uint64_t total;
+    uint8_t buf[48];
+    uint8_t last[16]; /* the 16 bytes before buf, once a block has been consumed */
+    size_t nbuf;
+};
+KVT_API void kvt_wyhash_init(struct kvt_wyhash_state *st, uint64_t seed);
+KVT_API void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len);
+KVT_API uint64_t kvt_wyhash_final(const struct kvt_wyhash_state *st);
+
+/* ------------------------------------------------------------------------------------------
+ * Tensors: dtypes with mlx-c codes, refcounted buffers, strided views.
+ */
+enum kvt_dtype {
+    KVT_BOOL = 0, KVT_UINT8 = 1, KVT_UINT16 = 2, KVT_UINT32 = 3, KVT_UINT64 = 4,
+    KVT_INT8 = 5, KVT_INT16 = 6, KVT_INT32 = 7, KVT_INT64 = 8, KVT_FLOAT16 = 9,
+    KVT_FLOAT32 = 10, KVT_FLOAT64 = 11, KVT_BFLOAT16 = 12, KVT_COMPLEX64 = 13,
+};
+#define KVT_DTYPE_COUNT 14
+
+/** Item size in bytes of @p dtype, or 0 for an unknown code. */
+KVT_API size_t kvt_dtype_size(int dtype);
+/** Whether @p dtype is float16, float32 or bfloat16. */
+KVT_API bool kvt_dtype_is_activation(int dtype);
+/** "bfloat16", "float16", …; "unknown" for an unknown code. */
+KVT_API const char *kvt_dtype_name(int dtype);
+
+/**
+ * A refcounted byte buffer: host memory owned by the library, or engine memory wrapped with a
+ * release callback. Holders treat the bytes as immutable while another holder may see them
+ * (CACHES.md §13); the cache layer copies before writing into shared regions.
+ */
+typedef struct kvt_buf kvt_buf;
+typedef void (*kvt_release_fn)(void *ud, void *data);
+
+/** A new zero-filled host buffer of @p bytes (64-byte aligned; 0 bytes is allowed). */
+KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
+/** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). */
+KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
+/**
+ * Wrap engine memory without copying. @p release (may be NULL) runs exactly once, on the thread
+ * that drops the last reference, including when this call itself fails (-ENOMEM).
+ */
+KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud,
+                         kvt_buf **out);
+/** Take another reference; returns @p b. */
+KVT_API kvt_buf *kvt_buf_ref(kvt_buf *b);
+/** Drop a reference; the last one frees the buffer (or calls its release). */
+KVT_API void kvt_buf_unref(kvt_buf *b);
+KVT_API void *kvt_buf_data(const kvt_buf *b);
+KVT_API size_t kvt_buf_size(const kvt_buf *b);
+/** Current number of references (for tests and diagnostics; racy by nature). */
+KVT_API int kvt_buf_refcount(const kvt_buf *b);
+
+#define KVT_MAX_RANK 8
+
+/**
+ * A strided view of a buffer. The struct holds one reference on @p buf when it is "owned"
+ * (returned by the library); release it with kvt_tensor_release(). Strides are in elements.
+ */
+struct kvt_tensor {
+    kvt_buf *buf;
+    size_t offset; /* byte offset of element [0, …, 0] within buf */
+    int dtype;
+    int rank;
+    int64_t shape[KVT_MAX_RANK];
+    int64_t strides[KVT_MAX_RANK];
+};
+
+/**
+ * Describe a C-contiguous tensor of @p shape over @p buf at byte @p offset; takes a new
+ * reference on @p buf. Fails with -EINVAL if the view does not fit in the buffer.
+ */
+KVT_API int kvt_tensor_init(struct kvt_tensor *t, kvt_buf *buf, size_t offset, int dtype,
+                            int rank, const int64_t *shape);
+/** A new zero-filled contiguous tensor of its own buffer. */
+KVT_API int kvt_tensor_zeros(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape);
+/** Drop the reference held by @p t and clear it. */
+KVT_API void kvt_tensor_release(struct kvt_tensor *t);
+/** A second owned view of the same bytes (takes a reference). */
+KVT_API void kvt_tensor_share(struct kvt_tensor *dst, const struct kvt_tensor *src);
+KVT_API size_t kvt_tensor_numel(const struct kvt_tensor *t);
+KVT_API size_t kvt_tensor_nbytes(const struct kvt_tensor *t);
+KVT_API bool kvt_tensor_is_contiguous(const struct kvt_tensor *t);
+/** An owned view of rows [start, end) along @p axis. */
+KVT_API int kvt_tensor_slice(struct kvt_tensor *dst, const struct kvt_tensor *src, int axis,
+                             int64_t start, int64_t end);
+/** Copy the elements of @p src in row-major order into @p dst (kvt_tensor_nbytes() bytes). */
+KVT_API void kvt_tensor_copy_out(const struct kvt_tensor *src, void *dst);
+/** A new contiguous owned copy of @p src. */
+KVT_API int kvt_tensor_contiguous(struct kvt_tensor *dst, const struct kvt_tensor *src);
+
+/* ------------------------------------------------------------------------------------------
+ * Caches: one per donor layer, six kinds (CACHES.md). Quantization math is the engine's: the
+ * library moves already-quantized rows verbatim.
+ */
+enum kvt_kind {
+    KVT_KIND_KV = 0,
+    KVT_KIND_ROTATING = 1,
+    KVT_KIND_QKV = 2,
+    KVT_KIND_ROTATING_QKV = 3,
+    KVT_KIND_SSM = 4,
+    KVT_KIND_TURBOQUANT = 5,
+};
+#define KVT_KIND_COUNT 6
+#define KVT_STEP 256
+#define KVT_MAX_CACHE_TENSORS 6
+
+/** "kv", "rotating", "qkv", "rotating-qkv", "ssm", "turboquant"; NULL for unknown. */
+KVT_API const char *kvt_kind_name(int kind);
+/** The kind named @p name, or -1. */
+KVT_API int kvt_kind_from_name(const char *name);
+/** Tensors a cache of @p kind persists (2, 2, 6, 6, 2, 5), or 0. */
+KVT_API int kvt_kind_tensor_count(int kind);
+/**
+ * Trimmability from scalars alone (CACHES.md §9), the one rule used for live caches and for
+ * headers: kv/qkv/turboquant always, rings iff offset < max_size, ssm never.
+ */
+KVT_API bool kvt_kind_is_trimmable(int kind, int64_t offset, int64_t max_size);
+
+/** Scalars of a cache; fields that a kind does not have are 0. */
+struct kvt_cache_info {
+    int kind;
+    int64_t offset;     /* tokens covered (rings: tokens ever seen) */
+    int64_t idx;        /* rings: next write slot */
+    int64_t max_size;   /* rings: window size */
+    int64_t group_size; /* qkv kinds */
+    int64_t bits;       /* qkv kinds */
+    int64_t k_bits;     /* turboquant */
+    int64_t v_bits;     /* turboquant */
+    int64_t head_dim;   /* turboquant (0 until the first append) */
+};
+
+typedef struct kvt_cache kvt_cache;
+
+/**
+ * A new empty cache. @p params gives the kind and its fixed parameters (max_size for rings,
+ * group_size/bits for qkv kinds, k_bits/v_bits for turboquant); offset/idx are ignored.
+ * @return 0, -EINVAL (bad kind or parameter) or -ENOMEM.
+ */
+KVT_API int kvt_cache_new(const struct kvt_cache_info *params, kvt_cache **out);
+
+/**
+ * Build a cache that takes new references on @p t (the kind's tensors in FORMAT.md §5 order,
+ * @p nt of them) and the scalars of @p info, as a restore does. For token-axis kinds the
+ * tensors may carry capacity beyond the live rows (axis 2 > offset); for rings they are the
+ * whole ring. Validates counts, ranks, dtypes and shapes (-EINVAL).
+ */
+KVT_API int kvt_cache_from_state(const struct kvt_cache_info *info, const struct kvt_tensor *t,
+                                 int nt, kvt_cache **out);
+KVT_API void kvt_cache_free(kvt_cache *c);
+
+/**
+ * Append L = in[0].shape[2] tokens: @p in holds the kind's tensors in FORMAT.md §5 order, each
+ * [B, H, L, ·] (already quantized for qkv kinds and turboquant). Growth follows CACHES.md §2
+ * (STEP 256) and §4 (rings). Bytes are copied; the caller keeps its tensors.
+ * For ssm use kvt_cache_ssm_update(). @return 0, -EINVAL (shape/dtype), KVT_E_STATE, -ENOMEM.
+ */
+KVT_API int kvt_cache_append(kvt_cache *c, const struct kvt_tensor *in, int nin);
+/** ssm: replace conv and recurrent (copied) and advance offset by @p n_tokens. */
+KVT_API int kvt_cache_ssm_update(kvt_cache *c, const struct kvt_tensor *conv,
+                                 const struct kvt_tensor *recurrent, int64_t n_tokens);
+/**
+ * The window attention reads after the last append (CACHES.md §2 step 3, §4 step 5): owned
+ * views into @p out (kind's tensor count entries). @return the count, or negative.
+ */
+KVT_API int kvt_cache_window(const kvt_cache *c, struct kvt_tensor *out);
+/** Drop the last @p n tokens. KVT_E_STATE when n > 0 and the cache is not trimmable. */
+KVT_API int kvt_cache_trim(kvt_cache *c, int64_t n);
+KVT_API bool kvt_cache_is_trimmable(const kvt_cache *c);
+KVT_API void kvt_cache_get_info(const kvt_cache *c, struct kvt_cache_info *info);
+KVT_API int64_t kvt_cache_offset(const kvt_cache *c);
+/** Sum of state bytes (kv kinds: the full capacity buffers; clones: the region referenced). */
+KVT_API size_t kvt_cache_bytes(const kvt_cache *c);
+/** Rows allocated on the token axis (capacity), or 0 for ssm / an empty cache. */
+KVT_API int64_t kvt_cache_capacity(const kvt_cache *c);
+/**
+ * What is persisted (CACHES.md §10): owned views into @p out — rows [0, offset) for kv, qkv,
+ * turboquant; whole buffers for rings and ssm. @return the count, or KVT_E_STATE for an empty
+ * cache ("cannot persist an empty cache").
+ */
+KVT_API int kvt_cache_state(const kvt_cache *c, struct kvt_tensor *out);
+/** A clone sharing the donor's bytes, immune to later writes to either (CACHES.md §13). */
+KVT_API int kvt_cache_clone(const kvt_cache *c, kvt_cache **out);
+
+/* ------------------------------------------------------------------------------------------
+ * Entries and files (.mlxkv v3, FORMAT.md).
+ */
+
+/** Identity metadata; NULL = absent. */
+struct kvt_meta {
+    const char *model_id;
+    const char *config_fingerprint;
+    const char *tokenizer_hash;
+    const char *ns;
+};
+
+/**
+ * One cache entry: the exact token prefix and one cache per donor layer. An entry returned by
+ * the library owns everything it points to; free it with kvt_entry_free(). A caller may also
+ * fill one on the stack to save borrowed caches.
+ */
+struct kvt_entry {
+    int32_t *tokens;
+    size_t n_tokens;
+    kvt_cache **caches;
+    size_t n_caches;
+    struct kvt_meta meta; /* owned copies in library-made entries */
+    int64_t created_at;   /* ms since the epoch; -1 when the header had none */
+};
+
+/** A library-owned entry: copies @p tok and @p ns, takes ownership of @p caches' objects. */
+KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches,
+                          size_t n_caches, const char *ns, struct kvt_entry **out);
+/** Free a library-made entry and everything it owns. */
+KVT_API void kvt_entry_free(struct kvt_entry *e);
+/** Clone every cache of @p e into a new library-owned entry (tokens and meta copied). */
+KVT_API int kvt_entry_clone(const struct kvt_entry *e, struct kvt_entry **out);
+/** Sum of kvt_cache_bytes() over the caches. */
+KVT_API size_t kvt_entry_bytes(const struct kvt_entry *e);
+KVT_API bool kvt_entry_is_trimmable(const struct kvt_entry *e);
+
+/**
+ * The engine's exclusion (TIER.md §6): run @p step(@p arg) while no model step runs and return
+ * its result, or refuse without running it (return KVT_E_REFUSED). May be called from the
+ * library's writer or timer thread; the engine may run the step on its own thread.
+ */
+typedef int (*kvt_step_fn)(void *arg);
+typedef int (*kvt_run_exclusive_fn)(void *engine, kvt_step_fn step, void *arg);
+
+struct kvt_save_opts {
+    int64_t created_at;          /* ms since the epoch; 0 = now */
+    uint64_t max_file_bytes;     /* refuse (KVT_E_TOO_LARGE) from the plan; 0 = no limit */
+    kvt_run_exclusive_fn run_exclusive; /* optional: each of the N + 1 write steps inside it */
+    void *engine;                /* passed to run_exclusive */
+    bool no_sync;                /* skip fsync of file and directory (tests, benchmarks) */
+    bool drop_cache;             /* after fsync, drop the file's pages from the page cache */
+};
+
+/**
+ * Write @p e to @p path crash-safely: `<path>.tmp` created exclusively and locked, tensors
+ * streamed one at a time (hashed from zero-copy views when contiguous), header patched last,
+ * fsync, rename, fsync of the directory. Metadata comes from e->meta (absent keys omitted).
+ * On any failure nothing under @p path changes and no `.tmp` remains.
+ * @p out_bytes (may be NULL) receives the file size.
+ * @return 0, -errno, KVT_E_STATE (empty cache), KVT_E_TOO_LARGE, KVT_E_REFUSED, -EINVAL.
+ */
+KVT_API int kvt_file_save(const char *path, const struct kvt_entry *e,
+                          const struct kvt_save_opts *o, uint64_t *out_bytes);
+/** The file size kvt_file_save() would write for @p e, from the plan alone. */
+KVT_API int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes);
+
+/** One tensor slot of a header. */
+struct kvt_slot {
+    uint64_t off;   /* relative to data_start */
+    uint64_t bytes;
+    int dtype;
+    int rank;
+    int64_t shape[KVT_MAX_RANK];
+    uint64_t hash;
+};
+
+struct kvt_cache_header {
+    struct kvt_cache_info info;
+    int n_slots;
+    struct kvt_slot slots[KVT_MAX_CACHE_TENSORS];
+};
+
+/** A validated header (FORMAT.md V1–V20 passed). Free with kvt_header_free(). */
+struct kvt_header {
+    int format_version;
+    int64_t created_at; /* -1 when absent */
+    char *model_id, *config_fingerprint, *tokenizer_hash, *ns; /* NULL when absent */
+    int32_t *tokens;
+    size_t n_tokens;
+    struct kvt_cache_header *caches;
+    size_t n_caches;
+    uint32_t header_len;
+    uint32_t data_start;
+    uint64_t header_hash;
+    uint64_t file_size;
+};
+
+struct kvt_read_opts {
+    size_t max_header_bytes; /* V4; 0 = 64 MiB */
+};
+
+/**
+ * Read and validate the prefix and header only (no tensor bytes).
+ * @return 0, KVT_E_FORMAT, KVT_E_UNSUPPORTED, KVT_E_CORRUPT or -errno; the message names the
+ *         check ID (V1…V20), the field and the offset.
+ */
+KVT_API int kvt_file_read_header(const char *path, const struct kvt_read_opts *o,
+                                 struct kvt_header **out);
+KVT_API void kvt_header_free(struct kvt_header *h);
+/** Every cache trimmable, from the header's scalars (CACHES.md §9). */
+KVT_API bool kvt_header_is_trimmable(const struct kvt_header *h);
+/** V21: every non-ssm cache has offset == n_tokens (the store indexes only those). */
+KVT_API bool kvt_header_is_indexable(const struct kvt_header *h);
+
+/** Caller expectations for a load (FORMAT.md §11.3). NULL / 0 fields are not checked. */
+struct kvt_expect {
+    const char *model_id, *config_fingerprint, *tokenizer_hash, *ns;
+    size_t n_layers;         /* L2: donor-layer count; 0 = not checked */
+    bool no_verify;          /* skip tensor hash checks (L3) */
+    size_t max_header_bytes; /* V4; 0 = 64 MiB */
+    bool keep_cache;         /* do not drop the file's pages after reading */
+};
+
+/**
+ * Load an entry: validate the header, check expectations, read every tensor straight into
+ * owned buffers (token-axis kinds get STEP capacity with at least one zero row of slack,
+ * CACHES.md §12) checking hashes in the same pass. No mapping survives the call; on failure
+ * everything built is freed. @p out_header (may be NULL) receives the header.
+ */
+KVT_API int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry **out,
+                          struct kvt_header **out_header);
+/** Full structural and hash check without building caches. */
+KVT_API int kvt_file_verify(const char *path, const struct kvt_expect *x);
+
+/* ------------------------------------------------------------------------------------------
+ * Store: one directory of entries with a prefix index (STORE.md).
+ */
+typedef struct kvt_store kvt_store;
+
+struct kvt_store_opts {
+    const char *model_id;           /* required */
+    const char *config_fingerprint; /* required: the directory key */
+    const char *tokenizer_hash;     /* required */
+    uint64_t max_bytes;             /* byte cap; 0 = 32 GiB */
+    size_t n_layers;                /* donor-layer count checked on restore; 0 = not checked */
+    bool no_verify;                 /* skip tensor hash checks on restore */
+    bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
+    size_t max_header_bytes;        /* 0 = 64 MiB */
+    int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; <0 = 60000 */
+    kvt_log_fn log;
+    void *log_ud;
+};
+
+/** A find result: valid until kvt_store_close(); prefix_len == 0 means a miss. */
+struct kvt_hit {
+    size_t prefix_len;
+    size_t n_tokens; /* tokens of the matched entry */
+    uint64_t id;     /* the record (opaque) */
+    bool trimmable;
+};
+
+struct kvt_store_stats {
+    uint64_t entries, total_bytes, max_bytes;
+    uint64_t restores, spills, store_failures, evictions;
+    uint64_t skipped_files, skipped_bytes, corrupt_files, restore_misses;
+    double restore_ms_last;
+    uint64_t longest_durable_prefix_tokens;
+};
+
+/** Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap. */
+KVT_API int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out);
+KVT_API void kvt_store_close(kvt_store *s);
+/** Longest usable prefix (STORE.md §7); index only. @return 0 (a miss is prefix_len 0). */
+KVT_API int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const char *ns,
+                           struct kvt_hit *hit);
+/**
+ * Restore a hit. @return 0 with *out set, or 0 with *out NULL on a miss (vanished, corrupt,
+ * foreign: handled per STORE.md §12.1). Negative only for bad arguments.
+ */
+KVT_API int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
+/**
+ * Store @p e under namespace e->meta.ns (NULL = ""), synchronously. @p run_exclusive may be
+ * NULL. Soft failure: returns a negative code, removes partial files, the store stays usable.
+ */
+KVT_API int kvt_store_put(kvt_store *s, const struct kvt_entry *e,
+                          kvt_run_exclusive_fn run_exclusive, void *engine);
+KVT_API bool kvt_store_has_durable_prefix(kvt_store *s, const int32_t *tok, size_t n,
+                                          const char *ns);
+/** Pick up entries published (or removed) by other processes, then evict to cap. */
+KVT_API int kvt_store_refresh(kvt_store *s);
+KVT_API void kvt_store_get_stats(kvt_store *s, struct kvt_store_stats *st);
+/** The directory this store owns (<dir>/<config_fingerprint>). */
+KVT_API const char *kvt_store_root(const kvt_store *s);
+/** Write nsHash(@p ns) ("base" or unpadded hex) into @p out (at least 17 bytes). */
+KVT_API void kvt_ns_hash(const char *ns, char out[17]);
+
+/* ------------------------------------------------------------------------------------------
+ * Tier: RAM prompt cache over the store, write-behind queue, idle demotion (TIER.md).
+ */
+typedef struct kvt_pcache kvt_pcache;
+
+/** Ref-counted hold on engine backing memory; the hook runs once after the last release. */
+typedef struct kvt_retain kvt_retain;
+KVT_API int kvt_retain_new(void (*hook)(void *ud), void *ud, kvt_retain **out);
+KVT_API void kvt_retain_release(kvt_retain *r);
+
+struct kvt_pcache_opts {
+    uint64_t ram_max_bytes;         /* 0 = 8e9; the RAM tier cannot be off */
+    const char *cold_dir;           /* NULL = no cold tier */
+    struct kvt_store_opts cold;     /* store options when cold_dir is set */
+    uint64_t spill_queue_max_bytes; /* 0 = 2 GiB */
+    bool spill_queue_unbounded_zero; /* treat spill_queue_max_bytes == 0 as a cap of 0 */
+    bool write_behind_off;
+    int64_t demote_idle_ms;         /* 0 = 300000 with a cold tier; <0 = off */
+    int64_t snapshot_debounce_ms;   /* 0 = 1000 */
+    int64_t snapshot_busy_retry_ms; /* 0 = 5000 */
+    kvt_run_exclusive_fn run_exclusive; /* optional engine exclusion */
+    bool (*busy)(void *engine);     /* optional: postpones snapshots and demotion (policy) */
+    void *engine;
+    void (*on_put)(void *ud, const int32_t *tok, size_t n, const char *ns);
+    void *on_put_ud;
+    kvt_log_fn log;
+    void *log_ud;
+};
+
+/** A taken prefix: owned caches trimmed to prefix_len tokens. */
+struct kvt_take {
+    struct kvt_entry *entry; /* NULL on a miss */
+    kvt_retain *retain;      /* pass to kvt_pcache_put() or release */
+    bool from_disk;
+};
+
+struct kvt_flush_report {
+    bool durable;
+    uint64_t pending_snapshots, pending_spills, pending_spill_bytes;
+    uint64_t dropped, failed, missing;
+    uint64_t entries, longest_durable_prefix_tokens;
+};
+
+struct kvt_pcache_stats {
+    uint64_t records, total_bytes, hits, misses, demotions;
+    uint64_t pending_spills, pending_spill_bytes, dropped_spills, failed_spills;
+    uint64_t pending_snapshots;
+    bool has_cold;
+    struct kvt_store_stats cold;
+};
+
+KVT_API int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out);
+/** Stop timers, finish the in-flight write, release everything (does not flush: see flush). */
+KVT_API void kvt_pcache_close(kvt_pcache *pc);
+KVT_API int kvt_pcache_take(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
+                            struct kvt_take *out);
+/** Takes ownership of @p e and @p retain (may be NULL) on every path. */
+KVT_API int kvt_pcache_put(kvt_pcache *pc, struct kvt_entry *e, kvt_retain *retain);
+KVT_API size_t kvt_pcache_peek_prefix_len(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                          const char *ns);
+KVT_API size_t kvt_pcache_demote_idle(kvt_pcache *pc, int64_t idle_ms, int64_t now_ms);
+KVT_API void kvt_pcache_clear(kvt_pcache *pc);
+KVT_API int kvt_pcache_flush(kvt_pcache *pc, int64_t timeout_ms, struct kvt_flush_report *r);
+KVT_API void kvt_pcache_get_stats(kvt_pcache *pc, struct kvt_pcache_stats *st);
+/** The cold tier, or NULL (borrowed; valid until kvt_pcache_close()). */
+KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_H */

@@ -1,0 +1,45 @@
+/*
+ * The io vtable: the only way the library touches file data and names. The default backend
+ * is plain POSIX; tests swap in a fault-injecting backend (fail the Nth call, short writes,
+ * ENOSPC, EIO) through kvt_io_set(). Every function returns >= 0 or -errno (never sets errno
+ * for the caller to read).
+ */
+#ifndef KVT_IO_H
+#define KVT_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+struct kvt_io {
+    const char *name;
+    int (*openat)(int dirfd, const char *path, int flags, mode_t mode); /* fd or -errno */
+    int (*close)(int fd);
+    ssize_t (*pread)(int fd, void *buf, size_t n, uint64_t off);         /* may be short */
+    ssize_t (*pwrite)(int fd, const void *buf, size_t n, uint64_t off);  /* may be short */
+    int (*fsync)(int fd);
+    int (*ftruncate)(int fd, uint64_t size);
+    int (*fstat)(int fd, struct stat *st);
+    int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
+    int (*unlinkat)(int dirfd, const char *path, int flags);
+    int (*mkdirat)(int dirfd, const char *path, mode_t mode);
+    int (*flock)(int fd, int op);
+    int (*fadvise_dontneed)(int fd, uint64_t off, uint64_t len);
+};
+
+/** The backend in use (process-wide). */
+const struct kvt_io *kvt_io(void);
+/** Install @p io (NULL = the POSIX backend). Tests only; not thread-safe against I/O in flight. */
+void kvt_io_set(const struct kvt_io *io);
+/** The plain POSIX backend. */
+const struct kvt_io *kvt_io_posix(void);
+
+/** Read exactly @p n bytes at @p off: 0, -EIO on a short file (unexpected EOF), or -errno. */
+int kvt_io_read_full(int fd, void *buf, size_t n, uint64_t off);
+/** Write exactly @p n bytes at @p off, retrying short writes: 0 or -errno. */
+int kvt_io_write_full(int fd, const void *buf, size_t n, uint64_t off);
+/** fsync the directory holding @p path (or @p path itself when it is a directory). */
+int kvt_io_fsync_dir(const char *dirpath);
+
+#endif

@@ -1,0 +1,131 @@
+/* Shared test helpers (see support.h). */
+#include "support/support.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *golden_path(const char *name)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof(buf), "%s/golden/%s", KVT_TEST_DIR, name);
+    return buf;
+}
+
+char *scratch_dir(const char *tag)
+{
+    static unsigned counter;
+    const char *base = getenv("KVT_SCRATCH");
+    char *path = strf("%s/%s-%d-%u", base ? base : "/tmp", tag, (int)getpid(), counter++);
+    rm_rf(path);
+    if (mkdir(path, 0755) != 0) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+uint8_t *read_file(const char *path, size_t *n)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return NULL;
+    }
+    uint8_t *buf = malloc(st.st_size ? (size_t)st.st_size : 1);
+    size_t got = 0;
+    while (buf && got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r <= 0) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (buf)
+        *n = got;
+    return buf;
+}
+
+int write_file(const char *path, const void *data, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return -errno;
+    const uint8_t *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return close(fd) == 0 ? 0 : -errno;
+}
+
+void *load_json(const char *path)
+{
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    if (!j)
+        fprintf(stderr, "%s:%d: %s\n", path, err.line, err.text);
+    return j;
+}
+
+uint64_t xs64(uint64_t *x)
+{
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return *x * 0x2545F4914F6CDD1Dull;
+}
+
+void fill_random(void *dst, size_t n, uint64_t *state)
+{
+    uint8_t *p = dst;
+    while (n > 0) {
+        uint64_t v = xs64(state);
+        size_t k = n < 8 ? n : 8;
+        memcpy(p, &v, k);
+        p += k;
+        n -= k;
+    }
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void rm_rf(const char *path)
+{
+    nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+char *strf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    return s;
+}

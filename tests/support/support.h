@@ -1,0 +1,35 @@
+/*
+ * Helpers shared by the test suites: paths of test data, scratch directories, whole-file
+ * reads, and deterministic pseudo-random bytes.
+ */
+#ifndef KVT_TEST_SUPPORT_H
+#define KVT_TEST_SUPPORT_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka needs these before its header */
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "kvtier.h"
+
+/** "<tests>/golden/<name>" in a static buffer (valid until the next call). */
+const char *golden_path(const char *name);
+/** A fresh empty directory under the suite's scratch dir; caller frees. */
+char *scratch_dir(const char *tag);
+/** Read a whole file; *n receives its size. Caller frees. NULL on error. */
+uint8_t *read_file(const char *path, size_t *n);
+/** Write a whole file. 0 or -errno. */
+int write_file(const char *path, const void *data, size_t n);
+/** Parse a JSON file with jansson (json_t *, returned as void * to keep jansson optional). */
+void *load_json(const char *path);
+/** xorshift64* stream as the golden files use (golden/README.md). */
+uint64_t xs64(uint64_t *state);
+void fill_random(void *dst, size_t n, uint64_t *state);
+/** Remove a directory tree (best effort). */
+void rm_rf(const char *path);
+/** printf into a malloc'd string. */
+char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,39 @@
+/*
+ * The kvtier command-line tool: one file per command group, all on the public API only.
+ * Exit codes: 0 success, 1 a checked thing is bad (corrupt file, miss where one was asked
+ * about), 2 usage or I/O error.
+ */
+#ifndef KVT_CLI_H
+#define KVT_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvtier.h"
+
+#define EXIT_BAD 1
+#define EXIT_USAGE 2
+
+struct cli_command {
+    const char *name;
+    const char *usage;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name */
+};
+
+/* Command groups (tools/cmd_*.c). */
+int cmd_inspect(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+
+/* Shared helpers (tools/cli_util.c). */
+/** Print "kvtier: <what>: <message>" to stderr for a failed library call; returns EXIT_USAGE. */
+int cli_error(const char *what, int rc);
+/** Parse a size with an optional K/M/G/T (binary) suffix; false on junk. */
+bool cli_parse_size(const char *s, uint64_t *out);
+/** Parse a comma-separated token list ("1,2,3"); caller frees *out. */
+bool cli_parse_tokens(const char *s, int32_t **out, size_t *n);
+/** Write @p s as a JSON string literal (with quotes) to @p f. */
+void cli_json_string(FILE *f, const char *s);
+
+#endif

@@ -1,0 +1,46 @@
+/*
+ * kvtier CLI entry point: dispatches to the command groups in tools/cmd_*.c.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+
+static int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("kvtier %d.%d.%d\n", KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
+    return 0;
+}
+
+static const struct cli_command commands[] = {
+    {"version", "version", cmd_version},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(f, "  kvtier %s\n", commands[i].usage);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "-h") || !strcmp(name, "--help") || !strcmp(name, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(name, commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvtier: unknown command '%s'\n", name);
+    usage(stderr);
+    return EXIT_USAGE;
+}
