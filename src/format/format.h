@@ -1,0 +1,153 @@
+/*
+ * Internal interface of the .mlxkv v3 format layer (FORMAT.md): constants, the exact
+ * JSON.stringify serializer of headers, the validating header reader that works on bytes in
+ * memory (for the store, the CLI and the fuzz targets), and the check passes the writer reuses
+ * on its own plan so that it never writes a file the reader would reject.
+ */
+#ifndef KVT_FORMAT_H
+#define KVT_FORMAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+#define KVT_ALIGN 16384u
+#define KVT_PREFIX_LEN 26u
+#define KVT_MAGIC "MLXBUNKV2\n"
+#define KVT_MAGIC_V1 "MLXBUNKV1\n"
+#define KVT_MAGIC_LEN 10u
+#define KVT_FORMAT_VERSION 3
+#define KVT_DEFAULT_MAX_HEADER ((size_t)64 << 20)
+#define KVT_SAFE_INT_LIMIT ((uint64_t)1 << 53) /* every header number is below this */
+#define KVT_PLACEHOLDER_HASH 0                 /* renders as "0000000000000000" */
+
+/** Chunk of streamed tensor I/O (bounded buffers in the writer, loader and verifier). */
+#define KVT_IO_CHUNK ((size_t)8 << 20)
+
+static inline uint64_t kvt_align_up(uint64_t n)
+{
+    return (n + (KVT_ALIGN - 1)) / KVT_ALIGN * KVT_ALIGN;
+}
+
+/* ---- growable text buffer for the serializer ---- */
+
+struct kvt_sbuf {
+    char *data;
+    size_t len, cap;
+    bool oom; /* sticky: an append failed */
+};
+
+void kvt_sbuf_free(struct kvt_sbuf *b);
+void kvt_sbuf_put(struct kvt_sbuf *b, const void *s, size_t n);
+void kvt_sbuf_puts(struct kvt_sbuf *b, const char *s);
+void kvt_sbuf_put_u64(struct kvt_sbuf *b, uint64_t v);
+
+/* ---- serializer (header_json.c) ---- */
+
+/** Whether @p s (NUL-terminated) is valid UTF-8: no overlongs, surrogates or code points
+ *  above U+10FFFF. On failure *bad_at (may be NULL) receives the offset of the bad byte. */
+bool kvt_utf8_valid(const char *s, size_t *bad_at);
+
+/** Append @p s as JavaScript JSON.stringify writes it (quotes included). Must be valid UTF-8. */
+void kvt_json_put_string(struct kvt_sbuf *b, const char *s);
+
+/**
+ * Serialize @p h exactly as JSON.stringify writes the header object of FORMAT.md §3 (key order
+ * §3.2-§3.4; created_at < 0 and NULL metadata are omitted). Numbers must be below 2^53 and the
+ * strings valid UTF-8 (checked by kvt_header_check_writable()). @return 0 or -ENOMEM.
+ */
+int kvt_header_to_json(const struct kvt_header *h, struct kvt_sbuf *out);
+
+/**
+ * The checks a writer applies to a header it built: metadata is valid UTF-8, tokens are in
+ * [0, 2^31), and V10 values plus V12-V20 hold (F = h->file_size). @return 0 or -EINVAL with a
+ * message naming the check.
+ */
+int kvt_header_check_writable(const struct kvt_header *h);
+
+/* ---- reader (header_read.c, header_parse.c, header_check.c) ---- */
+
+/** The fixed prefix, decoded (V1-V5 passed). */
+struct kvt_prefix {
+    uint32_t header_len;
+    uint32_t data_start;
+    uint64_t header_hash;
+};
+
+/**
+ * V1-V5 on the first @p n bytes of a file of @p file_size bytes (@p n may be less than 26 only
+ * when the file is). @p name prefixes messages. @return 0, KVT_E_FORMAT, KVT_E_UNSUPPORTED or
+ * KVT_E_CORRUPT.
+ */
+int kvt_prefix_check(const uint8_t *buf, size_t n, uint64_t file_size, size_t max_header_bytes,
+                     const char *name, struct kvt_prefix *out);
+
+/**
+ * V6-V20 on the @p p->header_len JSON bytes at @p json, for a file of @p file_size bytes whose
+ * prefix passed kvt_prefix_check(). @return 0 with *out set, KVT_E_UNSUPPORTED, KVT_E_CORRUPT
+ * or -ENOMEM.
+ */
+int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint64_t file_size,
+                          const char *name, struct kvt_header **out);
+
+/**
+ * The whole header check from memory: @p buf holds the first @p n bytes of a file of
+ * @p file_size bytes (n <= file_size). It must cover the prefix and the JSON when the file
+ * has them (else -EINVAL). Fuzz targets pass (data, size, size). @p name (NULL = "header")
+ * prefixes messages. @return as kvt_file_read_header().
+ */
+int kvt_header_parse(const uint8_t *buf, size_t n, uint64_t file_size,
+                     const struct kvt_read_opts *o, const char *name, struct kvt_header **out);
+
+/**
+ * Read and validate the header of an open file (V1-V20), using the installed io backend.
+ * @p name prefixes messages. @return as kvt_file_read_header().
+ */
+int kvt_header_read_fd(int fd, const struct kvt_read_opts *o, const char *name,
+                       struct kvt_header **out);
+
+/** V10 on parsed values (kinds, dtypes, quantization parameters); header_check.c. */
+int kvt_header_check_values(const struct kvt_header *h, const char *name);
+/** V14-V20 on a header whose fields passed V11-V13; header_check.c. */
+int kvt_header_check_layout(const struct kvt_header *h, const char *name);
+
+/* Parameter sets of V10. */
+bool kvt_qkv_bits_ok(int64_t bits);
+bool kvt_qkv_group_ok(int64_t group_size);
+bool kvt_tq_bits_ok(int64_t bits);
+bool kvt_tq_head_dim_ok(int64_t head_dim);
+
+/** Whether @p kind's slot @p slot holds a rank-3 tensor (ssm conv) rather than rank 4. */
+int kvt_slot_rank(int kind, int slot);
+
+/** A scalar of a cache entry object: its JSON key and its field in struct kvt_cache_info. */
+struct kvt_scalar {
+    const char *key;
+    size_t field; /* offsetof(struct kvt_cache_info, <field>), an int64_t */
+};
+/** The scalars of @p kind after "offset", in §3.3 key order; *n receives their count. */
+const struct kvt_scalar *kvt_kind_scalars(int kind, int *n);
+
+static inline int64_t *kvt_scalar_ptr(struct kvt_cache_info *info, const struct kvt_scalar *s)
+{
+    return (int64_t *)(void *)((char *)info + s->field);
+}
+
+static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info,
+                                     const struct kvt_scalar *s)
+{
+    return *(const int64_t *)(const void *)((const char *)info + s->field);
+}
+
+/** Absolute file offset of slot @p s (data_start + off; V17 guarantees no overflow). */
+static inline uint64_t kvt_slot_abs(const struct kvt_header *h, const struct kvt_slot *s)
+{
+    return (uint64_t)h->data_start + s->off;
+}
+
+/** "caches[i].tensors[j]"-style name of a slot into @p buf. */
+const char *kvt_slot_name(char *buf, size_t n, size_t cache, int slot);
+
+#endif
