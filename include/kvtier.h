@@ -454,66 +454,129 @@ KVT_API void kvt_ns_hash(const char *ns, char out[17]);
 
 /* ------------------------------------------------------------------------------------------
  * Tier: RAM prompt cache over the store, write-behind queue, idle demotion (TIER.md).
+ *
+ * Threads: every kvt_pcache call is safe from any thread; one internal lock makes them
+ * atomic with respect to each other and is never held across disk I/O or engine callbacks.
+ * With a cold tier the pcache runs two library threads: the writer (queued writes, FIFO,
+ * one at a time) and the timer thread (debounced snapshots, idle demotion). Engine code
+ * runs on them only through: cache/buffer release callbacks, retain hooks, run_exclusive
+ * and busy. kvt_pcache_flush() runs its forced snapshots on the calling thread.
+ * Never call kvt_pcache_flush() or kvt_pcache_close() while holding the engine exclusion
+ * (they wait for steps that need it).
  */
 typedef struct kvt_pcache kvt_pcache;
 
-/** Ref-counted hold on engine backing memory; the hook runs once after the last release. */
+/**
+ * A ref-counted hold on engine backing memory (TIER.md §2.6). kvt_retain_new() returns the
+ * first reference; @p hook (may be NULL) runs exactly once, on the thread that releases the
+ * last one — including when kvt_retain_new() itself fails (-ENOMEM).
+ */
 typedef struct kvt_retain kvt_retain;
 KVT_API int kvt_retain_new(void (*hook)(void *ud), void *ud, kvt_retain **out);
+/** Another reference to @p r; returns @p r (NULL stays NULL). */
+KVT_API kvt_retain *kvt_retain_acquire(kvt_retain *r);
+/** Release one reference (NULL allowed). Each reference is released once. */
 KVT_API void kvt_retain_release(kvt_retain *r);
 
+/*
+ * Options (TIER.md §8). Start from kvt_pcache_opts_init(), which sets every default; after
+ * that every value is literal (0 means 0).
+ */
 struct kvt_pcache_opts {
-    uint64_t ram_max_bytes;         /* 0 = 8e9; the RAM tier cannot be off */
-    const char *cold_dir;           /* NULL = no cold tier */
-    struct kvt_store_opts cold;     /* store options when cold_dir is set */
-    uint64_t spill_queue_max_bytes; /* 0 = 2 GiB */
-    bool spill_queue_unbounded_zero; /* treat spill_queue_max_bytes == 0 as a cap of 0 */
-    bool write_behind_off;
-    int64_t demote_idle_ms;         /* 0 = 300000 with a cold tier; <0 = off */
-    int64_t snapshot_debounce_ms;   /* 0 = 1000 */
-    int64_t snapshot_busy_retry_ms; /* 0 = 5000 */
-    kvt_run_exclusive_fn run_exclusive; /* optional engine exclusion */
-    bool (*busy)(void *engine);     /* optional: postpones snapshots and demotion (policy) */
+    uint64_t ram_max_bytes;         /* RAM tier cap; default 8e9. 0 = caches nothing, and
+                                       is an error (-EINVAL) together with a cold tier */
+    const char *cold_dir;           /* NULL = no cold tier (default) */
+    struct kvt_store_opts cold;     /* store options when cold_dir is set; model_id,
+                                       config_fingerprint and tokenizer_hash are required */
+    int64_t spill_queue_max_bytes;  /* soft cap of the write-behind queue; default 2 GiB;
+                                       0 = only the newest item and the one in flight;
+                                       < 0 = -EINVAL */
+    bool write_behind;              /* snapshot fresh entries to disk; default on.
+                                       Spill-on-evict works either way */
+    int64_t demote_idle_ms;         /* demote RAM entries idle this long; default 300000;
+                                       0 = off; ignored without a cold tier; < 0 = -EINVAL */
+    int64_t snapshot_debounce_ms;   /* default 1000 */
+    int64_t snapshot_busy_retry_ms; /* default 5000 */
+    int64_t flush_timeout_ms;       /* used by kvt_pcache_flush(timeout < 0); default 120000 */
+    kvt_run_exclusive_fn run_exclusive; /* optional engine exclusion; NULL = steps run directly */
+    bool (*busy)(void *engine);     /* optional: postpones snapshots and demotion (policy only) */
     void *engine;
+    /* Optional: called after every stored put (any thread, outside the lock). */
     void (*on_put)(void *ud, const int32_t *tok, size_t n, const char *ns);
     void *on_put_ud;
-    kvt_log_fn log;
+    kvt_log_fn log;                 /* also the store's, unless cold.log is set */
     void *log_ud;
 };
 
-/** A taken prefix: owned caches trimmed to prefix_len tokens. */
+/** Fill @p o with the defaults of TIER.md §8 (no cold tier). */
+KVT_API void kvt_pcache_opts_init(struct kvt_pcache_opts *o);
+
+/** A taken prefix: owned caches trimmed to entry->n_tokens tokens. */
 struct kvt_take {
     struct kvt_entry *entry; /* NULL on a miss */
-    kvt_retain *retain;      /* pass to kvt_pcache_put() or release */
+    kvt_retain *retain;      /* pass to kvt_pcache_put() or release (NULL = no hold) */
     bool from_disk;
 };
 
 struct kvt_flush_report {
-    bool durable;
+    bool durable; /* no dirty keys, no pending spills, no drop/failure/missing in the flush */
     uint64_t pending_snapshots, pending_spills, pending_spill_bytes;
-    uint64_t dropped, failed, missing;
-    uint64_t entries, longest_durable_prefix_tokens;
+    uint64_t dropped, failed, missing; /* during this flush */
+    uint64_t entries, longest_durable_prefix_tokens; /* store state at the end */
 };
 
 struct kvt_pcache_stats {
     uint64_t records, total_bytes, hits, misses, demotions;
     uint64_t pending_spills, pending_spill_bytes, dropped_spills, failed_spills;
-    uint64_t pending_snapshots;
+    uint64_t pending_snapshots; /* dirty keys, armed timers included */
     bool has_cold;
-    struct kvt_store_stats cold;
+    struct kvt_store_stats cold; /* zeroed without a cold tier */
 };
 
+/**
+ * Open a prompt cache (and, with cold_dir, its store, writer and timer threads). Logs
+ * "[ssd-cache] <dir> — N entries recovered, X.XX GiB of Y GiB cap" when a store is opened.
+ * @return 0, -EINVAL (bad option; message in kvt_last_error()), a store error, -ENOMEM.
+ */
 KVT_API int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out);
-/** Stop timers, finish the in-flight write, release everything (does not flush: see flush). */
+/**
+ * Stop the timers, let the writer finish the write in flight, discard the queued spills,
+ * release every RAM entry without spilling, close the store. Does not flush: call
+ * kvt_pcache_flush() first for durability. NULL allowed.
+ */
 KVT_API void kvt_pcache_close(kvt_pcache *pc);
+/**
+ * The longest usable cached prefix of @p tok (TIER.md §2.2): a trimmed clone of a RAM entry
+ * (which stays in RAM), or an entry restored from disk when the disk prefix is strictly
+ * longer. A miss is 0 with out->entry NULL. The caller owns out->entry and out->retain.
+ */
 KVT_API int kvt_pcache_take(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
                             struct kvt_take *out);
-/** Takes ownership of @p e and @p retain (may be NULL) on every path. */
+/**
+ * Insert @p e under e->meta.ns (NULL = "") (TIER.md §2.3); takes ownership of @p e and
+ * @p retain (may be NULL) on every path. Evicted entries spill to the cold tier.
+ */
 KVT_API int kvt_pcache_put(kvt_pcache *pc, struct kvt_entry *e, kvt_retain *retain);
+/** The RAM prefix length take() would find; changes nothing (no counters, no LRU). */
 KVT_API size_t kvt_pcache_peek_prefix_len(kvt_pcache *pc, const int32_t *tok, size_t n,
                                           const char *ns);
+/** Whether RAM holds an entry with exactly these tokens in @p ns. */
+KVT_API bool kvt_pcache_find_exact(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                   const char *ns);
+/**
+ * Move every entry idle for at least @p idle_ms (at @p now_ms wall ms; <= 0 = now) to the
+ * cold tier; returns the count. Without a cold tier: 0, nothing done. Call inside the engine
+ * exclusion (a host "drain" is demote_idle(0)).
+ */
 KVT_API size_t kvt_pcache_demote_idle(kvt_pcache *pc, int64_t idle_ms, int64_t now_ms);
+/** Release every RAM entry without spilling. */
 KVT_API void kvt_pcache_clear(kvt_pcache *pc);
+/**
+ * Make everything in RAM durable (TIER.md §5): wait for running snapshots and the queue,
+ * then force a snapshot of every dirty key until a pass clears nothing. Concurrent callers
+ * share one run and its report. @p timeout_ms < 0 = the flush_timeout_ms option.
+ * @return 0 (see r->durable) or KVT_E_TIMEOUT (r filled, durable false).
+ */
 KVT_API int kvt_pcache_flush(kvt_pcache *pc, int64_t timeout_ms, struct kvt_flush_report *r);
 KVT_API void kvt_pcache_get_stats(kvt_pcache *pc, struct kvt_pcache_stats *st);
 /** The cold tier, or NULL (borrowed; valid until kvt_pcache_close()). */

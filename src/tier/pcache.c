@@ -1,0 +1,189 @@
+/*
+ * kvt_pcache_open(): option defaults and checks (TIER.md §8), the store as cold tier, and
+ * the binding of the tier's ops tables to the real cache layer and kvt_store. The policy
+ * itself lives in tier.c and below, which never call the cache or store layers directly.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "tier/tier.h"
+
+static size_t cache_bytes(void *ud, const kvt_cache *c)
+{
+    (void)ud;
+    return kvt_cache_bytes(c);
+}
+
+static bool cache_is_trimmable(void *ud, const kvt_cache *c)
+{
+    (void)ud;
+    return kvt_cache_is_trimmable(c);
+}
+
+static int cache_trim(void *ud, kvt_cache *c, int64_t n)
+{
+    (void)ud;
+    return kvt_cache_trim(c, n);
+}
+
+static int entry_clone(void *ud, const struct kvt_entry *e, struct kvt_entry **out)
+{
+    (void)ud;
+    return kvt_entry_clone(e, out);
+}
+
+static void entry_free(void *ud, struct kvt_entry *e)
+{
+    (void)ud;
+    kvt_entry_free(e);
+}
+
+static const struct kvt_tier_cache_ops real_cache_ops = {
+    .bytes = cache_bytes,
+    .is_trimmable = cache_is_trimmable,
+    .trim = cache_trim,
+    .entry_clone = entry_clone,
+    .entry_free = entry_free,
+};
+
+static int cold_find(void *ud, const int32_t *tok, size_t n, const char *ns,
+                     struct kvt_hit *hit)
+{
+    return kvt_store_find(ud, tok, n, ns, hit);
+}
+
+static int cold_restore(void *ud, const struct kvt_hit *hit, struct kvt_entry **out)
+{
+    return kvt_store_restore(ud, hit, out);
+}
+
+static int cold_put(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine)
+{
+    return kvt_store_put(ud, e, rx, engine);
+}
+
+static bool cold_has_durable_prefix(void *ud, const int32_t *tok, size_t n, const char *ns)
+{
+    return kvt_store_has_durable_prefix(ud, tok, n, ns);
+}
+
+static void cold_get_stats(void *ud, struct kvt_store_stats *st)
+{
+    kvt_store_get_stats(ud, st);
+}
+
+static void cold_close(void *ud)
+{
+    kvt_store_close(ud);
+}
+
+static const struct kvt_tier_cold_ops real_cold_ops = {
+    .find = cold_find,
+    .restore = cold_restore,
+    .put = cold_put,
+    .has_durable_prefix = cold_has_durable_prefix,
+    .get_stats = cold_get_stats,
+    .close = cold_close,
+};
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+void kvt_pcache_opts_init(struct kvt_pcache_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->ram_max_bytes = 8000000000ull;
+    o->spill_queue_max_bytes = (int64_t)2 << 30;
+    o->write_behind = true;
+    o->demote_idle_ms = 300000;
+    o->snapshot_debounce_ms = 1000;
+    o->snapshot_busy_retry_ms = 5000;
+    o->flush_timeout_ms = 120000;
+    o->cold.tmp_grace_ms = -1;
+}
+
+static bool cold_opts_set(const struct kvt_pcache_opts *o)
+{
+    const struct kvt_store_opts *c = &o->cold;
+    return c->model_id || c->config_fingerprint || c->tokenizer_hash || c->max_bytes ||
+           c->n_layers || c->no_verify || c->quarantine || c->max_header_bytes ||
+           c->tmp_grace_ms != -1 || o->demote_idle_ms != 300000;
+}
+
+static int check_opts(const struct kvt_pcache_opts *o)
+{
+    if (o->spill_queue_max_bytes < 0)
+        return kvt_fail(-EINVAL, "spill_queue_max_bytes %lld is negative",
+                        (long long)o->spill_queue_max_bytes);
+    if (o->demote_idle_ms < 0)
+        return kvt_fail(-EINVAL, "demote_idle_ms %lld is negative",
+                        (long long)o->demote_idle_ms);
+    if (o->snapshot_debounce_ms < 0 || o->snapshot_busy_retry_ms < 0)
+        return kvt_fail(-EINVAL, "snapshot_debounce_ms / snapshot_busy_retry_ms is negative");
+    if (o->flush_timeout_ms < 0)
+        return kvt_fail(-EINVAL, "flush_timeout_ms %lld is negative",
+                        (long long)o->flush_timeout_ms);
+    if (o->cold_dir && o->ram_max_bytes == 0)
+        return kvt_fail(-EINVAL,
+                        "--ssd-cache requires the RAM prompt cache (--prompt-cache 0 disables it)");
+    return 0;
+}
+
+int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
+{
+    if (!out)
+        return kvt_fail(-EINVAL, "kvt_pcache_open: NULL out");
+    *out = NULL;
+    if (!o)
+        return kvt_fail(-EINVAL, "kvt_pcache_open: NULL options");
+    int rc = check_opts(o);
+    if (rc < 0)
+        return rc;
+
+    struct kvt_tier_cfg cfg = {
+        .cache = &real_cache_ops,
+        .ram_max_bytes = o->ram_max_bytes,
+        .spill_queue_max_bytes = o->spill_queue_max_bytes,
+        .write_behind = o->write_behind,
+        .snapshot_debounce_ms = o->snapshot_debounce_ms,
+        .snapshot_busy_retry_ms = o->snapshot_busy_retry_ms,
+        .flush_timeout_ms = o->flush_timeout_ms,
+        .run_exclusive = o->run_exclusive,
+        .busy = o->busy,
+        .engine = o->engine,
+        .on_put = o->on_put,
+        .on_put_ud = o->on_put_ud,
+        .log = o->log,
+        .log_ud = o->log_ud,
+    };
+
+    if (!o->cold_dir) {
+        if (cold_opts_set(o))
+            kvt_tier_log(o->log, o->log_ud, KVT_LOG_WARN,
+                         "[ssd-cache] cold-tier options ignored: no cold_dir given");
+        return kvt_tier_open(&cfg, out);
+    }
+
+    struct kvt_store_opts so = o->cold;
+    if (!so.log) {
+        so.log = o->log;
+        so.log_ud = o->log_ud;
+    }
+    kvt_store *store;
+    rc = kvt_store_open(o->cold_dir, &so, &store);
+    if (rc < 0)
+        return rc;
+
+    struct kvt_store_stats st;
+    kvt_store_get_stats(store, &st);
+    kvt_tier_log(o->log, o->log_ud, KVT_LOG_INFO,
+                 "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
+                 (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
+                 (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
+
+    cfg.cold = &real_cold_ops;
+    cfg.cold_ud = store;
+    cfg.store = store;
+    cfg.demote_idle_ms = o->demote_idle_ms;
+    return kvt_tier_open(&cfg, out); /* closes the store on failure */
+}

@@ -1,0 +1,90 @@
+/*
+ * The tier layer's internal seams: the ops tables through which the tier policy reaches
+ * caches and the cold tier, and the configuration that assembles a prompt cache from them.
+ * kvt_pcache_open() binds these to the real kvt_cache / kvt_store (pcache.c); the test
+ * suites bind counting stubs, so every policy rule is testable without disk or engine.
+ */
+#ifndef KVT_TIER_H
+#define KVT_TIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+/*
+ * Cache operations. Entries are library-style `struct kvt_entry` objects whose caches are
+ * opaque to the tier: every per-cache question goes through this table.
+ */
+struct kvt_tier_cache_ops {
+    size_t (*bytes)(void *ud, const kvt_cache *c);
+    bool (*is_trimmable)(void *ud, const kvt_cache *c);
+    int (*trim)(void *ud, kvt_cache *c, int64_t n);
+    /* A new entry holding clones of every cache of @p e (tokens and meta copied). On failure
+     * the clones built so far are released and *out is NULL. */
+    int (*entry_clone)(void *ud, const struct kvt_entry *e, struct kvt_entry **out);
+    /* Release @p e and every cache it holds (NULL allowed). */
+    void (*entry_free)(void *ud, struct kvt_entry *e);
+};
+
+/*
+ * Cold-tier operations (the store). find is index-only; restore, put and get_stats may do
+ * I/O or take the store's own lock, so the tier never calls them under its lock (find and
+ * has_durable_prefix excepted: no I/O, never waiting on a write).
+ */
+struct kvt_tier_cold_ops {
+    int (*find)(void *ud, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit);
+    /* 0 with *out NULL on a miss; the entry owns its bytes (its retain is a no-op). */
+    int (*restore)(void *ud, const struct kvt_hit *hit, struct kvt_entry **out);
+    /* Persist @p e (borrowed), running each blocking write step inside @p rx (may be NULL). */
+    int (*put)(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine);
+    bool (*has_durable_prefix)(void *ud, const int32_t *tok, size_t n, const char *ns);
+    void (*get_stats)(void *ud, struct kvt_store_stats *st);
+    void (*close)(void *ud); /* optional: called last by kvt_pcache_close() */
+};
+
+/* Everything a prompt cache is assembled from (TIER.md §8 options, already validated). */
+struct kvt_tier_cfg {
+    const struct kvt_tier_cache_ops *cache;
+    void *cache_ud;
+    const struct kvt_tier_cold_ops *cold; /* NULL = no cold tier (no queue, no snapshots) */
+    void *cold_ud;
+    kvt_store *store; /* what kvt_pcache_store() returns (may be NULL) */
+
+    uint64_t ram_max_bytes;
+    int64_t spill_queue_max_bytes; /* >= 0 */
+    bool write_behind;
+    int64_t demote_idle_ms;     /* 0 = off */
+    int64_t demote_interval_ms; /* 0 = max(30000, demote_idle_ms / 4) */
+    int64_t snapshot_debounce_ms;
+    int64_t snapshot_busy_retry_ms;
+    int64_t flush_timeout_ms;
+
+    kvt_run_exclusive_fn run_exclusive;
+    bool (*busy)(void *engine);
+    void *engine;
+    void (*on_put)(void *ud, const int32_t *tok, size_t n, const char *ns);
+    void *on_put_ud;
+    int64_t (*wall_ms)(void *ud); /* NULL = the real wall clock */
+    void *clock_ud;
+    kvt_log_fn log;
+    void *log_ud;
+};
+
+/** Assemble a prompt cache; on failure cfg->cold->close() has been called (if set). */
+int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out);
+
+/* Small helpers shared by the tier files (tier_util.c). */
+int64_t kvt_tier_mono_ms(void);
+int64_t kvt_tier_wall_ms(void);
+size_t kvt_tier_lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb);
+/** @p ns, or "" for NULL. */
+const char *kvt_tier_ns(const char *ns);
+/** Format and send one line to @p log (no-op when NULL). */
+void kvt_tier_log(kvt_log_fn log, void *ud, int level, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/** Run @p step inside @p rx, or directly when @p rx is NULL; returns what @p rx returns. */
+int kvt_tier_run_exclusive(kvt_run_exclusive_fn rx, void *engine, kvt_step_fn step, void *arg);
+
+#endif
