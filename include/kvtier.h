@@ -405,6 +405,8 @@ struct kvt_store_opts {
     bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
     size_t max_header_bytes;        /* 0 = 64 MiB */
     int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; <0 = 60000 */
+    bool read_only; /* inspect only: no directory creation, reaping, removal, eviction, LRU
+                       bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
     kvt_log_fn log;
     void *log_ud;
 };
@@ -423,6 +425,18 @@ struct kvt_store_stats {
     uint64_t skipped_files, skipped_bytes, corrupt_files, restore_misses;
     double restore_ms_last;
     uint64_t longest_durable_prefix_tokens;
+    uint64_t tmp_reaped; /* abandoned .tmp files removed (STORE.md §12.4) */
+};
+
+/** One indexed entry as kvt_store_list() reports it. */
+struct kvt_store_record {
+    uint64_t id;      /* as in kvt_hit */
+    const char *path; /* <root>/<nsHash>/<uuid>.mlxkv */
+    const char *ns;
+    size_t n_tokens;
+    uint64_t bytes;
+    int64_t mtime_ms; /* the LRU clock: file mtime at scan, bumped by restores */
+    bool trimmable;
 };
 
 /** Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap. */
@@ -447,6 +461,12 @@ KVT_API bool kvt_store_has_durable_prefix(kvt_store *s, const int32_t *tok, size
 /** Pick up entries published (or removed) by other processes, then evict to cap. */
 KVT_API int kvt_store_refresh(kvt_store *s);
 KVT_API void kvt_store_get_stats(kvt_store *s, struct kvt_store_stats *st);
+/**
+ * A snapshot of the index in index order (ascending id): one allocation holding the array and
+ * its strings; release it with kvt_store_list_free(). @return 0 or -ENOMEM (*out NULL).
+ */
+KVT_API int kvt_store_list(kvt_store *s, struct kvt_store_record **out, size_t *n);
+KVT_API void kvt_store_list_free(struct kvt_store_record *v);
 /** The directory this store owns (<dir>/<config_fingerprint>). */
 KVT_API const char *kvt_store_root(const kvt_store *s);
 /** Write nsHash(@p ns) ("base" or unpadded hex) into @p out (at least 17 bytes). */
