@@ -141,6 +141,36 @@ static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info,
     return *(const int64_t *)(const void *)((const char *)info + s->field);
 }
 
+/* ---- loading (file_load.c, file_verify.c, tensor_read.c) ---- */
+
+/**
+ * L1 (identity keys; an absent header key does not match, except that an absent ns reads as
+ * "") and L2 (donor-layer count) against @p x (NULL = nothing expected). @return 0 or
+ * KVT_E_MISMATCH with "<name>: L1: <key> mismatch (file X, expected Y)".
+ */
+int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
+                            const char *name);
+
+/** Streams tensor ranges of one open file through a bounded buffer. */
+struct kvt_tensor_reader {
+    int fd;
+    const char *name;     /* prefixes messages */
+    const struct kvt_header *h;
+    bool verify;          /* check slot hashes (L3) */
+    bool keep_cache;      /* do not drop the ranges read from the page cache */
+    uint8_t *bounce;      /* KVT_IO_CHUNK bytes, allocated on first use */
+};
+
+/**
+ * Read slot @p sj of cache @p ci: its bytes are @p blocks equal blocks that land at
+ * @p dst + k * @p dst_stride (k = 0 .. blocks - 1); @p dst NULL only hashes (verify). Slack
+ * bytes between blocks are zeroed. Hashes in the same pass when r->verify.
+ * @return 0, KVT_E_CORRUPT (L3) or -errno.
+ */
+int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst,
+                    uint64_t blocks, uint64_t dst_stride);
+void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
+
 /** Absolute file offset of slot @p s (data_start + off; V17 guarantees no overflow). */
 static inline uint64_t kvt_slot_abs(const struct kvt_header *h, const struct kvt_slot *s)
 {

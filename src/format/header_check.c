@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/error.h"
 
@@ -448,4 +449,31 @@ bool kvt_header_is_indexable(const struct kvt_header *h)
             return false;
     }
     return true;
+}
+
+static int expect_key(const char *name, const char *key, const char *file, const char *want)
+{
+    if (!want || (file && !strcmp(file, want)))
+        return 0;
+    return kvt_fail(KVT_E_MISMATCH, "%s: L1: %s mismatch (file %s%s%s, expected \"%s\")",
+                    nm(name), key, file ? "\"" : "", file ? file : "(absent)", file ? "\"" : "",
+                    want);
+}
+
+int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
+                            const char *name)
+{
+    if (!x)
+        return 0;
+    int rc;
+    if ((rc = expect_key(name, "modelId", h->model_id, x->model_id)) ||
+        (rc = expect_key(name, "configFingerprint", h->config_fingerprint,
+                         x->config_fingerprint)) ||
+        (rc = expect_key(name, "tokenizerHash", h->tokenizer_hash, x->tokenizer_hash)) ||
+        (rc = expect_key(name, "ns", h->ns ? h->ns : "", x->ns)))
+        return rc;
+    if (x->n_layers && h->n_caches != x->n_layers)
+        return kvt_fail(KVT_E_MISMATCH, "%s: L2: %zu cached layers but model has %zu", nm(name),
+                        h->n_caches, x->n_layers);
+    return 0;
 }

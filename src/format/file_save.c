@@ -1,0 +1,449 @@
+/*
+ * The .mlxkv writer (STORE.md §5, FORMAT.md §3 and §6). A plan pass lays out every slot from
+ * the caches' state views without touching tensor bytes; then `<path>.tmp` is created
+ * exclusively and locked, each tensor is hashed and written straight from its view (strided
+ * views through one bounded chunk buffer), the header is patched last at offset 0, and the
+ * file is fsynced, renamed into place and its directory fsynced. The work is split into N + 1
+ * steps for N tensors so that an engine can run each one inside its own exclusion
+ * (kvt_save_opts.run_exclusive). Any failure before the rename removes the .tmp and leaves the
+ * final name untouched.
+ */
+#include "format/format.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "io/io.h"
+#include "tensor/tensor.h"
+
+struct save_job {
+    const char *path;
+    char *tmp_path;
+    const struct kvt_entry *e;
+    struct kvt_save_opts opts;
+    struct kvt_header h; /* tokens and metadata borrowed from the entry */
+    struct kvt_tensor *views; /* one owned state view per slot, released once written */
+    size_t n_views;
+    struct kvt_slot **slot_of; /* views[k] belongs to slot_of[k] */
+    uint64_t file_size;
+    uint64_t file_end; /* bytes written so far reach this file offset */
+    int fd;
+    size_t step;  /* next step: 0 = plan + open + first tensor, ... */
+    size_t steps; /* n_views + 1 once planned */
+    uint8_t *chunk;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void job_release_views(struct save_job *j)
+{
+    for (size_t k = 0; k < j->n_views; k++)
+        kvt_tensor_release(&j->views[k]);
+}
+
+static void job_free(struct save_job *j)
+{
+    job_release_views(j);
+    free(j->views);
+    free(j->slot_of);
+    free(j->h.caches);
+    free(j->tmp_path);
+    free(j->chunk);
+}
+
+/* Serialize the current header, checking it has the planned length when @p planned != 0. */
+static int render_header(const struct save_job *j, struct kvt_sbuf *json, size_t planned)
+{
+    if (kvt_header_to_json(&j->h, json) < 0)
+        return kvt_fail(-ENOMEM, "%s: out of memory serializing the header", j->path);
+    if (planned && json->len != planned)
+        return kvt_fail(KVT_E_STATE, "%s: header length drift: planned %zu, got %zu", j->path,
+                        planned, json->len);
+    return 0;
+}
+
+/*
+ * The plan pass (no tensor bytes are touched): state views of every cache, slot placement
+ * (FORMAT.md §6), header size, data start and file size.
+ */
+static int plan(struct save_job *j)
+{
+    const struct kvt_entry *e = j->e;
+    if (!e->caches || e->n_caches == 0)
+        return kvt_fail(-EINVAL, "%s: an entry needs at least one cache", j->path);
+    if (e->n_tokens && !e->tokens)
+        return kvt_fail(-EINVAL, "%s: entry has %zu tokens but no token array", j->path,
+                        e->n_tokens);
+    if (e->n_caches > SIZE_MAX / (KVT_MAX_CACHE_TENSORS * sizeof(struct kvt_tensor)))
+        return kvt_fail(-EINVAL, "%s: too many caches", j->path);
+
+    struct kvt_header *h = &j->h;
+    h->format_version = KVT_FORMAT_VERSION;
+    h->created_at = j->opts.created_at > 0 ? j->opts.created_at : now_ms();
+    h->model_id = (char *)e->meta.model_id;
+    h->config_fingerprint = (char *)e->meta.config_fingerprint;
+    h->tokenizer_hash = (char *)e->meta.tokenizer_hash;
+    h->ns = (char *)e->meta.ns;
+    h->tokens = e->tokens;
+    h->n_tokens = e->n_tokens;
+    h->caches = calloc(e->n_caches, sizeof(*h->caches));
+    j->views = calloc(e->n_caches * KVT_MAX_CACHE_TENSORS, sizeof(*j->views));
+    j->slot_of = calloc(e->n_caches * KVT_MAX_CACHE_TENSORS, sizeof(*j->slot_of));
+    if (!h->caches || !j->views || !j->slot_of)
+        return kvt_fail(-ENOMEM, "%s: out of memory planning the write", j->path);
+    h->n_caches = e->n_caches;
+
+    uint64_t cursor = 0;
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_cache_header *c = &h->caches[i];
+        if (!e->caches[i])
+            return kvt_fail(-EINVAL, "%s: caches[%zu] is NULL", j->path, i);
+        kvt_cache_get_info(e->caches[i], &c->info);
+        size_t base = j->n_views;
+        struct kvt_tensor *v = &j->views[base];
+        kvt_clear_error();
+        int n = kvt_cache_state(e->caches[i], v);
+        if (n < 0)
+            return kvt_fail_prefix(n, j->path);
+        j->n_views += (size_t)n; /* owned from here on, whatever happens next */
+        if (n > KVT_MAX_CACHE_TENSORS)
+            return kvt_fail(-EINVAL, "%s: caches[%zu] has %d tensors", j->path, i, n);
+        c->n_slots = n;
+        for (int k = 0; k < n; k++) {
+            struct kvt_slot *s = &c->slots[k];
+            s->dtype = v[k].dtype;
+            s->rank = v[k].rank;
+            memcpy(s->shape, v[k].shape, sizeof(s->shape));
+            s->bytes = kvt_tensor_nbytes(&v[k]);
+            if (cursor >= KVT_SAFE_INT_LIMIT || s->bytes >= KVT_SAFE_INT_LIMIT)
+                return kvt_fail(KVT_E_TOO_LARGE, "%s: the entry exceeds 2^53 bytes", j->path);
+            s->off = kvt_align_up(cursor);
+            s->hash = KVT_PLACEHOLDER_HASH;
+            cursor = s->off + s->bytes;
+            j->slot_of[base + (size_t)k] = s;
+        }
+    }
+
+    struct kvt_sbuf json = {0};
+    int rc = render_header(j, &json, 0);
+    size_t len = json.len;
+    kvt_sbuf_free(&json);
+    if (rc)
+        return rc;
+    if (len > KVT_DEFAULT_MAX_HEADER)
+        return kvt_fail(KVT_E_TOO_LARGE,
+                        "%s: the header would be %zu bytes, over the %zu-byte reader limit",
+                        j->path, len, KVT_DEFAULT_MAX_HEADER);
+    h->header_len = (uint32_t)len;
+    h->data_start = (uint32_t)kvt_align_up(KVT_PREFIX_LEN + (uint64_t)len);
+    const struct kvt_slot *last = j->n_views ? j->slot_of[j->n_views - 1] : NULL;
+    j->file_size = (uint64_t)h->data_start + (last ? last->off + last->bytes : 0);
+    h->file_size = j->file_size;
+    rc = kvt_header_check_writable(h);
+    if (rc)
+        return kvt_fail_prefix(rc, j->path);
+    if (j->opts.max_file_bytes && j->file_size > j->opts.max_file_bytes)
+        return kvt_fail(KVT_E_TOO_LARGE,
+                        "%s: entry not stored: %" PRIu64 " bytes exceeds the %" PRIu64
+                        "-byte cap",
+                        j->path, j->file_size, j->opts.max_file_bytes);
+    j->steps = j->n_views + 1;
+    return 0;
+}
+
+static int open_tmp(struct save_job *j)
+{
+    const struct kvt_io *io = kvt_io();
+    int fd = io->openat(AT_FDCWD, j->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kvt_fail(fd, "%s: create: %s", j->tmp_path, kvt_strerror(fd));
+    j->fd = fd;
+    int rc = io->flock(fd, LOCK_EX);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: lock: %s", j->tmp_path, kvt_strerror(rc));
+    return 0;
+}
+
+static int write_at(struct save_job *j, const void *p, size_t n, uint64_t off)
+{
+    int rc = kvt_io_write_full(j->fd, p, n, off);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: write of %zu bytes at offset %" PRIu64 ": %s", j->tmp_path, n,
+                        off, kvt_strerror(rc));
+    if (off + n > j->file_end)
+        j->file_end = off + n;
+    return 0;
+}
+
+/* Contiguous view: hash and write each chunk straight from the tensor's memory. */
+static int write_contiguous(struct save_job *j, const uint8_t *p, uint64_t n, uint64_t off,
+                            uint64_t *hash)
+{
+    struct kvt_wyhash_state st;
+    kvt_wyhash_init(&st, 0);
+    for (uint64_t done = 0; done < n;) {
+        size_t len = n - done < KVT_IO_CHUNK ? (size_t)(n - done) : KVT_IO_CHUNK;
+        kvt_wyhash_update(&st, p + done, len);
+        int rc = write_at(j, p + done, len, off + done);
+        if (rc)
+            return rc;
+        done += len;
+    }
+    *hash = kvt_wyhash_final(&st);
+    return 0;
+}
+
+/* Runs at least this large skip the chunk buffer. */
+#define DIRECT_RUN ((size_t)1 << 20)
+
+/* Gathering the runs of a strided view into the chunk buffer. */
+struct gather {
+    struct save_job *j;
+    struct kvt_wyhash_state st;
+    size_t fill;
+    uint64_t pos; /* file offset of chunk[0] */
+};
+
+static int gather_flush(struct gather *g)
+{
+    kvt_wyhash_update(&g->st, g->j->chunk, g->fill);
+    int rc = write_at(g->j, g->j->chunk, g->fill, g->pos);
+    g->pos += g->fill;
+    g->fill = 0;
+    return rc;
+}
+
+static int gather_run(void *ud, const void *p, size_t n)
+{
+    struct gather *g = ud;
+    const uint8_t *src = p;
+    if (n >= DIRECT_RUN) {
+        /* a large run is written from its own memory, chunk by chunk, without a copy */
+        int rc = g->fill ? gather_flush(g) : 0;
+        for (size_t done = 0; !rc && done < n;) {
+            size_t len = n - done < KVT_IO_CHUNK ? n - done : KVT_IO_CHUNK;
+            kvt_wyhash_update(&g->st, src + done, len);
+            rc = write_at(g->j, src + done, len, g->pos);
+            g->pos += len;
+            done += len;
+        }
+        return rc;
+    }
+    while (n > 0) {
+        size_t len = n < KVT_IO_CHUNK - g->fill ? n : KVT_IO_CHUNK - g->fill;
+        memcpy(g->j->chunk + g->fill, src, len);
+        g->fill += len;
+        src += len;
+        n -= len;
+        if (g->fill == KVT_IO_CHUNK) {
+            int rc = gather_flush(g);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Strided view (e.g. rows [0, offset) of a capacity buffer): its contiguous runs, in row-major
+ * order, go through one bounded chunk buffer, hashed and written a chunk at a time.
+ */
+static int write_strided(struct save_job *j, const struct kvt_tensor *t, uint64_t off,
+                         uint64_t *hash)
+{
+    if (!j->chunk && !(j->chunk = malloc(KVT_IO_CHUNK)))
+        return kvt_fail(-ENOMEM, "%s: out of memory for the write buffer", j->path);
+    struct gather g = {.j = j, .pos = off};
+    kvt_wyhash_init(&g.st, 0);
+    int rc = kvt_tensor_for_each_run(t, gather_run, &g);
+    if (!rc && g.fill)
+        rc = gather_flush(&g);
+    if (!rc)
+        *hash = kvt_wyhash_final(&g.st);
+    return rc;
+}
+
+static int write_tensor(struct save_job *j, size_t k)
+{
+    struct kvt_tensor *t = &j->views[k];
+    struct kvt_slot *s = j->slot_of[k];
+    uint64_t abs = kvt_slot_abs(&j->h, s);
+    uint64_t n = kvt_tensor_nbytes(t);
+    int rc = 0;
+    if (n != s->bytes)
+        return kvt_fail(KVT_E_STATE, "%s: tensor byte-length drift: planned %" PRIu64
+                        ", got %" PRIu64, j->path, s->bytes, n);
+    if (n == 0)
+        s->hash = kvt_wyhash(0, NULL, 0);
+    else if (kvt_tensor_is_contiguous(t))
+        rc = write_contiguous(j, (const uint8_t *)kvt_buf_data(t->buf) + t->offset, n, abs,
+                              &s->hash);
+    else
+        rc = write_strided(j, t, abs, &s->hash);
+    kvt_tensor_release(t);
+    return rc;
+}
+
+/* Header patch, size, fsync, rename, directory fsync. */
+static int finish(struct save_job *j)
+{
+    const struct kvt_io *io = kvt_io();
+    struct kvt_sbuf json = {0};
+    int rc = render_header(j, &json, j->h.header_len);
+    if (rc)
+        goto out;
+    uint8_t *head = calloc(1, j->h.data_start);
+    if (!head) {
+        rc = kvt_fail(-ENOMEM, "%s: out of memory for the header", j->path);
+        goto out;
+    }
+    uint64_t hh = kvt_wyhash(0, json.data, json.len);
+    memcpy(head, KVT_MAGIC, KVT_MAGIC_LEN);
+    for (int b = 0; b < 4; b++) {
+        head[10 + b] = (uint8_t)(j->h.header_len >> (8 * b));
+        head[14 + b] = (uint8_t)(j->h.data_start >> (8 * b));
+    }
+    for (int b = 0; b < 8; b++)
+        head[18 + b] = (uint8_t)(hh >> (8 * b));
+    memcpy(head + KVT_PREFIX_LEN, json.data, json.len);
+    rc = write_at(j, head, j->h.data_start, 0);
+    free(head);
+    if (rc)
+        goto out;
+    if (j->file_end < j->file_size) {
+        /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
+        rc = io->ftruncate(j->fd, j->file_size);
+        if (rc < 0) {
+            rc = kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
+            goto out;
+        }
+    }
+    if (!j->opts.no_sync) {
+        rc = io->fsync(j->fd);
+        if (rc < 0) {
+            rc = kvt_fail(rc, "%s: fsync: %s", j->tmp_path, kvt_strerror(rc));
+            goto out;
+        }
+    }
+    if (j->opts.drop_cache)
+        io->fadvise_dontneed(j->fd, 0, 0); /* advisory: the result does not matter */
+    rc = io->renameat(AT_FDCWD, j->tmp_path, AT_FDCWD, j->path);
+    if (rc < 0) {
+        rc = kvt_fail(rc, "%s: rename to %s: %s", j->tmp_path, j->path, kvt_strerror(rc));
+        goto out;
+    }
+    /* published: from here on nothing is unlinked */
+    io->close(j->fd);
+    j->fd = -1;
+    if (!j->opts.no_sync) {
+        rc = kvt_io_fsync_dir(j->path);
+        if (rc < 0)
+            rc = kvt_fail(rc, "%s: fsync of the directory after the rename: %s", j->path,
+                          kvt_strerror(rc));
+    }
+out:
+    kvt_sbuf_free(&json);
+    return rc;
+}
+
+/* One step of the write; kvt_step_fn so that run_exclusive can run it. */
+static int save_step(void *arg)
+{
+    struct save_job *j = arg;
+    int rc;
+    if (j->step == 0) {
+        rc = plan(j);
+        if (!rc)
+            rc = open_tmp(j);
+        if (!rc && j->n_views > 0)
+            rc = write_tensor(j, 0);
+    } else if (j->step < j->steps - 1) {
+        rc = write_tensor(j, j->step);
+    } else {
+        rc = finish(j);
+    }
+    j->step++;
+    return rc;
+}
+
+static void abort_job(struct save_job *j)
+{
+    if (j->fd >= 0) {
+        const struct kvt_io *io = kvt_io();
+        io->unlinkat(AT_FDCWD, j->tmp_path, 0); /* never leave a partial file behind */
+        io->close(j->fd);
+        j->fd = -1;
+    }
+}
+
+int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_save_opts *o,
+                  uint64_t *out_bytes)
+{
+    if (out_bytes)
+        *out_bytes = 0;
+    if (!path || !e)
+        return kvt_fail(-EINVAL, "kvt_file_save: no %s", path ? "entry" : "path");
+    struct save_job j = {.path = path, .e = e, .fd = -1};
+    if (o)
+        j.opts = *o;
+    size_t plen = strlen(path);
+    j.tmp_path = malloc(plen + 5);
+    if (!j.tmp_path)
+        return kvt_fail(-ENOMEM, "%s: out of memory", path);
+    memcpy(j.tmp_path, path, plen);
+    memcpy(j.tmp_path + plen, ".tmp", 5);
+
+    int rc = 0;
+    do {
+        size_t step = j.step;
+        if (j.opts.run_exclusive) {
+            kvt_clear_error();
+            rc = j.opts.run_exclusive(j.opts.engine, save_step, &j);
+            if (rc != 0 && j.step == step) {
+                /* refused without running the step */
+                int code = rc < 0 ? rc : KVT_E_REFUSED;
+                if (!kvt_last_error()[0])
+                    kvt_fail(code, "%s: the engine refused write step %zu", path, step + 1);
+                rc = code;
+            } else if (rc > 0) {
+                rc = kvt_fail(KVT_E_REFUSED, "%s: write step %zu failed (%d)", path, step + 1,
+                              rc);
+            }
+        } else {
+            rc = save_step(&j);
+        }
+    } while (rc == 0 && j.step < j.steps);
+
+    if (rc == 0 && out_bytes)
+        *out_bytes = j.file_size;
+    if (rc != 0)
+        abort_job(&j);
+    job_free(&j);
+    return rc;
+}
+
+int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes)
+{
+    if (!out_bytes)
+        return kvt_fail(-EINVAL, "kvt_file_plan_size: no output");
+    *out_bytes = 0;
+    if (!e)
+        return kvt_fail(-EINVAL, "kvt_file_plan_size: no entry");
+    struct save_job j = {.path = "entry", .e = e, .fd = -1};
+    int rc = plan(&j);
+    if (rc == 0)
+        *out_bytes = j.file_size;
+    job_free(&j);
+    return rc;
+}
