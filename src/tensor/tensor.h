@@ -1,0 +1,62 @@
+/*
+ * Internal tensor-layer API: view validation, row-major run iteration over strided views
+ * (what the file writer and reader stream), strided copies, hashing, and the buffer facts the
+ * cache layer needs for copy-on-write (wrapped or not, exposed-rows high-water mark).
+ */
+#ifndef KVT_TENSOR_H
+#define KVT_TENSOR_H
+
+#include "kvtier.h"
+
+/** 0 when @p t is a well-formed view (known dtype, rank 0..8, shape >= 0, fits in its buffer,
+ *  size math without overflow); -EINVAL with a message otherwise. */
+int kvt_tensor_check(const struct kvt_tensor *t);
+
+/** Byte range [*lo, *hi) of the buffer that @p t addresses (empty: lo == hi == offset). */
+void kvt_tensor_extent(const struct kvt_tensor *t, size_t *lo, size_t *hi);
+
+/**
+ * Call @p fn on the contiguous byte runs of @p t in row-major order: the concatenation of the
+ * runs is exactly the C-contiguous bytes of the tensor (kvt_tensor_nbytes() in all). Inner
+ * dimensions that are contiguous are merged, so a contiguous tensor is one run and a
+ * [B,H,offset,D] slice of a [B,H,cap,D] buffer is B·H runs of offset·D·itemsize bytes.
+ * Runs are never empty; a tensor with no elements has no runs.
+ * @return 0, or the first non-zero value @p fn returned (iteration stops there).
+ */
+typedef int (*kvt_run_fn)(void *ud, const void *p, size_t n);
+int kvt_tensor_for_each_run(const struct kvt_tensor *t, kvt_run_fn fn, void *ud);
+
+/** The same runs as writable destinations, for filling @p t from a row-major byte stream. */
+typedef int (*kvt_run_mut_fn)(void *ud, void *p, size_t n);
+int kvt_tensor_for_each_run_mut(const struct kvt_tensor *t, kvt_run_mut_fn fn, void *ud);
+
+/** Bytes of the largest run (0 for an empty tensor): the natural I/O chunk for @p t. */
+size_t kvt_tensor_run_bytes(const struct kvt_tensor *t);
+
+/** Fill @p dst from @p src, which holds kvt_tensor_nbytes(dst) bytes in row-major order. */
+void kvt_tensor_copy_in(const struct kvt_tensor *dst, const void *src);
+
+/**
+ * Copy the elements of @p src into @p dst (same shape and item size; the views must not
+ * overlap). @return 0 or -EINVAL.
+ */
+int kvt_tensor_copy(const struct kvt_tensor *dst, const struct kvt_tensor *src);
+
+/** Wyhash (seed 0) of the row-major bytes of @p t, streamed over its runs (no copy). */
+uint64_t kvt_tensor_hash(const struct kvt_tensor *t);
+
+/** Whether @p b wraps engine memory (the cache layer never writes into such buffers). */
+bool kvt_buf_is_wrapped(const kvt_buf *b);
+
+/*
+ * Exposed rows: a per-buffer high-water mark, in token rows of the views the cache layer
+ * keeps, of what holders other than the buffer's writer may read (CACHES.md §13). Atomic;
+ * INT64_MAX means every row.
+ */
+#define KVT_ROWS_ALL INT64_MAX
+void kvt_buf_expose(kvt_buf *b, int64_t rows);
+int64_t kvt_buf_exposed(const kvt_buf *b);
+/** Forget the mark; only for a holder that owns every reference. */
+void kvt_buf_unexpose(kvt_buf *b);
+
+#endif
