@@ -40,6 +40,7 @@ struct kvt_rec {
     struct kvt_tnode *node;      /* where its tokens end */
     struct kvt_rec *prev, *next; /* records ending at the same node, ascending seq */
     size_t evict_pos, len_pos;   /* positions in the index's two heaps */
+    void *owner;                 /* the caller's (the store: the record's directory) */
 };
 
 /** A radix-tree node: the edge label from its parent, its records, subtree aggregates. */

@@ -1,0 +1,381 @@
+/*
+ * Directory scans (STORE.md §6, §12.1, §12.4): the startup recovery and every refresh. Only
+ * headers are read. Each namespace directory is rescanned when it is new, when its mtime
+ * changed, or when the last scan left something to retry (an OS error, a young .tmp, or an
+ * mtime so recent that a later change could share its timestamp). Files are classified by
+ * the error category of FORMAT.md §11.1:
+ *   valid and compatible          indexed
+ *   FORMAT, UNSUPPORTED, MISMATCH skipped and left in place (foreign model, tokenizer or
+ *                                 fingerprint, newer version, V21), never re-read unless
+ *                                 their size or mtime changes
+ *   CORRUPT                       deleted, or renamed to <name>.mlxkv.corrupt when the store
+ *                                 quarantines (read-only stores count them and leave them)
+ *   -errno                        skipped this time, retried at the next refresh
+ * A `.tmp` is reaped only when a non-blocking exclusive flock on it succeeds (its writer is
+ * gone) and it is older than tmp_grace_ms. Records whose files vanished are dropped, except
+ * those added after the listing began. All file I/O runs outside the store lock.
+ */
+#include "store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include "common/error.h"
+#include "io/io.h"
+#include "store/layout.h"
+
+/* Changes within this many ms of a directory's mtime may share its timestamp. */
+#define MTIME_SETTLE_MS 2000
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void free_names(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/** The sorted entry names of @p path (subdirectories only when @p dirs_only). */
+static int list_dir(const char *path, bool dirs_only, char ***out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    DIR *dp = opendir(path);
+    if (!dp)
+        return -errno;
+    char **v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *de;
+    while ((errno = 0, de = readdir(dp))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (dirs_only && de->d_type != DT_DIR) {
+            struct stat st;
+            if (de->d_type != DT_UNKNOWN && de->d_type != DT_LNK)
+                continue;
+            if (fstatat(dirfd(dp), de->d_name, &st, 0) != 0 || !S_ISDIR(st.st_mode))
+                continue;
+        }
+        if (n == cap) {
+            size_t c = cap ? cap * 2 : 64;
+            char **nv = realloc(v, c * sizeof(*nv));
+            if (!nv) {
+                rc = -ENOMEM;
+                break;
+            }
+            v = nv;
+            cap = c;
+        }
+        if (!(v[n] = strdup(de->d_name))) {
+            rc = -ENOMEM;
+            break;
+        }
+        n++;
+    }
+    if (rc == 0 && errno)
+        rc = -errno;
+    closedir(dp);
+    if (rc < 0) {
+        free_names(v, n);
+        return rc;
+    }
+    if (n)
+        qsort(v, n, sizeof(*v), name_cmp);
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+static bool timespec_eq(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/** Reap an abandoned .tmp; true when it should be looked at again later (young). */
+static bool reap_tmp(struct kvt_store *s, const char *path)
+{
+    const struct kvt_io *io = kvt_io();
+    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0)
+        return false;
+    bool again = false;
+    struct stat st, now_st;
+    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0)
+        goto out; /* a live writer holds it; its rename or unlink changes the directory */
+    if (io->fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        goto out;
+    if (kvt_now_ms() - kvt_timespec_ms(&st.st_mtim) < s->tmp_grace_ms) {
+        again = true; /* may be between its writer's create and lock */
+        goto out;
+    }
+    /* Unlink only the very file we locked: the name may have moved on since the open. */
+    if (lstat(path, &now_st) == 0 && now_st.st_ino == st.st_ino && now_st.st_dev == st.st_dev &&
+        io->unlinkat(AT_FDCWD, path, 0) == 0) {
+        pthread_mutex_lock(&s->lock);
+        s->tmp_reaped++;
+        pthread_mutex_unlock(&s->lock);
+        kvt_store_logf(s, KVT_LOG_INFO, "[ssd-cache] removed abandoned %s", path);
+    }
+out:
+    io->close(fd);
+    return again;
+}
+
+static bool streq(const char *a, const char *b)
+{
+    return a && b && !strcmp(a, b);
+}
+
+/** The store's compatibility checks on a valid header (STORE.md §6, §12.2; FORMAT.md V21). */
+static int check_identity(const struct kvt_store *s, const char *path, const struct kvt_header *h)
+{
+    static const char *const keys[] = {"modelId", "configFingerprint", "tokenizerHash"};
+    const char *got[] = {h->model_id, h->config_fingerprint, h->tokenizer_hash};
+    const char *want[] = {s->model_id, s->fingerprint, s->tokenizer_hash};
+    for (int i = 0; i < 3; i++)
+        if (!streq(got[i], want[i]))
+            return kvt_fail(KVT_E_MISMATCH, "%s: %s mismatch (file %s, expected %s)", path,
+                            keys[i], got[i] ? got[i] : "(absent)", want[i]);
+    if (!kvt_header_is_indexable(h))
+        return kvt_fail(KVT_E_MISMATCH,
+                        "%s: V21: a cache's offset differs from the %zu tokens; not indexed",
+                        path, h->n_tokens);
+    return 0;
+}
+
+/** Classify one .mlxkv file and act on it; true when it should be retried later. */
+static bool scan_file(struct kvt_store *s, struct kvt_sdir *d, const char *path)
+{
+    pthread_mutex_lock(&s->lock);
+    bool known = kvt_index_by_path(s->ix, path) || kvt_pending_has_locked(s, path);
+    struct kvt_skip *k = known ? NULL : kvt_skip_get_locked(d, path);
+    struct kvt_skip seen = k ? *k : (struct kvt_skip){0};
+    pthread_mutex_unlock(&s->lock);
+    if (known)
+        return false;
+
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return false;
+        pthread_mutex_lock(&s->lock);
+        kvt_skip_set_locked(d, path, 0, &seen.mtime, true);
+        pthread_mutex_unlock(&s->lock);
+        return true;
+    }
+    if (k && !seen.transient && seen.bytes == (uint64_t)st.st_size &&
+        timespec_eq(&seen.mtime, &st.st_mtim))
+        return false; /* unchanged since it was skipped */
+
+    struct kvt_read_opts ro = {.max_header_bytes = s->max_header_bytes};
+    struct kvt_header *h = NULL;
+    int rc = kvt_file_read_header(path, &ro, &h);
+    if (rc == 0)
+        rc = check_identity(s, path, h);
+    if (rc == 0) {
+        pthread_mutex_lock(&s->lock);
+        rc = kvt_store_add_locked(s, d, h, path, kvt_timespec_ms(&st.st_mtim));
+        pthread_mutex_unlock(&s->lock);
+        kvt_header_free(h);
+        if (rc == 0 || rc == -EEXIST)
+            return false;
+        kvt_fail(rc, "%s: cannot index: out of memory", path);
+    }
+    kvt_header_free(h);
+    if (rc == -ENOENT)
+        return false;
+
+    bool transient = rc != KVT_E_FORMAT && rc != KVT_E_UNSUPPORTED && rc != KVT_E_MISMATCH &&
+                     rc != KVT_E_CORRUPT;
+    if (rc == KVT_E_CORRUPT && !s->read_only) {
+        char *why = strdup(kvt_last_error());
+        bool gone = kvt_store_dispose_corrupt(s, path, why ? why : kvt_strerror(rc));
+        free(why);
+        if (gone)
+            return false;
+    } else {
+        kvt_store_logf(s, KVT_LOG_INFO, "[ssd-cache] not indexed, left in place: %s",
+                       kvt_last_error());
+    }
+    pthread_mutex_lock(&s->lock);
+    if (rc == KVT_E_CORRUPT && s->read_only)
+        s->corrupt_files++;
+    kvt_skip_set_locked(d, path, (uint64_t)st.st_size, &st.st_mtim, transient);
+    pthread_mutex_unlock(&s->lock);
+    return transient;
+}
+
+static bool name_eq(const void *val, const void *key)
+{
+    return !strcmp(val, key);
+}
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+struct gather {
+    void **v;
+    size_t n;
+};
+
+static void gather_one(void *val, void *ud)
+{
+    struct gather *g = ud;
+    g->v[g->n++] = val;
+}
+
+/** Forget records (added before @p start_seq) and skipped files that are not in @p names. */
+static void forget_missing(struct kvt_store *s, struct kvt_sdir *d, const struct kvt_hmap *names,
+                           uint64_t start_seq)
+{
+    struct gather g = {malloc((d->recs.n + d->skips.n + 1) * sizeof(void *)), 0};
+    if (!g.v)
+        return; /* kept until a later scan manages */
+    kvt_hmap_each(&d->recs, gather_one, &g);
+    for (size_t i = 0; i < g.n; i++) {
+        struct kvt_rec *r = g.v[i];
+        const char *name = base_name(r->path);
+        if (r->seq <= start_seq && !kvt_hmap_get(names, kvt_str_hash(name), name_eq, name))
+            kvt_store_drop_locked(s, r, NULL); /* removed by another process: a clean miss */
+    }
+    g.n = 0;
+    kvt_hmap_each(&d->skips, gather_one, &g);
+    for (size_t i = 0; i < g.n; i++) {
+        struct kvt_skip *k = g.v[i];
+        if (!kvt_hmap_get(names, kvt_str_hash(k->name), name_eq, k->name))
+            kvt_skip_del_locked(d, k->path);
+    }
+    free(g.v);
+}
+
+/** Rescan one namespace directory; @p present is false when the root no longer lists it. */
+static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
+{
+    pthread_mutex_lock(&s->lock);
+    uint64_t start_seq = s->ix->next_seq;
+    pthread_mutex_unlock(&s->lock);
+
+    struct stat dst = {0};
+    char **names = NULL;
+    size_t n = 0;
+    bool again = false;
+    if (present && stat(d->path, &dst) == 0) {
+        int rc = list_dir(d->path, false, &names, &n);
+        if (rc < 0 && rc != -ENOENT) {
+            pthread_mutex_lock(&s->lock);
+            d->recheck = true;
+            pthread_mutex_unlock(&s->lock);
+            return;
+        }
+    }
+    struct kvt_hmap set = {0};
+    bool complete = true;
+    for (size_t i = 0; i < n; i++)
+        if (kvt_hmap_put(&set, kvt_str_hash(names[i]), names[i]) < 0)
+            complete = false;
+
+    for (size_t i = 0; i < n; i++) {
+        bool tmp = kvt_layout_has_suffix(names[i], KVT_TMP_EXT);
+        if (!tmp && !kvt_layout_has_suffix(names[i], KVT_ENTRY_EXT))
+            continue;
+        char *path = kvt_path_join(d->path, names[i]);
+        if (!path) {
+            again = true;
+            continue;
+        }
+        if (tmp)
+            again |= !s->read_only && reap_tmp(s, path);
+        else
+            again |= scan_file(s, d, path);
+        free(path);
+    }
+
+    pthread_mutex_lock(&s->lock);
+    if (complete)
+        forget_missing(s, d, &set, start_seq);
+    d->mtime = dst.st_mtim;
+    d->scanned = true;
+    d->recheck = again || !complete || kvt_now_ms() - kvt_timespec_ms(&dst.st_mtim) <
+                                                        MTIME_SETTLE_MS;
+    pthread_mutex_unlock(&s->lock);
+    kvt_hmap_free(&set);
+    free_names(names, n);
+}
+
+struct stale {
+    struct kvt_sdir **v;
+    size_t n;
+    uint64_t gen;
+};
+
+static void gather_stale(void *val, void *ud)
+{
+    struct stale *st = ud;
+    struct kvt_sdir *d = val;
+    if (d->seen_gen != st->gen && (d->recs.n || d->skips.n))
+        st->v[st->n++] = d;
+}
+
+int kvt_store_scan(struct kvt_store *s)
+{
+    pthread_mutex_lock(&s->scan_lock);
+    char **names = NULL;
+    size_t n = 0;
+    int rc = list_dir(s->root, true, &names, &n);
+    if (rc == -ENOENT)
+        rc = 0; /* no root: every directory is gone */
+    if (rc < 0) {
+        kvt_fail(rc, "%s: cannot list the store directory", s->root);
+        goto out;
+    }
+    pthread_mutex_lock(&s->lock);
+    uint64_t gen = ++s->scan_gen;
+    pthread_mutex_unlock(&s->lock);
+
+    for (size_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&s->lock);
+        struct kvt_sdir *d = kvt_sdir_get(s, names[i], true);
+        if (d)
+            d->seen_gen = gen;
+        pthread_mutex_unlock(&s->lock);
+        if (!d)
+            continue;
+        struct stat st;
+        if (stat(d->path, &st) != 0) {
+            scan_dir(s, d, false);
+            continue;
+        }
+        pthread_mutex_lock(&s->lock);
+        bool need = !d->scanned || d->recheck || !timespec_eq(&st.st_mtim, &d->mtime);
+        pthread_mutex_unlock(&s->lock);
+        if (need)
+            scan_dir(s, d, true);
+    }
+
+    /* Directories the root no longer lists: their records and skipped files go. */
+    pthread_mutex_lock(&s->lock);
+    struct stale st = {malloc((s->dirs.n + 1) * sizeof(*st.v)), 0, gen};
+    if (st.v)
+        kvt_hmap_each(&s->dirs, gather_stale, &st);
+    pthread_mutex_unlock(&s->lock);
+    for (size_t i = 0; i < st.n; i++)
+        scan_dir(s, st.v[i], false);
+    free(st.v);
+    free_names(names, n);
+out:
+    pthread_mutex_unlock(&s->scan_lock);
+    return rc;
+}

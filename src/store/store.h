@@ -1,0 +1,118 @@
+/*
+ * Internals of the store (STORE.md): the handle, its per-directory bookkeeping, and the
+ * helpers shared by the scan (scan.c), the bookkeeping (store_dirs.c) and the public calls
+ * (store.c).
+ *
+ * Locks: `lock` guards the index, the directory table, the pending set and the counters and
+ * is never held across file I/O; `scan_lock` serializes scans (startup, refresh) whose I/O
+ * runs outside `lock`. Order: scan_lock before lock.
+ */
+#ifndef KVT_STORE_STORE_H
+#define KVT_STORE_STORE_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "kvtier.h"
+#include "store/hmap.h"
+#include "store/index.h"
+
+/** A file left in place and not indexed (STORE.md §12.1 "skipped"). */
+struct kvt_skip {
+    char *path;
+    const char *name; /* inside path */
+    uint64_t bytes;
+    struct timespec mtime;
+    bool transient; /* an OS error: retried at the next scan */
+};
+
+/** One namespace directory under the root. */
+struct kvt_sdir {
+    char *name, *path;
+    struct timespec mtime; /* as seen before the last listing */
+    bool scanned, recheck;
+    uint64_t seen_gen; /* the last scan that found it under the root */
+    struct kvt_hmap recs;  /* struct kvt_rec * by path hash */
+    struct kvt_hmap skips; /* struct kvt_skip * by path hash */
+};
+
+struct kvt_store {
+    char *root, *model_id, *fingerprint, *tokenizer_hash;
+    uint64_t max_bytes;
+    size_t n_layers, max_header_bytes;
+    bool no_verify, quarantine, read_only;
+    int64_t tmp_grace_ms;
+    kvt_log_fn log;
+    void *log_ud;
+
+    pthread_mutex_t lock;
+    pthread_mutex_t scan_lock;
+    struct kvt_index *ix;
+    struct kvt_hmap dirs;    /* struct kvt_sdir * by name hash; kept until close */
+    uint64_t scan_gen;
+    struct kvt_hmap pending; /* char * paths this process is writing */
+    uint64_t restores, spills, store_failures, evictions, corrupt_files, restore_misses;
+    uint64_t tmp_reaped;
+    double restore_ms_last;
+    bool warned_store_failure;
+};
+
+/** Paths collected under the lock and acted on after it. */
+struct kvt_pathlist {
+    char **v;
+    size_t n, cap;
+};
+
+/* ---- store_dirs.c ---------------------------------------------------------------------- */
+
+void kvt_store_logf(struct kvt_store *s, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int64_t kvt_now_ms(void);
+int64_t kvt_timespec_ms(const struct timespec *t);
+uint64_t kvt_str_hash(const char *s);
+
+/** The directory named @p name (locked), creating its entry when @p create. */
+struct kvt_sdir *kvt_sdir_get(struct kvt_store *s, const char *name, bool create);
+void kvt_sdir_free(struct kvt_sdir *d);
+
+/** Index a file (locked). -EEXIST when it is indexed or being written here already. */
+int kvt_store_add_locked(struct kvt_store *s, struct kvt_sdir *d, const struct kvt_header *h,
+                         const char *path, int64_t mtime_ms);
+/** Drop a record (locked); when @p pl is not NULL its path goes there for unlinking. */
+void kvt_store_drop_locked(struct kvt_store *s, struct kvt_rec *r, struct kvt_pathlist *pl);
+/** Remember a skipped file (locked); replaces an older entry for the same path. */
+void kvt_skip_set_locked(struct kvt_sdir *d, const char *path, uint64_t bytes,
+                         const struct timespec *mtime, bool transient);
+void kvt_skip_del_locked(struct kvt_sdir *d, const char *path);
+struct kvt_skip *kvt_skip_get_locked(struct kvt_sdir *d, const char *path);
+
+bool kvt_pending_has_locked(struct kvt_store *s, const char *path);
+int kvt_pending_add_locked(struct kvt_store *s, const char *path);
+void kvt_pending_del_locked(struct kvt_store *s, const char *path);
+
+/** Evict (locked) while over the cap (STORE.md §10); victims' paths go to @p pl. */
+void kvt_store_evict_locked(struct kvt_store *s, struct kvt_pathlist *pl);
+/**
+ * Delete a corrupt file, or rename it to <path>.corrupt when quarantining (not locked).
+ * @return false when the file stayed where it was.
+ */
+bool kvt_store_dispose_corrupt(struct kvt_store *s, const char *path, const char *why);
+
+int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path);
+/** Unlink every path (ENOENT and other errors ignored) and free the list. */
+void kvt_pathlist_unlink(struct kvt_pathlist *pl);
+
+/* ---- scan.c --------------------------------------------------------------------------- */
+
+/**
+ * Bring the index up to date with the directory (STORE.md §6, §12.4): list the root, rescan
+ * namespace directories that are new, changed or due for a re-check, add new files, drop
+ * records whose files are gone, reap abandoned .tmp files, classify and act on bad files.
+ * Does not evict. @return 0, or -errno when the root cannot be listed (a missing root is 0).
+ */
+int kvt_store_scan(struct kvt_store *s);
+
+#endif
