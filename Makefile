@@ -109,6 +109,36 @@ THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $
 test-threads: $(THREAD_TESTS) $(PROG_BIN)
 	@scripts/run-tests.sh $(BUILD) $(THREAD_TESTS)
 
+# Fuzzing. `make fuzz` builds the libFuzzer targets with clang into $(FUZZ_BUILD)/fuzz/
+# (library and targets instrumented for coverage, ASan and UBSan); fuzz/run.sh runs them.
+# `make fuzz-replay` links each target with fuzz/replay.c (gcc, address,undefined build) and
+# replays its corpus fuzz/corpus/<name>/ (fuzz/fuzz_<name>.c), failing on any report.
+FUZZ_BUILD := build/libfuzzer
+FUZZ_NAMES := $(FUZZ_SRC:fuzz/fuzz_%.c=%)
+FUZZ_COMMON_OBJ = $(BUILD)/obj/fuzz/memfile.o
+.PHONY: fuzz-targets
+.SECONDARY: $(FUZZ_SRC:%.c=$(BUILD)/obj/%.o) $(FUZZ_COMMON_OBJ) $(BUILD)/obj/fuzz/replay.o
+ifeq ($(SANITIZE),)
+fuzz-replay:
+	@$(MAKE) --no-print-directory SANITIZE=address,undefined fuzz-replay
+else
+fuzz-replay: $(FUZZ_NAMES:%=$(BUILD)/fuzz/replay_%)
+	@set -e; for n in $(FUZZ_NAMES); do $(BUILD)/fuzz/replay_$$n fuzz/corpus/$$n; done
+endif
+fuzz:
+	@$(MAKE) --no-print-directory CC=clang SANITIZE=address,undefined BUILD=$(FUZZ_BUILD) \
+	    CFLAGS=-fsanitize=fuzzer-no-link fuzz-targets
+fuzz-targets: $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL) -lm
+
+$(BUILD)/fuzz/replay_%: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ) \
+                        $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LIBS_ALL) -lm
+
 demo: $(CLI)
 	$(CLI) demo --dir $(BUILD)/demo-store
 
@@ -129,3 +159,4 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SUPPORT_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
+-include $(wildcard $(BUILD)/obj/fuzz/*.d)
