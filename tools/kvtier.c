@@ -17,6 +17,10 @@ static int cmd_version(int argc, char **argv)
 
 static const struct cli_command commands[] = {
     {"version", "version", cmd_version},
+    {"ls", "ls DIR [--json] [--ns NS]", cmd_store_ls},
+    {"find", "find DIR --tokens 1,2,3 [--ns NS] [--json]", cmd_store_find},
+    {"gc", "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped]", cmd_store_gc},
+    {"stats", "stats DIR [--json]", cmd_store_stats},
 };
 
 static void usage(FILE *f)

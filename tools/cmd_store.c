@@ -1,0 +1,756 @@
+/*
+ * Store commands: ls, find, gc, stats (STORE.md). DIR is a store root (<dir>, holding one
+ * directory per config fingerprint) or one fingerprint directory. The identity a store is
+ * opened with comes from --model-id / --config-fingerprint / --tokenizer-hash, or else from
+ * the entries' headers: every distinct identity found is reported on its own. ls, find and
+ * stats open stores read-only and change nothing; gc changes files only without --dry-run.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+struct args {
+    const char *dir, *model_id, *fingerprint, *tokenizer_hash, *ns, *tokens;
+    bool json, dry_run, remove_skipped, have_max;
+    uint64_t max_bytes;
+    int64_t tmp_grace_ms;
+};
+
+struct identity {
+    char *model_id, *tokenizer_hash;
+};
+
+/** One fingerprint directory: <parent>/<fp>, and the identities to open it with. */
+struct target {
+    char *parent, *fp, *path;
+    struct identity *ids;
+    size_t n_ids;
+};
+
+static char *join(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    char *p = malloc(na + nb + 2);
+    if (p) {
+        memcpy(p, a, na);
+        p[na] = '/';
+        memcpy(p + na + 1, b, nb + 1);
+    }
+    return p;
+}
+
+static bool has_suffix(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/** Sorted names of the entries of @p path (subdirectories only when @p dirs). */
+static char **list(const char *path, bool dirs, size_t *n)
+{
+    *n = 0;
+    DIR *dp = opendir(path);
+    if (!dp)
+        return NULL;
+    size_t cap = 16;
+    char **v = malloc(cap * sizeof(*v));
+    struct dirent *de;
+    while (v && (de = readdir(dp))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (dirs) {
+            char *p = join(path, de->d_name);
+            bool d = p && is_dir(p);
+            free(p);
+            if (!d)
+                continue;
+        }
+        if (*n == cap) {
+            char **nv = realloc(v, (cap *= 2) * sizeof(*v));
+            if (!nv)
+                break;
+            v = nv;
+        }
+        if (!(v[*n] = strdup(de->d_name)))
+            break;
+        (*n)++;
+    }
+    closedir(dp);
+    for (size_t i = 1; v && i < *n; i++)
+        for (size_t j = i; j > 0 && strcmp(v[j - 1], v[j]) > 0; j--) {
+            char *t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v;
+}
+
+static void free_list(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static bool is_store_file(const char *name)
+{
+    return has_suffix(name, ".mlxkv") || has_suffix(name, ".mlxkv.tmp") ||
+           has_suffix(name, ".mlxkv.corrupt");
+}
+
+/** Whether @p dir looks like a fingerprint directory: entry files one level down. */
+static bool looks_like_fingerprint_dir(const char *dir)
+{
+    size_t n;
+    char **subs = list(dir, true, &n);
+    bool yes = false;
+    for (size_t i = 0; i < n && !yes; i++) {
+        char *p = join(dir, subs[i]);
+        size_t m;
+        char **files = p ? list(p, false, &m) : NULL;
+        for (size_t j = 0; files && j < m && !yes; j++)
+            yes = is_store_file(files[j]);
+        free_list(files, files ? m : 0);
+        free(p);
+    }
+    free_list(subs, n);
+    return yes;
+}
+
+static void free_targets(struct target *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < t[i].n_ids; j++) {
+            free(t[i].ids[j].model_id);
+            free(t[i].ids[j].tokenizer_hash);
+        }
+        free(t[i].ids);
+        free(t[i].parent);
+        free(t[i].fp);
+        free(t[i].path);
+    }
+    free(t);
+}
+
+static bool add_target(struct target **t, size_t *n, const char *parent, const char *fp)
+{
+    struct target *nt = realloc(*t, (*n + 1) * sizeof(**t));
+    if (!nt)
+        return false;
+    *t = nt;
+    struct target *x = &nt[(*n)++];
+    memset(x, 0, sizeof(*x));
+    x->parent = strdup(parent);
+    x->fp = strdup(fp);
+    x->path = join(parent, fp);
+    return x->parent && x->fp && x->path;
+}
+
+static bool add_identity(struct target *t, const char *model, const char *tok)
+{
+    for (size_t i = 0; i < t->n_ids; i++)
+        if (!strcmp(t->ids[i].model_id, model) && !strcmp(t->ids[i].tokenizer_hash, tok))
+            return true;
+    struct identity *v = realloc(t->ids, (t->n_ids + 1) * sizeof(*v));
+    if (!v)
+        return false;
+    t->ids = v;
+    v[t->n_ids].model_id = strdup(model);
+    v[t->n_ids].tokenizer_hash = strdup(tok);
+    return v[t->n_ids++].model_id && v[t->n_ids - 1].tokenizer_hash;
+}
+
+/** The identities of a fingerprint directory: the flags, or every one its headers name. */
+static bool find_identities(struct target *t, const struct args *a)
+{
+    if (a->model_id && a->tokenizer_hash)
+        return add_identity(t, a->model_id, a->tokenizer_hash);
+    size_t nd;
+    char **subs = list(t->path, true, &nd);
+    bool ok = true;
+    for (size_t i = 0; ok && i < nd; i++) {
+        char *p = join(t->path, subs[i]);
+        size_t nf;
+        char **files = p ? list(p, false, &nf) : NULL;
+        for (size_t j = 0; ok && files && j < nf; j++) {
+            if (!has_suffix(files[j], ".mlxkv"))
+                continue;
+            char *f = join(p, files[j]);
+            struct kvt_header *h = NULL;
+            if (f && kvt_file_read_header(f, NULL, &h) == 0 && h->model_id &&
+                h->tokenizer_hash && h->config_fingerprint &&
+                !strcmp(h->config_fingerprint, t->fp) &&
+                (!a->model_id || !strcmp(a->model_id, h->model_id)) &&
+                (!a->tokenizer_hash || !strcmp(a->tokenizer_hash, h->tokenizer_hash)))
+                ok = add_identity(t, h->model_id, h->tokenizer_hash);
+            kvt_header_free(h);
+            free(f);
+        }
+        free_list(files, files ? nf : 0);
+        free(p);
+    }
+    free_list(subs, nd);
+    return ok;
+}
+
+static int resolve(const struct args *a, struct target **out, size_t *n_out)
+{
+    struct target *t = NULL;
+    size_t n = 0;
+    bool ok = true;
+    char *dir = strdup(a->dir);
+    if (!dir)
+        return EXIT_USAGE;
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/')
+        dir[--len] = '\0';
+    if (!is_dir(dir)) {
+        fprintf(stderr, "kvtier: %s: not a directory\n", dir);
+        free(dir);
+        return EXIT_USAGE;
+    }
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : dir;
+    char *parent = slash ? (slash == dir ? strdup("/") : strndup(dir, (size_t)(slash - dir)))
+                         : strdup(".");
+    if (a->fingerprint) {
+        char *sub = join(dir, a->fingerprint);
+        if (sub && is_dir(sub))
+            ok = add_target(&t, &n, dir, a->fingerprint);
+        else if (!strcmp(base, a->fingerprint))
+            ok = add_target(&t, &n, parent, base);
+        else
+            fprintf(stderr, "kvtier: %s holds no fingerprint directory %s\n", dir,
+                    a->fingerprint);
+        free(sub);
+    } else if (looks_like_fingerprint_dir(dir)) {
+        ok = add_target(&t, &n, parent, base);
+    } else {
+        size_t m;
+        char **subs = list(dir, true, &m);
+        for (size_t i = 0; ok && i < m; i++)
+            ok = add_target(&t, &n, dir, subs[i]);
+        free_list(subs, m);
+    }
+    for (size_t i = 0; ok && i < n; i++)
+        ok = find_identities(&t[i], a);
+    free(parent);
+    free(dir);
+    if (!ok) {
+        fprintf(stderr, "kvtier: out of memory\n");
+        free_targets(t, n);
+        return EXIT_USAGE;
+    }
+    *out = t;
+    *n_out = n;
+    return 0;
+}
+
+static int open_store(const struct target *t, const struct identity *id, const struct args *a,
+                      bool read_only, kvt_store **s)
+{
+    struct kvt_store_opts o = {
+        .model_id = id->model_id,
+        .config_fingerprint = t->fp,
+        .tokenizer_hash = id->tokenizer_hash,
+        .max_bytes = a->have_max ? a->max_bytes : UINT64_MAX,
+        .tmp_grace_ms = a->tmp_grace_ms,
+        .read_only = read_only,
+    };
+    int rc = kvt_store_open(t->parent, &o, s);
+    if (rc < 0)
+        cli_error(t->path, rc);
+    return rc;
+}
+
+static bool parse_args(int argc, char **argv, struct args *a, bool want_tokens)
+{
+    memset(a, 0, sizeof(*a));
+    a->tmp_grace_ms = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = true;
+        if (!strcmp(o, "--json"))
+            a->json = true, takes = false;
+        else if (!strcmp(o, "--dry-run"))
+            a->dry_run = true, takes = false;
+        else if (!strcmp(o, "--remove-skipped"))
+            a->remove_skipped = true, takes = false;
+        else if (!v && o[0] == '-')
+            return false;
+        else if (!strcmp(o, "--model-id"))
+            a->model_id = v;
+        else if (!strcmp(o, "--config-fingerprint"))
+            a->fingerprint = v;
+        else if (!strcmp(o, "--tokenizer-hash"))
+            a->tokenizer_hash = v;
+        else if (!strcmp(o, "--ns"))
+            a->ns = v;
+        else if (!strcmp(o, "--tokens") && want_tokens)
+            a->tokens = v;
+        else if (!strcmp(o, "--max-bytes")) {
+            if (!cli_parse_size(v, &a->max_bytes))
+                return false;
+            a->have_max = true;
+        } else if (!strcmp(o, "--tmp-grace-ms")) {
+            char *end;
+            long long g = strtoll(v, &end, 10);
+            if (*end || g < 0)
+                return false;
+            a->tmp_grace_ms = g;
+        } else if (o[0] != '-' && !a->dir) {
+            a->dir = o;
+            takes = false;
+        } else {
+            return false;
+        }
+        if (takes)
+            i++;
+    }
+    return a->dir && (!want_tokens || a->tokens);
+}
+
+static void print_id_json(const struct target *t, const struct identity *id)
+{
+    printf("\"root\":");
+    cli_json_string(stdout, t->path);
+    printf(",\"model_id\":");
+    cli_json_string(stdout, id->model_id);
+    printf(",\"config_fingerprint\":");
+    cli_json_string(stdout, t->fp);
+    printf(",\"tokenizer_hash\":");
+    cli_json_string(stdout, id->tokenizer_hash);
+}
+
+static void print_record_json(const struct kvt_store_record *r)
+{
+    printf("{\"id\":%" PRIu64 ",\"path\":", r->id);
+    cli_json_string(stdout, r->path);
+    printf(",\"ns\":");
+    cli_json_string(stdout, r->ns);
+    printf(",\"n_tokens\":%zu,\"bytes\":%" PRIu64 ",\"mtime_ms\":%" PRId64 ",\"trimmable\":%s}",
+           r->n_tokens, r->bytes, r->mtime_ms, r->trimmable ? "true" : "false");
+}
+
+static void print_time(int64_t ms)
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    char buf[32];
+    if (gmtime_r(&t, &tm) && strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm))
+        printf("%s", buf);
+    else
+        printf("%" PRId64, ms);
+}
+
+/* Usage "ls DIR [--json] [--ns NS] [identity flags]". */
+int cmd_store_ls(int argc, char **argv)
+{
+    struct args a;
+    if (!parse_args(argc, argv, &a, false)) {
+        fprintf(stderr, "usage: kvtier ls DIR [--json] [--ns NS] [--model-id M] "
+                        "[--config-fingerprint F] [--tokenizer-hash T]\n");
+        return EXIT_USAGE;
+    }
+    struct target *t;
+    size_t nt;
+    int rc = resolve(&a, &t, &nt);
+    if (rc)
+        return rc;
+    int status = 0;
+    bool first = true;
+    if (a.json)
+        printf("[");
+    for (size_t i = 0; i < nt; i++)
+        for (size_t j = 0; j < t[i].n_ids; j++) {
+            kvt_store *s;
+            if (open_store(&t[i], &t[i].ids[j], &a, true, &s) < 0) {
+                status = EXIT_USAGE;
+                continue;
+            }
+            struct kvt_store_record *v;
+            size_t n;
+            if (kvt_store_list(s, &v, &n) < 0) {
+                status = cli_error("ls", -ENOMEM);
+                kvt_store_close(s);
+                continue;
+            }
+            struct kvt_store_stats st;
+            kvt_store_get_stats(s, &st);
+            if (a.json) {
+                printf("%s{", first ? "" : ",");
+                print_id_json(&t[i], &t[i].ids[j]);
+                printf(",\"entries\":[");
+                bool f2 = true;
+                for (size_t k = 0; k < n; k++) {
+                    if (a.ns && strcmp(a.ns, v[k].ns))
+                        continue;
+                    printf("%s", f2 ? "" : ",");
+                    print_record_json(&v[k]);
+                    f2 = false;
+                }
+                printf("],\"skipped_files\":%" PRIu64 "}", st.skipped_files);
+            } else {
+                printf("%s%s  model %s  tokenizer %s: %" PRIu64 " entries, %" PRIu64
+                       " bytes, %" PRIu64 " skipped files\n",
+                       first ? "" : "\n", t[i].path, t[i].ids[j].model_id,
+                       t[i].ids[j].tokenizer_hash, st.entries, st.total_bytes,
+                       st.skipped_files);
+                for (size_t k = 0; k < n; k++) {
+                    if (a.ns && strcmp(a.ns, v[k].ns))
+                        continue;
+                    printf("%6" PRIu64 "  %8zu tok  %12" PRIu64 " B  %s  ns ", v[k].id,
+                           v[k].n_tokens, v[k].bytes, v[k].trimmable ? "trim  " : "notrim");
+                    cli_json_string(stdout, v[k].ns);
+                    printf("  ");
+                    print_time(v[k].mtime_ms);
+                    printf("  %s\n", v[k].path);
+                }
+            }
+            first = false;
+            kvt_store_list_free(v);
+            kvt_store_close(s);
+        }
+    if (a.json)
+        printf("]\n");
+    else if (first)
+        printf("%s: no entries\n", a.dir);
+    free_targets(t, nt);
+    return status;
+}
+
+/* Usage "find DIR --tokens 1,2,3 [--ns NS] [--json] [identity flags]". */
+int cmd_store_find(int argc, char **argv)
+{
+    struct args a;
+    if (!parse_args(argc, argv, &a, true)) {
+        fprintf(stderr, "usage: kvtier find DIR --tokens 1,2,3 [--ns NS] [--json] "
+                        "[--model-id M] [--config-fingerprint F] [--tokenizer-hash T]\n");
+        return EXIT_USAGE;
+    }
+    int32_t *tok;
+    size_t n_tok;
+    if (!cli_parse_tokens(a.tokens, &tok, &n_tok)) {
+        fprintf(stderr, "kvtier: find: bad --tokens list\n");
+        return EXIT_USAGE;
+    }
+    struct target *t;
+    size_t nt;
+    int rc = resolve(&a, &t, &nt);
+    if (rc) {
+        free(tok);
+        return rc;
+    }
+    int status = EXIT_BAD;
+    bool first = true;
+    if (a.json)
+        printf("[");
+    for (size_t i = 0; i < nt; i++)
+        for (size_t j = 0; j < t[i].n_ids; j++) {
+            kvt_store *s;
+            if (open_store(&t[i], &t[i].ids[j], &a, true, &s) < 0)
+                continue;
+            struct kvt_hit hit;
+            kvt_store_find(s, tok, n_tok, a.ns ? a.ns : "", &hit);
+            const char *path = NULL;
+            struct kvt_store_record *v = NULL;
+            size_t n = 0;
+            if (hit.prefix_len && kvt_store_list(s, &v, &n) == 0)
+                for (size_t k = 0; k < n; k++)
+                    if (v[k].id == hit.id)
+                        path = v[k].path;
+            if (hit.prefix_len)
+                status = 0;
+            if (a.json) {
+                printf("%s{", first ? "" : ",");
+                print_id_json(&t[i], &t[i].ids[j]);
+                printf(",\"prefix_len\":%zu", hit.prefix_len);
+                if (hit.prefix_len) {
+                    printf(",\"n_tokens\":%zu,\"trimmable\":%s,\"trim\":%zu,\"path\":",
+                           hit.n_tokens, hit.trimmable ? "true" : "false",
+                           hit.n_tokens - hit.prefix_len);
+                    cli_json_string(stdout, path ? path : "");
+                }
+                printf("}");
+            } else if (hit.prefix_len) {
+                printf("%s  model %s: hit, prefix %zu of %zu prompt tokens from an entry of %zu "
+                       "(%s, trim %zu): %s\n",
+                       t[i].path, t[i].ids[j].model_id, hit.prefix_len, n_tok, hit.n_tokens,
+                       hit.trimmable ? "trimmable" : "not trimmable",
+                       hit.n_tokens - hit.prefix_len, path ? path : "?");
+            } else {
+                printf("%s  model %s: miss\n", t[i].path, t[i].ids[j].model_id);
+            }
+            first = false;
+            kvt_store_list_free(v);
+            kvt_store_close(s);
+        }
+    if (a.json)
+        printf("]\n");
+    else if (first)
+        printf("%s: no entries\n", a.dir);
+    free_targets(t, nt);
+    free(tok);
+    return status;
+}
+
+static void print_stats_json(const struct kvt_store_stats *st)
+{
+    printf("\"entries\":%" PRIu64 ",\"total_bytes\":%" PRIu64 ",\"max_bytes\":%" PRIu64
+           ",\"skipped_files\":%" PRIu64 ",\"skipped_bytes\":%" PRIu64
+           ",\"corrupt_files\":%" PRIu64 ",\"longest_durable_prefix_tokens\":%" PRIu64,
+           st->entries, st->total_bytes, st->max_bytes, st->skipped_files, st->skipped_bytes,
+           st->corrupt_files, st->longest_durable_prefix_tokens);
+}
+
+/* Usage "stats DIR [--json] [identity flags]". */
+int cmd_store_stats(int argc, char **argv)
+{
+    struct args a;
+    if (!parse_args(argc, argv, &a, false)) {
+        fprintf(stderr, "usage: kvtier stats DIR [--json] [--model-id M] "
+                        "[--config-fingerprint F] [--tokenizer-hash T]\n");
+        return EXIT_USAGE;
+    }
+    struct target *t;
+    size_t nt;
+    int rc = resolve(&a, &t, &nt);
+    if (rc)
+        return rc;
+    int status = 0;
+    bool first = true;
+    if (a.json)
+        printf("[");
+    for (size_t i = 0; i < nt; i++)
+        for (size_t j = 0; j < t[i].n_ids; j++) {
+            kvt_store *s;
+            if (open_store(&t[i], &t[i].ids[j], &a, true, &s) < 0) {
+                status = EXIT_USAGE;
+                continue;
+            }
+            struct kvt_store_stats st;
+            kvt_store_get_stats(s, &st);
+            if (a.json) {
+                printf("%s{", first ? "" : ",");
+                print_id_json(&t[i], &t[i].ids[j]);
+                printf(",");
+                print_stats_json(&st);
+                printf("}");
+            } else {
+                printf("%s%s\n  model_id            %s\n  tokenizer_hash      %s\n"
+                       "  entries             %" PRIu64 "\n  total_bytes         %" PRIu64
+                       "\n  longest_prefix      %" PRIu64 " tokens\n  skipped_files       %" PRIu64
+                       " (%" PRIu64 " bytes)\n  corrupt_files       %" PRIu64 "\n",
+                       first ? "" : "\n", t[i].path, t[i].ids[j].model_id,
+                       t[i].ids[j].tokenizer_hash, st.entries, st.total_bytes,
+                       st.longest_durable_prefix_tokens, st.skipped_files, st.skipped_bytes,
+                       st.corrupt_files);
+            }
+            first = false;
+            kvt_store_close(s);
+        }
+    if (a.json)
+        printf("]\n");
+    else if (first)
+        printf("%s: no entries\n", a.dir);
+    free_targets(t, nt);
+    return status;
+}
+
+/* ---- gc ------------------------------------------------------------------------------- */
+
+enum gc_kind { GC_TMP, GC_CORRUPT, GC_QUARANTINED, GC_SKIPPED, GC_EVICT };
+static const char *const gc_verb[] = {"reap abandoned", "remove corrupt", "remove quarantined",
+                                      "remove skipped", "evict"};
+
+struct gc_counts {
+    uint64_t files[5], bytes[5];
+};
+
+static uint64_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+/** A .tmp whose writer is gone (a non-blocking flock succeeds) and older than the grace. */
+static bool tmp_is_dead(const char *path, int64_t grace_ms)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return false;
+    bool dead = false;
+    struct stat st;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0) {
+        int64_t age = ((int64_t)now.tv_sec - st.st_mtim.tv_sec) * 1000 +
+                      (now.tv_nsec - st.st_mtim.tv_nsec) / 1000000;
+        dead = age >= grace_ms;
+    }
+    close(fd);
+    return dead;
+}
+
+static bool identity_known(const struct target *t, const struct kvt_header *h)
+{
+    for (size_t i = 0; i < t->n_ids; i++)
+        if (h->model_id && h->tokenizer_hash && !strcmp(t->ids[i].model_id, h->model_id) &&
+            !strcmp(t->ids[i].tokenizer_hash, h->tokenizer_hash))
+            return true;
+    return false;
+}
+
+static void gc_act(const struct args *a, enum gc_kind k, const char *path, const char *why,
+                   struct gc_counts *c)
+{
+    uint64_t bytes = file_size(path);
+    bool done = a->dry_run || unlink(path) == 0 || errno == ENOENT;
+    if (!done) {
+        fprintf(stderr, "kvtier: gc: cannot remove %s: %s\n", path, strerror(errno));
+        return;
+    }
+    printf("%s%s %s%s%s\n", a->dry_run ? "would " : "", gc_verb[k], path, why ? ": " : "",
+           why ? why : "");
+    c->files[k]++;
+    c->bytes[k] += bytes;
+}
+
+/** Classify every file of one fingerprint directory and act on the bad ones. */
+static void gc_files(const struct target *t, const struct args *a, struct gc_counts *c)
+{
+    int64_t grace = a->tmp_grace_ms < 0 ? 60000 : a->tmp_grace_ms;
+    size_t nd;
+    char **subs = list(t->path, true, &nd);
+    for (size_t i = 0; i < nd; i++) {
+        char *p = join(t->path, subs[i]);
+        size_t nf;
+        char **files = p ? list(p, false, &nf) : NULL;
+        for (size_t j = 0; files && j < nf; j++) {
+            char *f = join(p, files[j]);
+            if (!f)
+                continue;
+            if (has_suffix(files[j], ".tmp")) {
+                if (tmp_is_dead(f, grace))
+                    gc_act(a, GC_TMP, f, NULL, c);
+            } else if (has_suffix(files[j], ".mlxkv.corrupt")) {
+                if (a->remove_skipped)
+                    gc_act(a, GC_QUARANTINED, f, NULL, c);
+            } else if (has_suffix(files[j], ".mlxkv")) {
+                struct kvt_header *h = NULL;
+                int rc = kvt_file_read_header(f, NULL, &h);
+                if (rc == KVT_E_CORRUPT) {
+                    gc_act(a, GC_CORRUPT, f, kvt_last_error(), c);
+                } else if (a->remove_skipped) {
+                    const char *why = NULL;
+                    if (rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED)
+                        why = kvt_last_error();
+                    else if (rc == 0 && (!h->config_fingerprint ||
+                                         strcmp(h->config_fingerprint, t->fp)))
+                        why = "another config fingerprint";
+                    else if (rc == 0 && !identity_known(t, h))
+                        why = "another model or tokenizer";
+                    else if (rc == 0 && !kvt_header_is_indexable(h))
+                        why = "V21: not indexable";
+                    if (why)
+                        gc_act(a, GC_SKIPPED, f, why, c);
+                }
+                kvt_header_free(h);
+            }
+            free(f);
+        }
+        free_list(files, files ? nf : 0);
+        free(p);
+    }
+    free_list(subs, nd);
+}
+
+static int evict_cmp(const void *x, const void *y)
+{
+    const struct kvt_store_record *a = x, *b = y;
+    if (a->mtime_ms != b->mtime_ms)
+        return a->mtime_ms < b->mtime_ms ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/** Evict one identity's store to --max-bytes (STORE.md §10), reporting each victim. */
+static int gc_evict(const struct target *t, const struct identity *id, const struct args *a,
+                    struct gc_counts *c)
+{
+    kvt_store *s;
+    if (open_store(t, id, a, true, &s) < 0)
+        return EXIT_USAGE;
+    struct kvt_store_record *v;
+    size_t n;
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    if (kvt_store_list(s, &v, &n) < 0) {
+        kvt_store_close(s);
+        return cli_error("gc", -ENOMEM);
+    }
+    qsort(v, n, sizeof(*v), evict_cmp);
+    uint64_t total = st.total_bytes;
+    for (size_t k = 0; k < n && total > a->max_bytes; k++) {
+        printf("%s%s %s (%" PRIu64 " bytes, %zu tokens)\n", a->dry_run ? "would " : "",
+               gc_verb[GC_EVICT], v[k].path, v[k].bytes, v[k].n_tokens);
+        total -= v[k].bytes;
+        c->files[GC_EVICT]++;
+        c->bytes[GC_EVICT] += v[k].bytes;
+    }
+    kvt_store_list_free(v);
+    kvt_store_close(s);
+    if (a->dry_run)
+        return 0;
+    if (open_store(t, id, a, false, &s) < 0) /* opening at the cap evicts (STORE.md §12.6) */
+        return EXIT_USAGE;
+    kvt_store_close(s);
+    return 0;
+}
+
+/* Usage "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] [--tmp-grace-ms MS] [...]". */
+int cmd_store_gc(int argc, char **argv)
+{
+    struct args a;
+    if (!parse_args(argc, argv, &a, false)) {
+        fprintf(stderr, "usage: kvtier gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] "
+                        "[--tmp-grace-ms MS] [--model-id M] [--config-fingerprint F] "
+                        "[--tokenizer-hash T]\n");
+        return EXIT_USAGE;
+    }
+    struct target *t;
+    size_t nt;
+    int rc = resolve(&a, &t, &nt);
+    if (rc)
+        return rc;
+    int status = 0;
+    struct gc_counts c = {0};
+    for (size_t i = 0; i < nt; i++) {
+        gc_files(&t[i], &a, &c);
+        for (size_t j = 0; a.have_max && j < t[i].n_ids; j++)
+            if (gc_evict(&t[i], &t[i].ids[j], &a, &c))
+                status = EXIT_USAGE;
+    }
+    printf("%s", a.dry_run ? "dry run: " : "");
+    for (int k = 0; k <= GC_EVICT; k++)
+        printf("%s%s %" PRIu64 " (%" PRIu64 " bytes)", k ? ", " : "", gc_verb[k], c.files[k],
+               c.bytes[k]);
+    printf("\n");
+    free_targets(t, nt);
+    return status;
+}
