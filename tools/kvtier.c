@@ -17,6 +17,9 @@ static int cmd_version(int argc, char **argv)
 
 static const struct cli_command commands[] = {
     {"version", "version", cmd_version},
+    {"inspect", "inspect FILE [--json]", cmd_inspect},
+    {"verify", "verify PATH... [--json] [--no-hashes]", cmd_verify},
+    {"synth", "synth OUT --kind KIND|mixed [options]", cmd_synth},
     {"ls", "ls DIR [--json] [--ns NS]", cmd_store_ls},
     {"find", "find DIR --tokens 1,2,3 [--ns NS] [--json]", cmd_store_find},
     {"gc", "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped]", cmd_store_gc},

@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "io/io.h"
+#include "tensor/alloc.h"
 
 static bool has_capacity(int kind)
 {
@@ -96,13 +97,9 @@ out:
     return rc;
 }
 
-static int build_entry(const struct kvt_header *h, kvt_cache **caches, const char *name,
-                       struct kvt_entry **out)
+/* Copy the header's identity metadata and creation time into a library-made entry. */
+static int set_meta(struct kvt_entry *e, const struct kvt_header *h, const char *name)
 {
-    struct kvt_entry *e;
-    int rc = kvt_entry_new(h->tokens, h->n_tokens, caches, h->n_caches, h->ns, &e);
-    if (rc < 0)
-        return kvt_fail(rc, "%s: cannot build the entry: %s", name, kvt_strerror(rc));
     struct {
         const char **dst;
         const char *src;
@@ -110,17 +107,12 @@ static int build_entry(const struct kvt_header *h, kvt_cache **caches, const cha
                  {&e->meta.config_fingerprint, h->config_fingerprint},
                  {&e->meta.tokenizer_hash, h->tokenizer_hash}};
     for (int k = 0; k < 3; k++) {
-        if (!meta[k].src)
-            continue;
-        char *copy = strdup(meta[k].src);
-        if (!copy) {
-            kvt_entry_free(e);
-            return kvt_fail(-ENOMEM, "%s: out of memory", name);
-        }
-        *meta[k].dst = copy;
+        int rc;
+        *meta[k].dst = kvt_strdup(meta[k].src, &rc);
+        if (rc)
+            return kvt_fail(rc, "%s: out of memory", name);
     }
     e->created_at = h->created_at;
-    *out = e;
     return 0;
 }
 
@@ -169,12 +161,20 @@ int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry
     kvt_tensor_reader_free(&r);
     if (rc)
         goto out;
-    rc = build_entry(h, caches, path, out);
-    if (rc == 0) {
-        free(caches); /* the entry owns the caches now */
-        caches = NULL;
-        built = 0;
+    struct kvt_entry *e;
+    rc = kvt_entry_new(h->tokens, h->n_tokens, caches, h->n_caches, h->ns, &e);
+    if (rc < 0) {
+        rc = kvt_fail(rc, "%s: cannot build the entry: %s", path, kvt_strerror(rc));
+        goto out;
     }
+    free(caches); /* the entry owns the caches now */
+    caches = NULL;
+    built = 0;
+    rc = set_meta(e, h, path);
+    if (rc)
+        kvt_entry_free(e);
+    else
+        *out = e;
 out:
     for (size_t i = 0; i < built; i++)
         kvt_cache_free(caches[i]);
