@@ -1,0 +1,420 @@
+/*
+ * The tier over a real store directory: entries written behind by the writer thread through
+ * the engine gate survive close and reopen, and take restores the longest prefix from disk
+ * with byte-identical tensors (trimmed where the prompt diverges); evicted entries spill to
+ * disk; a refusing gate leaves no .tmp file and no open descriptor; configuration errors.
+ */
+#include "support/support.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HEADS 2
+#define HEAD_DIM 64
+#define LAYERS 2
+
+/* The engine: one exclusion that every gated step takes; optionally refuses from call k. */
+struct engine {
+    pthread_mutex_t excl;
+    pthread_mutex_t mu;
+    int calls, refuse_from;
+};
+
+static struct engine E;
+
+static int engine_run(void *engine, kvt_step_fn step, void *arg)
+{
+    struct engine *en = engine;
+    pthread_mutex_lock(&en->mu);
+    int call = ++en->calls;
+    bool refuse = en->refuse_from && call >= en->refuse_from;
+    pthread_mutex_unlock(&en->mu);
+    if (refuse)
+        return KVT_E_REFUSED;
+    pthread_mutex_lock(&en->excl);
+    int rc = step(arg);
+    pthread_mutex_unlock(&en->excl);
+    return rc;
+}
+
+static void engine_refuse_from(int k)
+{
+    pthread_mutex_lock(&E.mu);
+    E.refuse_from = k ? E.calls + k : 0;
+    pthread_mutex_unlock(&E.mu);
+}
+
+static char logbuf[8192];
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void log_fn(void *ud, int level, const char *msg)
+{
+    (void)ud;
+    (void)level;
+    pthread_mutex_lock(&log_mu);
+    size_t len = strlen(logbuf);
+    snprintf(logbuf + len, sizeof(logbuf) - len, "%s\n", msg);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static bool log_has(const char *s)
+{
+    pthread_mutex_lock(&log_mu);
+    bool r = strstr(logbuf, s) != NULL;
+    pthread_mutex_unlock(&log_mu);
+    return r;
+}
+
+static char *dir;
+
+static int setup(void **state)
+{
+    (void)state;
+    pthread_mutex_init(&E.excl, NULL);
+    pthread_mutex_init(&E.mu, NULL);
+    E.calls = E.refuse_from = 0;
+    logbuf[0] = 0;
+    dir = scratch_dir("tier");
+    assert_non_null(dir);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_rf(dir);
+    free(dir);
+    pthread_mutex_destroy(&E.excl);
+    pthread_mutex_destroy(&E.mu);
+    return 0;
+}
+
+static void base_opts(struct kvt_pcache_opts *o)
+{
+    kvt_pcache_opts_init(o);
+    o->cold_dir = dir;
+    o->cold.model_id = "test-model";
+    o->cold.config_fingerprint = "0123456789abcdef-bf16";
+    o->cold.tokenizer_hash = "feedface";
+    o->snapshot_debounce_ms = 10;
+    o->run_exclusive = engine_run;
+    o->engine = &E;
+    o->log = log_fn;
+}
+
+static kvt_pcache *open_pc(const struct kvt_pcache_opts *o)
+{
+    kvt_pcache *pc = NULL;
+    int rc = kvt_pcache_open(o, &pc);
+    if (rc)
+        fail_msg("kvt_pcache_open: %s", kvt_last_error());
+    return pc;
+}
+
+static kvt_cache *kv_layer(int64_t rows, uint64_t *rng)
+{
+    struct kvt_cache_info p = {.kind = KVT_KIND_KV};
+    kvt_cache *c;
+    assert_int_equal(kvt_cache_new(&p, &c), 0);
+    struct kvt_tensor t[2];
+    int64_t shape[4] = {1, HEADS, rows, HEAD_DIM};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(kvt_tensor_zeros(&t[k], KVT_FLOAT16, 4, shape), 0);
+        fill_random((uint8_t *)kvt_buf_data(t[k].buf) + t[k].offset, kvt_tensor_nbytes(&t[k]),
+                    rng);
+    }
+    assert_int_equal(kvt_cache_append(c, t, 2), 0);
+    kvt_tensor_release(&t[0]);
+    kvt_tensor_release(&t[1]);
+    return c;
+}
+
+static struct kvt_entry *make_entry(const int32_t *tok, size_t n, const char *ns, uint64_t seed)
+{
+    uint64_t rng = seed;
+    kvt_cache *caches[LAYERS];
+    for (int i = 0; i < LAYERS; i++)
+        caches[i] = kv_layer((int64_t)n, &rng);
+    struct kvt_entry *e;
+    assert_int_equal(kvt_entry_new(tok, n, caches, LAYERS, ns, &e), 0);
+    return e;
+}
+
+/* Rows [0, rows) of every tensor of every cache, concatenated in row-major order. */
+static uint8_t *entry_bytes(const struct kvt_entry *e, int64_t rows, size_t *len)
+{
+    size_t cap = 0, used = 0;
+    uint8_t *out = NULL;
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+        int nt = kvt_cache_state(e->caches[i], st);
+        assert_true(nt > 0);
+        for (int k = 0; k < nt; k++) {
+            struct kvt_tensor s;
+            assert_int_equal(kvt_tensor_slice(&s, &st[k], 2, 0, rows), 0);
+            size_t nb = kvt_tensor_nbytes(&s);
+            if (used + nb > cap) {
+                cap = (used + nb) * 2;
+                out = realloc(out, cap);
+            }
+            kvt_tensor_copy_out(&s, out + used);
+            used += nb;
+            kvt_tensor_release(&s);
+            kvt_tensor_release(&st[k]);
+        }
+    }
+    *len = used;
+    return out;
+}
+
+static void seq(int32_t *t, int32_t start, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = start + (int32_t)i;
+}
+
+static void flush_durable(kvt_pcache *pc, uint64_t entries)
+{
+    struct kvt_flush_report r;
+    assert_int_equal(kvt_pcache_flush(pc, -1, &r), 0);
+    assert_true(r.durable);
+    assert_int_equal(r.pending_snapshots, 0);
+    assert_int_equal(r.pending_spills, 0);
+    assert_int_equal(r.entries, entries);
+}
+
+static void test_restart_restores_longest_prefix(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    kvt_pcache *pc = open_pc(&o);
+    char *want = strf("[ssd-cache] %s — 0 entries recovered, 0.00 GiB of 32 GiB cap", dir);
+    assert_true(log_has(want));
+    free(want);
+
+    int32_t t1[100], t2[100], t3[60];
+    seq(t1, 0, 100);
+    seq(t2, 0, 50);
+    seq(t2 + 50, 500, 50); /* shares 50 tokens with t1 */
+    seq(t3, 0, 60);
+    struct kvt_entry *e1 = make_entry(t1, 100, NULL, 11);
+    struct kvt_entry *e2 = make_entry(t2, 100, NULL, 22);
+    struct kvt_entry *e3 = make_entry(t3, 60, "lora", 33);
+    size_t n_full, n_80, n_lora;
+    uint8_t *full = entry_bytes(e1, 100, &n_full);
+    uint8_t *first80 = entry_bytes(e1, 80, &n_80);
+    uint8_t *lora = entry_bytes(e3, 59, &n_lora);
+    assert_int_equal(kvt_pcache_put(pc, e1, NULL), 0);
+    assert_int_equal(kvt_pcache_put(pc, e2, NULL), 0);
+    assert_int_equal(kvt_pcache_put(pc, e3, NULL), 0);
+    flush_durable(pc, 3);
+    kvt_pcache_close(pc);
+
+    logbuf[0] = 0;
+    pc = open_pc(&o);
+    want = strf("[ssd-cache] %s — 3 entries recovered", dir);
+    assert_true(log_has(want));
+    free(want);
+
+    int32_t p[101];
+    seq(p, 0, 100);
+    p[100] = 7;
+    struct kvt_take t;
+    assert_int_equal(kvt_pcache_take(pc, p, 101, "", &t), 0);
+    assert_non_null(t.entry);
+    assert_true(t.from_disk);
+    assert_int_equal(t.entry->n_tokens, 100);
+    assert_memory_equal(t.entry->tokens, t1, sizeof(t1));
+    size_t n;
+    uint8_t *got = entry_bytes(t.entry, 100, &n);
+    assert_int_equal(n, n_full);
+    assert_memory_equal(got, full, n);
+    free(got);
+    kvt_entry_free(t.entry);
+    kvt_retain_release(t.retain);
+
+    p[80] = 999; /* diverges from t1 after 80 tokens: restored and trimmed */
+    assert_int_equal(kvt_pcache_take(pc, p, 81, "", &t), 0);
+    assert_true(t.from_disk);
+    assert_int_equal(t.entry->n_tokens, 80);
+    assert_int_equal(kvt_cache_offset(t.entry->caches[0]), 80);
+    got = entry_bytes(t.entry, 80, &n);
+    assert_int_equal(n, n_80);
+    assert_memory_equal(got, first80, n);
+    free(got);
+    /* The caller extends it and puts it back: it lives in RAM from then on. */
+    assert_int_equal(kvt_pcache_put(pc, t.entry, t.retain), 0);
+
+    assert_int_equal(kvt_pcache_take(pc, t3, 60, "lora", &t), 0);
+    assert_true(t.from_disk);
+    assert_int_equal(t.entry->n_tokens, 59);
+    got = entry_bytes(t.entry, 59, &n);
+    assert_int_equal(n, n_lora);
+    assert_memory_equal(got, lora, n); /* the same rows, trimmed by one */
+    free(got);
+    kvt_entry_free(t.entry);
+    assert_int_equal(kvt_pcache_take(pc, t3, 60, "other", &t), 0);
+    assert_null(t.entry);
+
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_true(st.has_cold);
+    assert_int_equal(st.cold.restores, 3);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(st.misses, 4); /* RAM candidacy: only disk served them */
+    kvt_pcache_close(pc);
+    free(full);
+    free(first80);
+    free(lora);
+}
+
+static void test_eviction_spills_to_disk(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.write_behind = false;
+    int32_t t1[100], t2[100];
+    seq(t1, 0, 100);
+    seq(t2, 1000, 100);
+    struct kvt_entry *e1 = make_entry(t1, 100, NULL, 1);
+    o.ram_max_bytes = kvt_entry_bytes(e1) + 1; /* room for one entry */
+    kvt_pcache *pc = open_pc(&o);
+    size_t n_full;
+    uint8_t *full = entry_bytes(e1, 100, &n_full);
+    assert_int_equal(kvt_pcache_put(pc, e1, NULL), 0);
+    assert_int_equal(kvt_pcache_put(pc, make_entry(t2, 100, NULL, 2), NULL), 0);
+    flush_durable(pc, 1); /* e1, evicted, went to disk; e2 is only in RAM */
+
+    int32_t p[101];
+    memcpy(p, t1, sizeof(t1));
+    p[100] = 5;
+    struct kvt_take t;
+    assert_int_equal(kvt_pcache_take(pc, p, 101, "", &t), 0);
+    assert_true(t.from_disk);
+    size_t n;
+    uint8_t *got = entry_bytes(t.entry, 100, &n);
+    assert_int_equal(n, n_full);
+    assert_memory_equal(got, full, n);
+    free(got);
+    free(full);
+    kvt_entry_free(t.entry);
+
+    /* Steps ran inside the engine gate: 4 tensors + 1 = 5 write steps. */
+    pthread_mutex_lock(&E.mu);
+    assert_int_equal(E.calls, 5);
+    pthread_mutex_unlock(&E.mu);
+    kvt_pcache_close(pc);
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n++;
+    closedir(d);
+    return n;
+}
+
+static int count_tmp(const char *root)
+{
+    DIR *d = opendir(root);
+    int n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *sub = strf("%s/%s", root, de->d_name);
+        DIR *s = opendir(sub);
+        for (struct dirent *f; s && (f = readdir(s));)
+            if (strstr(f->d_name, ".tmp"))
+                n++;
+        if (s)
+            closedir(s);
+        free(sub);
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_refusing_gate_leaves_nothing(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.snapshot_debounce_ms = 600000;
+    o.snapshot_busy_retry_ms = 600000;
+    kvt_pcache *pc = open_pc(&o);
+    int fds = count_fds();
+    int32_t t1[100];
+    seq(t1, 0, 100);
+    assert_int_equal(kvt_pcache_put(pc, make_entry(t1, 100, NULL, 3), NULL), 0);
+
+    for (int k = 2; k <= 6; k++) { /* refuse write step k - 1 (1 = the snapshot clone) */
+        engine_refuse_from(k);
+        struct kvt_flush_report r;
+        assert_int_equal(kvt_pcache_flush(pc, -1, &r), 0);
+        assert_false(r.durable);
+        assert_int_equal(r.failed, 1);
+        assert_int_equal(r.pending_snapshots, 1);
+        assert_int_equal(r.entries, 0);
+        assert_int_equal(count_tmp(kvt_store_root(kvt_pcache_store(pc))), 0);
+        assert_int_equal(count_fds(), fds);
+    }
+    engine_refuse_from(0);
+    flush_durable(pc, 1);
+    assert_int_equal(count_fds(), fds);
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.failed_spills, 5);
+    assert_int_equal(st.cold.entries, 1);
+    kvt_pcache_close(pc);
+}
+
+static void test_configuration_errors(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    kvt_pcache *pc = (kvt_pcache *)&o;
+    o.ram_max_bytes = 0;
+    assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+    assert_null(pc);
+    assert_string_equal(kvt_last_error(),
+                        "--ssd-cache requires the RAM prompt cache (--prompt-cache 0 disables it)");
+    base_opts(&o);
+    o.spill_queue_max_bytes = -1;
+    assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+    base_opts(&o);
+    o.demote_idle_ms = -5;
+    assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+
+    /* RAM only: cold options are ignored with a warning; a 0 cap is legal. */
+    base_opts(&o);
+    o.cold_dir = NULL;
+    o.spill_queue_max_bytes = 0;
+    logbuf[0] = 0;
+    pc = open_pc(&o);
+    assert_true(log_has("cold-tier options ignored"));
+    assert_null(kvt_pcache_store(pc));
+    kvt_pcache_close(pc);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_restart_restores_longest_prefix),
+        T(test_eviction_spills_to_disk),
+        T(test_refusing_gate_leaves_nothing),
+        T(test_configuration_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
