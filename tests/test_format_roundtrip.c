@@ -1,0 +1,591 @@
+/*
+ * Writer and loader round trips for every cache kind and mixed lists (CACHES.md §11): save,
+ * load with hash checks, save again gives identical files, slots and scalars, also after an
+ * append + trim on the restored cache; restore capacity (§12); strided and large tensors
+ * through the chunked paths; the gated N + 1 write steps; argument and cap errors.
+ */
+#include "support/support.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format/format.h"
+
+#define CREATED 1751500000000LL
+
+static char *dir;
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = scratch_dir("roundtrip");
+    return dir ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_rf(dir);
+    free(dir);
+    return 0;
+}
+
+struct geom {
+    int64_t heads, head_dim, tokens, max_size;
+    int dtype;
+};
+
+static void random_tensor(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape,
+                          uint64_t *rng)
+{
+    assert_int_equal(kvt_tensor_zeros(t, dtype, rank, shape), 0);
+    fill_random(kvt_buf_data(t->buf), kvt_tensor_nbytes(t), rng);
+}
+
+/* Append @p rows random rows of @p kind's tensors (FORMAT.md §5 shapes). */
+static void append_rows(kvt_cache *c, const struct geom *g, int64_t rows, uint64_t *rng)
+{
+    struct kvt_cache_info in;
+    kvt_cache_get_info(c, &in);
+    int64_t D = g->head_dim, last[6];
+    int dt[6], n;
+    switch (in.kind) {
+    case KVT_KIND_KV:
+    case KVT_KIND_ROTATING:
+        n = 2;
+        last[0] = D;
+        last[1] = D / 2; /* Dv != Dk */
+        dt[0] = dt[1] = g->dtype;
+        if (in.kind == KVT_KIND_ROTATING)
+            last[1] = D;
+        break;
+    case KVT_KIND_QKV:
+    case KVT_KIND_ROTATING_QKV:
+        n = 6;
+        for (int k = 0; k < 6; k += 3) {
+            last[k] = D * in.bits / 32;
+            last[k + 1] = last[k + 2] = D / in.group_size;
+            dt[k] = KVT_UINT32;
+            dt[k + 1] = dt[k + 2] = g->dtype;
+        }
+        break;
+    case KVT_KIND_TURBOQUANT:
+        n = 5;
+        last[0] = D * in.k_bits / 8;
+        last[1] = last[2] = last[4] = D / 32;
+        last[3] = D * in.v_bits / 8;
+        dt[0] = in.k_bits == 8 ? KVT_INT8 : KVT_UINT8;
+        dt[1] = dt[2] = dt[4] = KVT_FLOAT16;
+        dt[3] = KVT_UINT8;
+        break;
+    default:
+        fail_msg("append_rows: kind %d", in.kind);
+        return;
+    }
+    struct kvt_tensor t[6];
+    for (int k = 0; k < n; k++) {
+        int64_t shape[4] = {1, g->heads, rows, last[k]};
+        random_tensor(&t[k], dt[k], 4, shape, rng);
+    }
+    int rc = kvt_cache_append(c, t, n);
+    if (rc)
+        fail_msg("append: %s", kvt_last_error());
+    for (int k = 0; k < n; k++)
+        kvt_tensor_release(&t[k]);
+}
+
+static kvt_cache *make_cache(int kind, const struct geom *g, uint64_t *rng)
+{
+    struct kvt_cache_info p = {.kind = kind, .max_size = g->max_size};
+    if (kind == KVT_KIND_QKV || kind == KVT_KIND_ROTATING_QKV) {
+        p.group_size = kind == KVT_KIND_QKV ? 32 : 64;
+        p.bits = kind == KVT_KIND_QKV ? 4 : 8;
+    }
+    if (kind == KVT_KIND_TURBOQUANT) {
+        p.k_bits = 8;
+        p.v_bits = 3;
+    }
+    kvt_cache *c;
+    assert_int_equal(kvt_cache_new(&p, &c), 0);
+    if (kind == KVT_KIND_SSM) {
+        struct kvt_tensor conv, rec;
+        int64_t cs[3] = {1, 3, g->heads * g->head_dim}, rs[4] = {1, g->heads, 8, 16};
+        random_tensor(&conv, g->dtype, 3, cs, rng);
+        random_tensor(&rec, KVT_FLOAT32, 4, rs, rng);
+        assert_int_equal(kvt_cache_ssm_update(c, &conv, &rec, g->tokens), 0);
+        kvt_tensor_release(&conv);
+        kvt_tensor_release(&rec);
+        return c;
+    }
+    /* a prefill chunk, then single decode steps */
+    int64_t pre = g->tokens > 3 ? g->tokens - 3 : 1;
+    append_rows(c, g, pre, rng);
+    for (int64_t t = pre; t < g->tokens; t++)
+        append_rows(c, g, 1, rng);
+    return c;
+}
+
+struct owned_entry {
+    struct kvt_entry e;
+    kvt_cache *caches[8];
+    int32_t tokens[4096];
+};
+
+static void make_entry(struct owned_entry *o, const int *kinds, size_t n, const struct geom *g,
+                       uint64_t seed)
+{
+    uint64_t rng = seed;
+    memset(o, 0, sizeof(*o));
+    for (int64_t i = 0; i < g->tokens; i++)
+        o->tokens[i] = (int32_t)(xs64(&rng) % 50000);
+    for (size_t i = 0; i < n; i++)
+        o->caches[i] = make_cache(kinds[i], g, &rng);
+    o->e = (struct kvt_entry){
+        .tokens = o->tokens,
+        .n_tokens = (size_t)g->tokens,
+        .caches = o->caches,
+        .n_caches = n,
+        .meta = {"rt/model", "fp-rt", "tk-rt", "ns-a"},
+    };
+}
+
+static void free_entry(struct owned_entry *o)
+{
+    for (size_t i = 0; i < o->e.n_caches; i++)
+        kvt_cache_free(o->caches[i]);
+}
+
+static char *save(const struct kvt_entry *e, const char *name)
+{
+    char *path = strf("%s/%s", dir, name);
+    struct kvt_save_opts opts = {.created_at = CREATED, .no_sync = true};
+    uint64_t bytes = 0, planned = 0;
+    int rc = kvt_file_save(path, e, &opts, &bytes);
+    if (rc)
+        fail_msg("save %s: %s", name, kvt_last_error());
+    assert_int_equal(kvt_file_plan_size(e, &planned), 0);
+    assert_int_equal(bytes, planned);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal((uint64_t)st.st_size, bytes);
+    return path;
+}
+
+static void expect_same_file(const char *a, const char *b)
+{
+    size_t na, nb;
+    uint8_t *x = read_file(a, &na), *y = read_file(b, &nb);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(na, nb);
+    if (memcmp(x, y, na))
+        fail_msg("%s and %s differ", a, b);
+    free(x);
+    free(y);
+}
+
+/* Slots and scalars of two files agree (bytes, shape, dtype, hash). */
+static void expect_same_slots(const char *a, const char *b)
+{
+    struct kvt_header *ha, *hb;
+    assert_int_equal(kvt_file_read_header(a, NULL, &ha), 0);
+    assert_int_equal(kvt_file_read_header(b, NULL, &hb), 0);
+    assert_int_equal(ha->n_caches, hb->n_caches);
+    for (size_t i = 0; i < ha->n_caches; i++) {
+        assert_memory_equal(&ha->caches[i].info, &hb->caches[i].info, sizeof(ha->caches[i].info));
+        assert_int_equal(ha->caches[i].n_slots, hb->caches[i].n_slots);
+        for (int j = 0; j < ha->caches[i].n_slots; j++) {
+            const struct kvt_slot *x = &ha->caches[i].slots[j], *y = &hb->caches[i].slots[j];
+            assert_int_equal(x->bytes, y->bytes);
+            assert_int_equal(x->dtype, y->dtype);
+            assert_int_equal(x->rank, y->rank);
+            assert_memory_equal(x->shape, y->shape, sizeof(x->shape));
+            assert_int_equal(x->hash, y->hash);
+        }
+    }
+    kvt_header_free(ha);
+    kvt_header_free(hb);
+}
+
+static struct kvt_entry *load(const char *path)
+{
+    struct kvt_entry *e;
+    int rc = kvt_file_load(path, NULL, &e, NULL);
+    if (rc)
+        fail_msg("load %s: %s", path, kvt_last_error());
+    return e;
+}
+
+static bool token_axis_kind(int kind)
+{
+    return kind == KVT_KIND_KV || kind == KVT_KIND_QKV || kind == KVT_KIND_TURBOQUANT;
+}
+
+/* save -> load -> save, and after append 1 + trim 1 on the restored caches. */
+static void roundtrip(const int *kinds, size_t n, const struct geom *g, const char *tag)
+{
+    struct owned_entry o;
+    make_entry(&o, kinds, n, g, 77);
+    char *n1 = strf("%s-a.mlxkv", tag), *n2 = strf("%s-b.mlxkv", tag),
+         *n3 = strf("%s-c.mlxkv", tag);
+    char *a = save(&o.e, n1);
+    struct kvt_entry *e = load(a);
+    char *b = save(e, n2);
+    expect_same_file(a, b);
+    expect_same_slots(a, b);
+
+    bool trimmable = true;
+    for (size_t i = 0; i < n; i++)
+        trimmable &= token_axis_kind(kinds[i]);
+    if (trimmable) {
+        uint64_t rng = 5;
+        for (size_t i = 0; i < e->n_caches; i++) {
+            append_rows(e->caches[i], g, 1, &rng);
+            assert_int_equal(kvt_cache_trim(e->caches[i], 1), 0);
+        }
+        char *c = save(e, n3);
+        expect_same_file(a, c);
+        free(c);
+    }
+    kvt_entry_free(e);
+    free_entry(&o);
+    free(a);
+    free(b);
+    free(n1);
+    free(n2);
+    free(n3);
+}
+
+static void test_each_kind(void **state)
+{
+    (void)state;
+    static const char *const names[KVT_KIND_COUNT] = {"kv", "rot", "qkv", "rqkv", "ssm", "tq"};
+    const struct geom small = {.heads = 2, .head_dim = 64, .tokens = 5, .max_size = 8,
+                               .dtype = KVT_BFLOAT16};
+    const struct geom wrapped = {.heads = 3, .head_dim = 64, .tokens = 300, .max_size = 16,
+                                 .dtype = KVT_FLOAT16};
+    const struct geom open_ring = {.heads = 1, .head_dim = 128, .tokens = 20, .max_size = 512,
+                                   .dtype = KVT_FLOAT32};
+    for (int k = 0; k < KVT_KIND_COUNT; k++) {
+        char *t1 = strf("%s-small", names[k]), *t2 = strf("%s-wrapped", names[k]),
+             *t3 = strf("%s-open", names[k]);
+        roundtrip(&k, 1, &small, t1);
+        roundtrip(&k, 1, &wrapped, t2);
+        roundtrip(&k, 1, &open_ring, t3);
+        free(t1);
+        free(t2);
+        free(t3);
+    }
+}
+
+static void test_mixed(void **state)
+{
+    (void)state;
+    const int all[6] = {KVT_KIND_KV, KVT_KIND_ROTATING, KVT_KIND_QKV, KVT_KIND_TURBOQUANT,
+                        KVT_KIND_ROTATING_QKV, KVT_KIND_SSM};
+    const int token_kinds[5] = {KVT_KIND_TURBOQUANT, KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_KV,
+                                KVT_KIND_TURBOQUANT};
+    const struct geom g = {.heads = 2, .head_dim = 64, .tokens = 37, .max_size = 8,
+                           .dtype = KVT_BFLOAT16};
+    roundtrip(all, 6, &g, "mixed");
+    roundtrip(token_kinds, 5, &g, "tokens");
+}
+
+/* Restore capacity ceil((offset + 1) / 256) * 256, zero slack, in-place first append. */
+static void test_restore_capacity(void **state)
+{
+    (void)state;
+    const int64_t offsets[] = {1, 255, 256, 300};
+    const int kinds[3] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_TURBOQUANT};
+    for (size_t oi = 0; oi < sizeof(offsets) / sizeof(offsets[0]); oi++) {
+        for (int ki = 0; ki < 3; ki++) {
+            struct geom g = {.heads = 2, .head_dim = 64, .tokens = offsets[oi],
+                             .dtype = KVT_BFLOAT16};
+            struct owned_entry o;
+            make_entry(&o, &kinds[ki], 1, &g, 3);
+            char *a = save(&o.e, "cap.mlxkv");
+            struct kvt_entry *e = load(a);
+            kvt_cache *c = e->caches[0];
+            int64_t cap = (offsets[oi] + 1 + 255) / 256 * 256;
+            assert_int_equal(kvt_cache_capacity(c), cap);
+            assert_int_equal(kvt_cache_offset(c), offsets[oi]);
+
+            struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
+            int n = kvt_cache_state(c, t);
+            assert_true(n > 0);
+            void *before = kvt_buf_data(t[0].buf);
+            for (int j = 0; j < n; j++) {
+                /* the rows past offset of every [B, H] block are zero */
+                const uint8_t *p = kvt_buf_data(t[j].buf);
+                size_t row = kvt_dtype_size(t[j].dtype) * (size_t)t[j].shape[3];
+                size_t blocks = (size_t)(t[j].shape[0] * t[j].shape[1]);
+                assert_int_equal(kvt_buf_size(t[j].buf), blocks * (size_t)cap * row);
+                for (size_t b = 0; b < blocks; b++)
+                    for (size_t x = (size_t)offsets[oi] * row; x < (size_t)cap * row; x++)
+                        if (p[b * (size_t)cap * row + x])
+                            fail_msg("slack byte %zu of block %zu is not zero", x, b);
+                kvt_tensor_release(&t[j]);
+            }
+            uint64_t rng = 11;
+            append_rows(c, &g, 1, &rng);
+            assert_int_equal(kvt_cache_capacity(c), cap);
+            n = kvt_cache_state(c, t);
+            assert_ptr_equal(kvt_buf_data(t[0].buf), before); /* written in place */
+            for (int j = 0; j < n; j++)
+                kvt_tensor_release(&t[j]);
+            kvt_entry_free(e);
+            free_entry(&o);
+            free(a);
+        }
+    }
+}
+
+/* A kv cache trimmed to offset 0: empty slots, last tensor empty, file extended to F. */
+static void test_empty_tensors(void **state)
+{
+    (void)state;
+    struct geom g = {.heads = 2, .head_dim = 8, .tokens = 4, .dtype = KVT_BFLOAT16};
+    const int kinds[2] = {KVT_KIND_KV, KVT_KIND_KV};
+    struct owned_entry o;
+    make_entry(&o, kinds, 2, &g, 9);
+    assert_int_equal(kvt_cache_trim(o.caches[1], 4), 0);
+    char *a = save(&o.e, "empty-last.mlxkv");
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(a, NULL, &h), 0);
+    const struct kvt_slot *s = &h->caches[1].slots[1];
+    assert_int_equal(s->bytes, 0);
+    assert_int_equal(s->off, 32768);
+    assert_int_equal(h->file_size, (uint64_t)h->data_start + s->off); /* extended to F */
+    assert_int_equal(s->hash, kvt_wyhash(0, NULL, 0));
+    assert_false(kvt_header_is_indexable(h));
+    kvt_header_free(h);
+    struct kvt_entry *e = load(a);
+    assert_int_equal(kvt_cache_offset(e->caches[1]), 0);
+    assert_int_equal(kvt_cache_capacity(e->caches[1]), 256);
+    char *b = save(e, "empty-last-2.mlxkv");
+    expect_same_file(a, b);
+    kvt_entry_free(e);
+    free_entry(&o);
+    free(a);
+    free(b);
+}
+
+/* Tensors through both chunked paths: many small runs across chunk boundaries, and runs of
+ * more than 1 MiB written and read in place. */
+static void test_strided_and_large(void **state)
+{
+    (void)state;
+    const struct geom many = {.heads = 288, .head_dim = 32, .tokens = 250, .dtype = KVT_FLOAT32};
+    const struct geom large = {.heads = 2, .head_dim = 256, .tokens = 1100,
+                               .dtype = KVT_FLOAT32};
+    const int kv = KVT_KIND_KV;
+    roundtrip(&kv, 1, &many, "many-runs");
+    roundtrip(&kv, 1, &large, "large-runs");
+
+    /* the restored bytes equal the source rows */
+    struct owned_entry o;
+    make_entry(&o, &kv, 1, &many, 21);
+    char *a = save(&o.e, "many-check.mlxkv");
+    struct kvt_entry *e = load(a);
+    struct kvt_tensor src[2], dst[2];
+    assert_int_equal(kvt_cache_state(o.caches[0], src), 2);
+    assert_int_equal(kvt_cache_state(e->caches[0], dst), 2);
+    for (int j = 0; j < 2; j++) {
+        assert_false(kvt_tensor_is_contiguous(&src[j]));
+        struct kvt_tensor cs, cd;
+        assert_int_equal(kvt_tensor_contiguous(&cs, &src[j]), 0);
+        assert_int_equal(kvt_tensor_contiguous(&cd, &dst[j]), 0);
+        assert_int_equal(kvt_tensor_nbytes(&cs), kvt_tensor_nbytes(&cd));
+        if (j == 0)
+            assert_true(kvt_tensor_nbytes(&cs) > KVT_IO_CHUNK); /* crosses a chunk boundary */
+        assert_memory_equal(kvt_buf_data(cs.buf), kvt_buf_data(cd.buf), kvt_tensor_nbytes(&cs));
+        kvt_tensor_release(&cs);
+        kvt_tensor_release(&cd);
+        kvt_tensor_release(&src[j]);
+        kvt_tensor_release(&dst[j]);
+    }
+    kvt_entry_free(e);
+    free_entry(&o);
+    free(a);
+}
+
+struct gate {
+    int calls, refuse_at, fail_at;
+    char *tmp, *final;
+    bool tmp_seen_after_first;
+};
+
+static int gate_run(void *engine, kvt_step_fn step, void *arg)
+{
+    struct gate *g = engine;
+    g->calls++;
+    if (g->calls == g->refuse_at)
+        return KVT_E_REFUSED;
+    int rc = step(arg);
+    if (g->calls == 1)
+        g->tmp_seen_after_first = access(g->tmp, F_OK) == 0 && access(g->final, F_OK) != 0;
+    if (g->calls == g->fail_at)
+        return 1; /* the engine reports a failure of its own after running the step */
+    return rc;
+}
+
+static void test_gated_steps(void **state)
+{
+    (void)state;
+    struct geom g = {.heads = 2, .head_dim = 64, .tokens = 6, .max_size = 8,
+                     .dtype = KVT_BFLOAT16};
+    const int kinds[3] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_SSM};
+    struct owned_entry o;
+    make_entry(&o, kinds, 3, &g, 4);
+    const int n_tensors = 2 + 6 + 2;
+    char *plain = save(&o.e, "plain.mlxkv");
+
+    struct gate gt = {.tmp = strf("%s/gated.mlxkv.tmp", dir), .final = strf("%s/gated.mlxkv", dir)};
+    struct kvt_save_opts opts = {.created_at = CREATED, .no_sync = true, .run_exclusive = gate_run,
+                                 .engine = &gt};
+    assert_int_equal(kvt_file_save(gt.final, &o.e, &opts, NULL), 0);
+    assert_int_equal(gt.calls, n_tensors + 1);
+    assert_true(gt.tmp_seen_after_first);
+    expect_same_file(plain, gt.final);
+
+    for (int k = 1; k <= n_tensors + 1; k++) {
+        unlink(gt.final);
+        gt = (struct gate){.tmp = gt.tmp, .final = gt.final, .refuse_at = k};
+        uint64_t bytes = 7;
+        assert_int_equal(kvt_file_save(gt.final, &o.e, &opts, &bytes), KVT_E_REFUSED);
+        assert_int_equal(bytes, 0);
+        assert_int_equal(gt.calls, k);
+        assert_int_not_equal(access(gt.tmp, F_OK), 0);
+        assert_int_not_equal(access(gt.final, F_OK), 0);
+
+        gt = (struct gate){.tmp = gt.tmp, .final = gt.final, .fail_at = k};
+        int rc = kvt_file_save(gt.final, &o.e, &opts, NULL);
+        assert_int_equal(rc, KVT_E_REFUSED);
+        assert_int_not_equal(access(gt.tmp, F_OK), 0);
+        /* a failure reported after the last step (the rename) cannot unpublish the file */
+        assert_int_equal(access(gt.final, F_OK) == 0, k == n_tensors + 1);
+    }
+    free(gt.tmp);
+    free(gt.final);
+    free(plain);
+    free_entry(&o);
+}
+
+static int count_files(void)
+{
+    char *cmd = strf("ls -A '%s' | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    assert_int_equal(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    free(cmd);
+    return n;
+}
+
+static void test_save_errors(void **state)
+{
+    (void)state;
+    struct geom g = {.heads = 1, .head_dim = 8, .tokens = 3, .dtype = KVT_BFLOAT16};
+    const int kv = KVT_KIND_KV;
+    struct owned_entry o;
+    make_entry(&o, &kv, 1, &g, 8);
+    char *path = strf("%s/err.mlxkv", dir);
+    uint64_t planned;
+    assert_int_equal(kvt_file_plan_size(&o.e, &planned), 0);
+    int before = count_files();
+
+    struct kvt_save_opts opts = {.max_file_bytes = planned - 1, .no_sync = true};
+    assert_int_equal(kvt_file_save(path, &o.e, &opts, NULL), KVT_E_TOO_LARGE);
+    assert_int_equal(count_files(), before);
+    opts.max_file_bytes = planned;
+    assert_int_equal(kvt_file_save(path, &o.e, &opts, NULL), 0);
+    unlink(path);
+
+    /* an empty cache cannot be persisted */
+    struct kvt_cache_info p = {.kind = KVT_KIND_KV};
+    kvt_cache *empty;
+    assert_int_equal(kvt_cache_new(&p, &empty), 0);
+    struct kvt_entry e = o.e;
+    kvt_cache *list[2] = {o.caches[0], empty};
+    e.caches = list;
+    e.n_caches = 2;
+    assert_int_equal(kvt_file_save(path, &e, NULL, NULL), KVT_E_STATE);
+    assert_int_equal(kvt_file_plan_size(&e, &planned), KVT_E_STATE);
+    kvt_cache_free(empty);
+
+    e = o.e;
+    e.meta.model_id = "bad \xe2\x82";
+    assert_int_equal(kvt_file_save(path, &e, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "modelId is not valid UTF-8"));
+    e = o.e;
+    e.n_caches = 0;
+    assert_int_equal(kvt_file_save(path, &e, NULL, NULL), -EINVAL);
+    e = o.e;
+    o.tokens[1] = -3;
+    assert_int_equal(kvt_file_save(path, &e, NULL, NULL), -EINVAL);
+    o.tokens[1] = 3;
+    assert_int_equal(count_files(), before);
+
+    /* another writer's .tmp is never touched */
+    char *tmp = strf("%s.tmp", path);
+    assert_int_equal(write_file(tmp, "other", 5), 0);
+    assert_int_equal(kvt_file_save(path, &o.e, NULL, NULL), -EEXIST);
+    size_t n;
+    uint8_t *b = read_file(tmp, &n);
+    assert_int_equal(n, 5);
+    free(b);
+    unlink(tmp);
+    free(tmp);
+
+    char *nodir = strf("%s/missing/x.mlxkv", dir);
+    assert_int_equal(kvt_file_save(nodir, &o.e, NULL, NULL), -ENOENT);
+    free(nodir);
+    assert_int_equal(kvt_file_save(NULL, &o.e, NULL, NULL), -EINVAL);
+    assert_int_equal(kvt_file_save(path, NULL, NULL, NULL), -EINVAL);
+    assert_int_equal(count_files(), before);
+
+    /* absent metadata keys are omitted and read back as absent */
+    e = o.e;
+    e.meta = (struct kvt_meta){0};
+    struct kvt_save_opts synced = {.drop_cache = true};
+    assert_int_equal(kvt_file_save(path, &e, &synced, NULL), 0);
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    assert_null(h->model_id);
+    assert_null(h->ns);
+    assert_true(h->created_at > 0);
+    kvt_header_free(h);
+    struct kvt_expect x = {.ns = ""};
+    struct kvt_entry *le;
+    assert_int_equal(kvt_file_load(path, &x, &le, NULL), 0); /* an absent ns reads as "" */
+    kvt_entry_free(le);
+    x = (struct kvt_expect){.model_id = "m"};
+    assert_int_equal(kvt_file_load(path, &x, &le, NULL), KVT_E_MISMATCH);
+    assert_non_null(strstr(kvt_last_error(), "L1: modelId mismatch (file (absent), expected"));
+
+    /* replacing an existing file */
+    assert_int_equal(kvt_file_save(path, &o.e, NULL, NULL), 0);
+    assert_int_equal(kvt_file_verify(path, NULL), 0);
+    unlink(path);
+    free(path);
+    free_entry(&o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_each_kind),
+        cmocka_unit_test(test_mixed),
+        cmocka_unit_test(test_restore_capacity),
+        cmocka_unit_test(test_empty_tensors),
+        cmocka_unit_test(test_strided_and_large),
+        cmocka_unit_test(test_gated_steps),
+        cmocka_unit_test(test_save_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
