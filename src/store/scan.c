@@ -101,7 +101,7 @@ static bool timespec_eq(const struct timespec *a, const struct timespec *b)
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
-/** Reap an abandoned .tmp; true when it should be looked at again later (young). */
+/** Reap an abandoned .tmp; true when it should be looked at again later (locked, young). */
 static bool reap_tmp(struct kvt_store *s, const char *path)
 {
     const struct kvt_io *io = kvt_io();
@@ -110,8 +110,10 @@ static bool reap_tmp(struct kvt_store *s, const char *path)
         return false;
     bool again = false;
     struct stat st, now_st;
-    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0)
-        goto out; /* a live writer holds it; its rename or unlink changes the directory */
+    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        again = true; /* a live writer holds it; look again in case the writer dies */
+        goto out;
+    }
     if (io->fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
         goto out;
     if (kvt_now_ms() - kvt_timespec_ms(&st.st_mtim) < s->tmp_grace_ms) {
