@@ -111,7 +111,8 @@ KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
 /**
  * Wrap engine memory without copying. @p release (may be NULL) runs exactly once, on the thread
- * that drops the last reference, including when this call itself fails (-ENOMEM).
+ * that drops the last reference, including when this call itself fails (-ENOMEM, -EINVAL).
+ * Caches never write into wrapped memory: a cache built over it copies on its first write.
  */
 KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud,
                          kvt_buf **out);
@@ -234,7 +235,8 @@ KVT_API int kvt_cache_ssm_update(kvt_cache *c, const struct kvt_tensor *conv,
                                  const struct kvt_tensor *recurrent, int64_t n_tokens);
 /**
  * The window attention reads after the last append (CACHES.md §2 step 3, §4 step 5): owned
- * views into @p out (kind's tensor count entries). @return the count, or negative.
+ * views into @p out (kind's tensor count entries); ssm: conv and recurrent.
+ * @return the count, or KVT_E_STATE for an empty cache.
  */
 KVT_API int kvt_cache_window(const kvt_cache *c, struct kvt_tensor *out);
 /** Drop the last @p n tokens. KVT_E_STATE when n > 0 and the cache is not trimmable. */
@@ -281,7 +283,11 @@ struct kvt_entry {
     int64_t created_at;   /* ms since the epoch; -1 when the header had none */
 };
 
-/** A library-owned entry: copies @p tok and @p ns, takes ownership of @p caches' objects. */
+/**
+ * A library-owned entry: copies @p tok and @p ns, takes ownership of @p caches' objects.
+ * On failure (-EINVAL, -ENOMEM) the caches stay the caller's. meta other than ns is NULL and
+ * created_at is -1; the caller may set them (owned, malloc'd strings).
+ */
 KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches,
                           size_t n_caches, const char *ns, struct kvt_entry **out);
 /** Free a library-made entry and everything it owns. */
