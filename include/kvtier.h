@@ -319,8 +319,14 @@ struct kvt_save_opts {
  * Write @p e to @p path crash-safely: `<path>.tmp` created exclusively and locked, tensors
  * streamed one at a time (hashed from zero-copy views when contiguous), header patched last,
  * fsync, rename, fsync of the directory. Metadata comes from e->meta (absent keys omitted).
- * On any failure nothing under @p path changes and no `.tmp` remains.
- * @p out_bytes (may be NULL) receives the file size.
+ * On any failure nothing under @p path changes and no `.tmp` remains, with one exception: a
+ * failing directory fsync (or directory open for it) is reported after the rename, so the new,
+ * complete file is in place but not known to be durable. An existing `<path>.tmp` (another
+ * writer) fails with -EEXIST and is left alone. With o->run_exclusive the write runs as N + 1
+ * steps for N tensors (1: plan, create, first tensor; one per further tensor; last: header,
+ * fsync, rename), each inside run_exclusive(); a refusal or a non-zero result aborts with
+ * full cleanup. Peak extra memory: one 8 MiB chunk (strided views) plus the header.
+ * @p out_bytes (may be NULL) receives the file size (0 on failure).
  * @return 0, -errno, KVT_E_STATE (empty cache), KVT_E_TOO_LARGE, KVT_E_REFUSED, -EINVAL.
  */
 KVT_API int kvt_file_save(const char *path, const struct kvt_entry *e,
@@ -390,6 +396,9 @@ struct kvt_expect {
  * owned buffers (token-axis kinds get STEP capacity with at least one zero row of slack,
  * CACHES.md §12) checking hashes in the same pass. No mapping survives the call; on failure
  * everything built is freed. @p out_header (may be NULL) receives the header.
+ * L1: an expected key the header lacks does not match, except ns (absent reads as "").
+ * @return 0, KVT_E_FORMAT / KVT_E_UNSUPPORTED / KVT_E_CORRUPT (V1-V20; L3 hash mismatch),
+ *         KVT_E_MISMATCH (L1, L2) or -errno; the message names the check ("<path>: V15: ...").
  */
 KVT_API int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry **out,
                           struct kvt_header **out_header);
