@@ -25,6 +25,7 @@
 struct save_job {
     const char *path;
     char *tmp_path;
+    char *dir_path; /* the directory whose entry the rename changes */
     const struct kvt_entry *e;
     struct kvt_save_opts opts;
     struct kvt_header h; /* tokens and metadata borrowed from the entry */
@@ -59,6 +60,7 @@ static void job_free(struct save_job *j)
     free(j->slot_of);
     free(j->h.caches);
     free(j->tmp_path);
+    free(j->dir_path);
     free(j->chunk);
 }
 
@@ -347,7 +349,7 @@ static int finish(struct save_job *j)
     io->close(j->fd);
     j->fd = -1;
     if (!j->opts.no_sync) {
-        rc = kvt_io_fsync_dir(j->path);
+        rc = kvt_io_fsync_dir(j->dir_path);
         if (rc < 0)
             rc = kvt_fail(rc, "%s: fsync of the directory after the rename: %s", j->path,
                           kvt_strerror(rc));
@@ -398,9 +400,14 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
     if (o)
         j.opts = *o;
     size_t plen = strlen(path);
+    const char *slash = strrchr(path, '/');
     j.tmp_path = malloc(plen + 5);
-    if (!j.tmp_path)
+    j.dir_path = !slash ? strdup(".") : slash == path ? strdup("/")
+                                                     : strndup(path, (size_t)(slash - path));
+    if (!j.tmp_path || !j.dir_path) {
+        job_free(&j);
         return kvt_fail(-ENOMEM, "%s: out of memory", path);
+    }
     memcpy(j.tmp_path, path, plen);
     memcpy(j.tmp_path + plen, ".tmp", 5);
 
