@@ -1,0 +1,26 @@
+/*
+ * A helper thread that faults in destination memory ahead of the copy that fills it, so that
+ * on a machine where first-touch page faults are slow they run on a second core in parallel
+ * with the I/O and the hashing instead of in series with them. Purely an accelerator: every
+ * failure (old kernel, no thread) leaves the copy to fault the pages itself.
+ */
+#ifndef KVT_PREFAULT_H
+#define KVT_PREFAULT_H
+
+#include <stddef.h>
+
+struct kvt_prefault;
+
+/** Start a helper, or return NULL when the kernel cannot populate memory in advance. */
+struct kvt_prefault *kvt_prefault_start(void);
+/**
+ * Queue [@p addr, @p addr + @p len) to be faulted in writable, in address order. Only the
+ * whole pages inside the range are touched, and never their contents. No-op on NULL.
+ */
+void kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len);
+/** Drop every range not yet started (call before the memory may be freed). */
+void kvt_prefault_cancel(struct kvt_prefault *p);
+/** Cancel, wait for the block in progress and end the helper. Accepts NULL. */
+void kvt_prefault_stop(struct kvt_prefault *p);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * Streams of large sequential I/O for the format's restore and save paths, running at the
+ * device's pace: reads are issued ahead with several in flight (O_DIRECT where the file system
+ * takes it) while the caller copies and hashes what has already arrived; writes are staged in
+ * aligned buffers and go out with several in flight while the caller hashes and stages the
+ * next chunk. Memory stays bounded: depth x chunk bytes of staging (16 MiB by default).
+ *
+ * The fast path goes to the OS directly, so it is used only while the io vtable is the plain
+ * POSIX backend; with any other backend installed (fault injection in tests) both streams
+ * fall back to plain sequential calls through the vtable, byte-for-byte the same results.
+ */
+#ifndef KVT_STREAM_H
+#define KVT_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+/** A byte range of a file. */
+struct kvt_range {
+    uint64_t off;
+    uint64_t len;
+};
+
+struct kvt_stream_opts {
+    size_t chunk;       /* bytes per request; 0 = 2 MiB (rounded up to 4096) */
+    unsigned depth;     /* requests in flight; 0 = 8 */
+    bool no_direct;     /* never use O_DIRECT */
+    bool no_prefault;   /* do not fault destination pages in on a helper thread */
+    const char *engine; /* "io_uring", "threads" or NULL (best available) */
+};
+
+/** Whether the streams may take the fast path (the io vtable is the POSIX backend). */
+bool kvt_stream_fast_ok(void);
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+struct kvt_rstream;
+
+/** Called with each piece of a kvt_rstream_read() in order, once it is in place. */
+typedef void (*kvt_piece_fn)(void *ud, const void *data, size_t len);
+
+/**
+ * A read-ahead stream over @p n ranges of @p fd, ascending and not overlapping; the stream's
+ * bytes are those of the ranges concatenated, consumed in order by kvt_rstream_read().
+ * Reading ahead starts at once. @p fd stays the caller's (it must stay open until close).
+ * @return 0, -EINVAL (bad ranges) or -ENOMEM.
+ */
+int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n,
+                     const struct kvt_stream_opts *o, struct kvt_rstream **out);
+/**
+ * Deliver the next @p len bytes of the stream into @p dst (NULL: only pass them to @p fn),
+ * calling @p fn (may be NULL) on every piece once it is in place, in order.
+ * @return 0, -EIO when the file ends early (*@p at receives the file offset), or -errno of
+ * the failed read (the stream is then broken: every later call returns the same error).
+ */
+int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn fn, void *ud,
+                     uint64_t *at);
+/** Stop reading ahead, wait for requests in flight and free the stream. Accepts NULL. */
+void kvt_rstream_close(struct kvt_rstream *s);
+/** How the stream reads: "io_uring+direct", "threads+direct", "buffered" (no O_DIRECT), "plain". */
+const char *kvt_rstream_engine(const struct kvt_rstream *s);
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+struct kvt_wstream;
+
+/**
+ * A write stream into @p fd (open for writing; it stays the caller's). Writes must come at
+ * non-decreasing offsets with gaps of at least 4096 bytes or none at all between them
+ * (the format's 16 KiB-aligned slots satisfy this); bytes of gaps read back as zero.
+ * @return 0 or -ENOMEM.
+ */
+int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream **out);
+/**
+ * Write @p len bytes of @p src at @p off, hashing them into @p h (may be NULL) in order. When
+ * this returns, @p src is no longer needed (the bytes are staged or written); errors of
+ * earlier writes may surface here. @return 0, -EINVAL (offset order) or -errno (sticky).
+ * *@p at (may be NULL) receives the file offset of a failed write.
+ */
+int kvt_wstream_write(struct kvt_wstream *w, uint64_t off, const void *src, size_t len,
+                      struct kvt_wyhash_state *h, uint64_t *at);
+/**
+ * Write out what is staged, wait for every write and cut the file at the end of the last
+ * byte written (direct writes are padded to whole blocks). No fsync: the caller syncs.
+ * @return 0 or the first error (sticky); *@p at as above.
+ */
+int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at);
+/** Wait for requests in flight and free the stream. Accepts NULL. */
+void kvt_wstream_free(struct kvt_wstream *w);
+/** The bytes the stream has been asked to write up to (the logical end of the file). */
+uint64_t kvt_wstream_end(const struct kvt_wstream *w);
+
+#endif

@@ -1,0 +1,399 @@
+/*
+ * The read-ahead stream (stream.h). The ranges are cut into chunks of whole 4096-byte blocks;
+ * up to `depth` chunks are in flight at once, read with O_DIRECT into staging buffers through
+ * the asynchronous queue (aq.h), while the caller copies the chunks that have arrived into
+ * their destinations and hashes them. Chunks whose pages are already in the page cache (asked
+ * with cachestat(2)) are not read ahead: they are copied straight from the page cache into
+ * the destination when consumed, which beats reading the device again. Without O_DIRECT every
+ * chunk is read that way, and the kernel's own readahead keeps the device busy.
+ *
+ * Destination pages are faulted in on a helper thread (prefault.h) ahead of the copy.
+ */
+#include "io/stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "io/aq.h"
+#include "io/io.h"
+#include "io/prefault.h"
+#include "io/staging.h"
+
+#define BLK ((uint64_t)4096)
+#define DEFAULT_CHUNK ((size_t)2 << 20)
+#define DEFAULT_DEPTH 8u
+#define MAX_CHUNK ((size_t)64 << 20)
+/* Streams smaller than this are read with plain calls: threads and rings would cost more. */
+#define FAST_MIN ((uint64_t)1 << 20)
+/* Destinations at least this large get the prefault helper. */
+#define PREFAULT_MIN ((size_t)1 << 20)
+
+enum { C_FREE, C_INFLIGHT, C_DONE, C_INPLACE };
+
+struct chunk {
+    uint64_t a, b; /* requested file bytes [a, b), block aligned */
+    uint64_t hi;   /* end of the stream bytes the chunk holds (<= b) */
+    uint64_t got;  /* bytes arrived, from a */
+    int state;
+    void *buf;     /* its staging slot (direct chunks) */
+};
+
+struct kvt_rstream {
+    int fd, dfd; /* the caller's descriptor, and an O_DIRECT one (or -1) */
+    struct kvt_range *r;
+    size_t n;
+    size_t plan_ri; /* the next chunk starts at range plan_ri, byte plan_pos */
+    uint64_t plan_pos;
+    size_t ri; /* the consumer is at range ri, byte pos */
+    uint64_t pos;
+    struct chunk *ring;
+    unsigned head, count, depth;
+    size_t chunk;
+    struct kvt_aq q;
+    void *staging;
+    size_t staging_bytes;
+    void *bounce; /* for consuming in-place chunks without a destination */
+    struct kvt_prefault *pf;
+    bool fast;
+    int err;
+    uint64_t err_at;
+    char engine[24];
+};
+
+bool kvt_stream_fast_ok(void)
+{
+    return kvt_io() == kvt_io_posix();
+}
+
+/* Whether every page of [off, off + len) of @p fd is in the page cache (Linux 6.5+). */
+static bool range_cached(int fd, uint64_t off, uint64_t len)
+{
+#ifdef __NR_cachestat
+    struct {
+        uint64_t off, len;
+    } range = {off, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+    } cs;
+    static atomic_int works = 1;
+    if (!works)
+        return false;
+    if (syscall(__NR_cachestat, fd, &range, &cs, 0) != 0) {
+        if (errno == ENOSYS || errno == EPERM)
+            works = 0;
+        return false;
+    }
+    uint64_t pages = (off + len + BLK - 1) / BLK - off / BLK;
+    return cs.nr_cache >= pages;
+#else
+    (void)fd;
+    (void)off;
+    (void)len;
+    return false;
+#endif
+}
+
+static uint64_t range_end(const struct kvt_range *r)
+{
+    return r->off + r->len;
+}
+
+/* Plan the next chunk from the planning cursor; false when the ranges are exhausted. */
+static bool plan_next(struct kvt_rstream *s, struct chunk *c)
+{
+    while (s->plan_ri < s->n && s->plan_pos >= s->r[s->plan_ri].len) {
+        s->plan_ri++;
+        s->plan_pos = 0;
+    }
+    if (s->plan_ri >= s->n)
+        return false;
+    uint64_t f = s->r[s->plan_ri].off + s->plan_pos;
+    uint64_t a = f / BLK * BLK, limit = a + s->chunk, hi = f;
+    /* take range bytes while they fall inside [a, limit) */
+    while (s->plan_ri < s->n) {
+        const struct kvt_range *r = &s->r[s->plan_ri];
+        uint64_t start = r->off + s->plan_pos;
+        if (s->plan_pos >= r->len) {
+            s->plan_ri++;
+            s->plan_pos = 0;
+            continue;
+        }
+        if (start >= limit)
+            break;
+        uint64_t end = range_end(r) < limit ? range_end(r) : limit;
+        hi = end;
+        s->plan_pos += end - start;
+        if (end == limit)
+            break;
+    }
+    c->a = a;
+    c->hi = hi;
+    c->b = (hi + BLK - 1) / BLK * BLK;
+    c->got = 0;
+    c->buf = NULL;
+    return true;
+}
+
+static int submit_chunk(struct kvt_rstream *s, unsigned k)
+{
+    struct chunk *c = &s->ring[k];
+    return kvt_aq_submit(&s->q, s->dfd, 0, (char *)c->buf + c->got, (size_t)(c->b - c->a - c->got),
+                         c->a + c->got, k);
+}
+
+static void fail_at(struct kvt_rstream *s, int rc, uint64_t at)
+{
+    if (!s->err) {
+        s->err = rc;
+        s->err_at = at;
+    }
+}
+
+/* Fill the ring with planned chunks, starting reads for those not in the page cache. */
+static void top_up(struct kvt_rstream *s)
+{
+    while (!s->err && s->count < s->depth) {
+        unsigned k = (s->head + s->count) % s->depth;
+        struct chunk *c = &s->ring[k];
+        if (!plan_next(s, c))
+            return;
+        s->count++;
+        if (s->dfd < 0 || range_cached(s->fd, c->a, c->hi - c->a)) {
+            c->state = C_INPLACE;
+            continue;
+        }
+        c->buf = (char *)s->staging + (size_t)k * s->chunk;
+        c->state = C_INFLIGHT;
+        int rc = submit_chunk(s, k);
+        if (rc < 0) {
+            c->state = C_INPLACE; /* the queue refused: read it in place instead */
+            c->buf = NULL;
+        }
+    }
+}
+
+/* Reap one completion. */
+static int reap(struct kvt_rstream *s)
+{
+    uint64_t tag;
+    int64_t res;
+    int rc = kvt_aq_wait(&s->q, &tag, &res);
+    if (rc < 0)
+        return rc;
+    struct chunk *c = &s->ring[tag % s->depth];
+    if (res < 0) {
+        fail_at(s, (int)res, c->a + c->got);
+        c->state = C_DONE;
+        return 0;
+    }
+    c->got += (uint64_t)res;
+    if (c->a + c->got >= c->hi) {
+        c->state = C_DONE;
+    } else if (res == 0) {
+        fail_at(s, -EIO, c->a + c->got); /* the file ends inside the ranges */
+        c->state = C_DONE;
+    } else if ((rc = submit_chunk(s, (unsigned)(tag % s->depth))) < 0) {
+        fail_at(s, rc, c->a + c->got);
+        c->state = C_DONE;
+    }
+    return 0;
+}
+
+int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n,
+                     const struct kvt_stream_opts *o, struct kvt_rstream **out)
+{
+    struct kvt_stream_opts def = {0};
+    uint64_t total = 0;
+    *out = NULL;
+    if (!o)
+        o = &def;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].off > UINT64_MAX - r[i].len || range_end(&r[i]) > (uint64_t)INT64_MAX ||
+            (i > 0 && r[i].off < range_end(&r[i - 1])) || total > UINT64_MAX - r[i].len)
+            return -EINVAL;
+        total += r[i].len;
+    }
+    struct kvt_rstream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->fd = fd;
+    s->dfd = -1;
+    s->n = n;
+    s->r = malloc((n ? n : 1) * sizeof(*s->r));
+    if (!s->r) {
+        free(s);
+        return -ENOMEM;
+    }
+    if (n)
+        memcpy(s->r, r, n * sizeof(*r));
+    snprintf(s->engine, sizeof(s->engine), "plain");
+    s->fast = kvt_stream_fast_ok() && total >= FAST_MIN;
+    if (!s->fast) {
+        *out = s;
+        return 0;
+    }
+    s->chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
+    s->chunk = s->chunk > MAX_CHUNK ? MAX_CHUNK : (s->chunk + BLK - 1) / BLK * BLK;
+    s->depth = o->depth ? o->depth : DEFAULT_DEPTH;
+    if (s->depth > KVT_AQ_MAX_DEPTH)
+        s->depth = KVT_AQ_MAX_DEPTH;
+    s->ring = calloc(s->depth, sizeof(*s->ring));
+    if (!s->ring) {
+        kvt_rstream_close(s);
+        return -ENOMEM;
+    }
+    if (!o->no_direct) {
+        char proc[64];
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        s->dfd = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    }
+    if (s->dfd >= 0) {
+        s->staging_bytes = s->chunk * s->depth;
+        s->staging = kvt_staging_get(s->staging_bytes);
+        if (!s->staging || kvt_aq_open(&s->q, s->depth, o->engine) < 0) {
+            close(s->dfd); /* read in place through the page cache instead */
+            s->dfd = -1;
+        }
+    }
+    snprintf(s->engine, sizeof(s->engine), "%s%s", s->dfd >= 0 ? kvt_aq_name(&s->q) : "buffered",
+             s->dfd >= 0 ? "+direct" : "");
+    if (!o->no_prefault)
+        s->pf = kvt_prefault_start();
+    top_up(s);
+    *out = s;
+    return 0;
+}
+
+const char *kvt_rstream_engine(const struct kvt_rstream *s)
+{
+    return s->engine;
+}
+
+static int read_in_place(struct kvt_rstream *s, void *dst, size_t len, uint64_t off)
+{
+    int rc = kvt_io_read_full(s->fd, dst, len, off);
+    if (rc < 0)
+        fail_at(s, rc, off);
+    return rc;
+}
+
+/* Deliver @p len bytes at file offset @p f of an in-place chunk (or of a plain stream). */
+static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uint64_t f,
+                            kvt_piece_fn fn, void *ud)
+{
+    if (dst) {
+        int rc = read_in_place(s, dst, len, f);
+        if (rc == 0 && fn)
+            fn(ud, dst, len);
+        return rc;
+    }
+    size_t bn = s->chunk ? s->chunk : DEFAULT_CHUNK;
+    if (!s->bounce && !(s->bounce = malloc(bn)))
+        return -ENOMEM;
+    for (size_t done = 0; done < len;) {
+        size_t take = len - done < bn ? len - done : bn;
+        int rc = read_in_place(s, s->bounce, take, f + done);
+        if (rc < 0)
+            return rc;
+        if (fn)
+            fn(ud, s->bounce, take);
+        done += take;
+    }
+    return 0;
+}
+
+int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn fn, void *ud,
+                     uint64_t *at)
+{
+    uint8_t *d = dst;
+    int rc = 0;
+    if (s->err)
+        goto out;
+    if (s->pf && d && len >= PREFAULT_MIN)
+        kvt_prefault_add(s->pf, d, len);
+    while (len > 0 && !s->err) {
+        while (s->ri < s->n && s->pos >= s->r[s->ri].len) {
+            s->ri++;
+            s->pos = 0;
+        }
+        if (s->ri >= s->n) {
+            rc = -EINVAL; /* more bytes asked for than the ranges hold */
+            goto out_cancel;
+        }
+        uint64_t f = s->r[s->ri].off + s->pos;
+        size_t take = len;
+        if (take > s->r[s->ri].len - s->pos)
+            take = (size_t)(s->r[s->ri].len - s->pos);
+        if (!s->fast) {
+            rc = consume_in_place(s, d, take, f, fn, ud);
+        } else {
+            if (s->count == 0)
+                top_up(s);
+            struct chunk *c = &s->ring[s->head];
+            if (s->count == 0 || f < c->a || f >= c->hi) {
+                rc = -EINVAL; /* cannot happen: chunks follow the ranges */
+                goto out_cancel;
+            }
+            if (take > c->hi - f)
+                take = (size_t)(c->hi - f);
+            if (c->state == C_INPLACE) {
+                rc = consume_in_place(s, d, take, f, fn, ud);
+            } else {
+                while (c->state == C_INFLIGHT && rc == 0)
+                    rc = reap(s);
+                if (rc == 0 && !s->err) {
+                    const uint8_t *src = (const uint8_t *)c->buf + (f - c->a);
+                    if (d)
+                        memcpy(d, src, take);
+                    if (fn)
+                        fn(ud, d ? d : src, take);
+                }
+            }
+            if (f + take == c->hi) { /* chunk used up: recycle its slot, read further ahead */
+                c->state = C_FREE;
+                s->head = (s->head + 1) % s->depth;
+                s->count--;
+                top_up(s);
+            }
+        }
+        if (rc < 0) {
+            fail_at(s, rc, f);
+            break;
+        }
+        s->pos += take;
+        len -= take;
+        if (d)
+            d += take;
+    }
+out_cancel:
+    if (s->pf && dst)
+        kvt_prefault_cancel(s->pf);
+out:
+    if (s->err) {
+        rc = s->err;
+        if (at)
+            *at = s->err_at;
+    }
+    return rc;
+}
+
+void kvt_rstream_close(struct kvt_rstream *s)
+{
+    if (!s)
+        return;
+    kvt_prefault_stop(s->pf);
+    kvt_aq_close(&s->q); /* reaps what is in flight before the staging goes away */
+    if (s->dfd >= 0)
+        close(s->dfd);
+    kvt_staging_put(s->staging, s->staging_bytes);
+    free(s->bounce);
+    free(s->ring);
+    free(s->r);
+    free(s);
+}

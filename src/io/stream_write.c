@@ -1,0 +1,278 @@
+/*
+ * The write stream (stream.h). Bytes are copied into page-aligned staging chunks (hashed right
+ * after the copy, while they are hot in the CPU cache) and each full chunk goes out as one
+ * O_DIRECT write through the asynchronous queue (aq.h), several in flight, so the device
+ * writes chunk i while the caller stages chunk i + 1. Direct writes skip the page cache: no
+ * page-cache pages are allocated and dirtied only to be flushed by the fsync that follows, and
+ * the saved file is not left taking up memory. The last chunk is padded to a whole block and
+ * the file cut back to its logical end at finish.
+ *
+ * When O_DIRECT is refused (tmpfs, some network file systems) or another io backend is
+ * installed, every write is a plain positional write through the io vtable, hashed first.
+ */
+#include "io/stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io/aq.h"
+#include "io/io.h"
+#include "io/staging.h"
+
+#define BLK ((uint64_t)4096)
+#define DEFAULT_CHUNK ((size_t)2 << 20)
+#define DEFAULT_DEPTH 8u
+#define MAX_CHUNK ((size_t)64 << 20)
+/* Plain writes go out in pieces of this size, each hashed just before it is written. */
+#define PLAIN_PIECE ((size_t)8 << 20)
+
+struct wslot {
+    uint64_t off; /* file offset of the request */
+    size_t len;   /* request bytes (block multiple) */
+    size_t done;  /* bytes the device has taken */
+    bool busy;
+};
+
+struct kvt_wstream {
+    int fd, dfd;
+    struct kvt_aq q;
+    void *staging;
+    size_t staging_bytes, chunk;
+    unsigned depth;
+    struct wslot *slot;
+    int cur;           /* slot being filled, or -1 */
+    uint64_t cur_off;  /* file offset of byte 0 of the slot being filled (block aligned) */
+    size_t cur_fill;   /* bytes of it filled */
+    uint64_t flushed;  /* end of the last request submitted (block aligned) */
+    uint64_t last;     /* end of the last write asked for */
+    uint64_t end;      /* the logical end of the file */
+    bool started;
+    int err;
+    uint64_t err_at;
+};
+
+static void wfail(struct kvt_wstream *w, int rc, uint64_t at)
+{
+    if (!w->err) {
+        w->err = rc;
+        w->err_at = at;
+    }
+}
+
+int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream **out)
+{
+    struct kvt_stream_opts def = {0};
+    *out = NULL;
+    if (!o)
+        o = &def;
+    struct kvt_wstream *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->fd = fd;
+    w->dfd = -1;
+    w->cur = -1;
+    if (kvt_stream_fast_ok() && !o->no_direct) {
+        w->chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
+        w->chunk = w->chunk > MAX_CHUNK ? MAX_CHUNK : (w->chunk + BLK - 1) / BLK * BLK;
+        w->depth = o->depth ? o->depth : DEFAULT_DEPTH;
+        if (w->depth > KVT_AQ_MAX_DEPTH)
+            w->depth = KVT_AQ_MAX_DEPTH;
+        char proc[64];
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        w->dfd = open(proc, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        w->slot = calloc(w->depth, sizeof(*w->slot));
+        w->staging_bytes = w->chunk * w->depth;
+        if (w->dfd >= 0 && w->slot)
+            w->staging = kvt_staging_get(w->staging_bytes);
+        if (w->dfd >= 0 && (!w->slot || !w->staging || kvt_aq_open(&w->q, w->depth, o->engine))) {
+            close(w->dfd); /* fall back to plain writes */
+            w->dfd = -1;
+        }
+    }
+    *out = w;
+    return 0;
+}
+
+uint64_t kvt_wstream_end(const struct kvt_wstream *w)
+{
+    return w->end;
+}
+
+static void *slot_buf(const struct kvt_wstream *w, int k)
+{
+    return (char *)w->staging + (size_t)k * w->chunk;
+}
+
+static int submit_slot(struct kvt_wstream *w, int k)
+{
+    struct wslot *s = &w->slot[k];
+    int rc = kvt_aq_submit(&w->q, w->dfd, 1, (char *)slot_buf(w, k) + s->done, s->len - s->done,
+                           s->off + s->done, (uint64_t)k);
+    if (rc < 0)
+        wfail(w, rc, s->off + s->done);
+    return rc;
+}
+
+/* Reap one completion; a short write is continued, an error is recorded. */
+static int reap(struct kvt_wstream *w)
+{
+    uint64_t tag;
+    int64_t res;
+    int rc = kvt_aq_wait(&w->q, &tag, &res);
+    if (rc < 0) {
+        wfail(w, rc, w->flushed);
+        return rc;
+    }
+    struct wslot *s = &w->slot[tag % w->depth];
+    if (res <= 0) {
+        wfail(w, res < 0 ? (int)res : -EIO, s->off + s->done);
+        s->busy = false;
+        return 0;
+    }
+    s->done += (size_t)res;
+    if (s->done < s->len && !w->err && submit_slot(w, (int)(tag % w->depth)) == 0)
+        return 0; /* the rest of a short write is on its way */
+    s->busy = false;
+    return 0;
+}
+
+/* A free staging slot, waiting for the device when all are busy; -1 after an error. */
+static int take_slot(struct kvt_wstream *w)
+{
+    for (;;) {
+        for (unsigned k = 0; k < w->depth; k++)
+            if (!w->slot[k].busy)
+                return (int)k;
+        if (w->err || reap(w) < 0)
+            return -1;
+    }
+}
+
+/* Pad the slot being filled to a whole block and send it. */
+static void flush_cur(struct kvt_wstream *w)
+{
+    if (w->cur < 0)
+        return;
+    struct wslot *s = &w->slot[w->cur];
+    size_t padded = (size_t)((w->cur_fill + BLK - 1) / BLK * BLK);
+    memset((char *)slot_buf(w, w->cur) + w->cur_fill, 0, padded - w->cur_fill);
+    s->off = w->cur_off;
+    s->len = padded;
+    s->done = 0;
+    s->busy = true;
+    w->flushed = w->cur_off + padded;
+    int k = w->cur;
+    w->cur = -1;
+    if (submit_slot(w, k) < 0)
+        s->busy = false;
+}
+
+static int write_plain(struct kvt_wstream *w, uint64_t off, const uint8_t *src, size_t len,
+                       struct kvt_wyhash_state *h)
+{
+    for (size_t done = 0; done < len;) {
+        size_t n = len - done < PLAIN_PIECE ? len - done : PLAIN_PIECE;
+        if (h)
+            kvt_wyhash_update(h, src + done, n);
+        int rc = kvt_io_write_full(w->fd, src + done, n, off + done);
+        if (rc < 0) {
+            wfail(w, rc, off + done);
+            return rc;
+        }
+        done += n;
+    }
+    return 0;
+}
+
+int kvt_wstream_write(struct kvt_wstream *w, uint64_t off, const void *src, size_t len,
+                      struct kvt_wyhash_state *h, uint64_t *at)
+{
+    const uint8_t *p = src;
+    if (w->err)
+        goto out;
+    if (off > UINT64_MAX - len || off + len > (uint64_t)INT64_MAX ||
+        (w->started && off < w->last))
+        return -EINVAL;
+    if (len == 0)
+        return 0;
+    w->started = true;
+    if (w->dfd < 0) {
+        write_plain(w, off, p, len, h);
+    } else {
+        while (len > 0 && !w->err) {
+            if (w->cur >= 0 && off >= w->cur_off + w->chunk)
+                flush_cur(w);
+            if (w->cur < 0) {
+                uint64_t base = off / BLK * BLK;
+                if (base < w->flushed) {
+                    wfail(w, -EINVAL, off); /* would rewrite a block already sent */
+                    break;
+                }
+                int k = take_slot(w);
+                if (k < 0)
+                    break;
+                w->cur = k;
+                w->cur_off = base;
+                w->cur_fill = 0;
+            }
+            uint8_t *buf = slot_buf(w, w->cur);
+            size_t at_in = (size_t)(off - w->cur_off);
+            if (at_in > w->cur_fill)
+                memset(buf + w->cur_fill, 0, at_in - w->cur_fill); /* a gap inside the chunk */
+            size_t n = w->chunk - at_in < len ? w->chunk - at_in : len;
+            memcpy(buf + at_in, p, n);
+            if (h)
+                kvt_wyhash_update(h, buf + at_in, n);
+            w->cur_fill = at_in + n;
+            off += n;
+            p += n;
+            len -= n;
+            if (w->cur_fill == w->chunk)
+                flush_cur(w);
+        }
+    }
+    if (!w->err) {
+        w->last = off + len;
+        if (w->last > w->end)
+            w->end = w->last;
+    }
+out:
+    if (w->err && at)
+        *at = w->err_at;
+    return w->err;
+}
+
+int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at)
+{
+    if (w->dfd >= 0) {
+        if (!w->err)
+            flush_cur(w);
+        while (w->q.inflight > 0)
+            if (reap(w) < 0)
+                break;
+        if (!w->err && w->flushed > w->end) {
+            int rc = kvt_io()->ftruncate(w->fd, w->end);
+            if (rc < 0)
+                wfail(w, rc, w->end);
+        }
+    }
+    if (w->err && at)
+        *at = w->err_at;
+    return w->err;
+}
+
+void kvt_wstream_free(struct kvt_wstream *w)
+{
+    if (!w)
+        return;
+    kvt_aq_close(&w->q); /* reaps what is in flight before the staging goes away */
+    if (w->dfd >= 0)
+        close(w->dfd);
+    kvt_staging_put(w->staging, w->staging_bytes);
+    free(w->slot);
+    free(w);
+}

@@ -1,0 +1,467 @@
+/*
+ * The stream layer: the asynchronous queue on both engines, the read-ahead stream (direct and
+ * page-cache chunks, unaligned and gapped ranges, pieces delivered in order, early end of
+ * file, bad ranges, the plain path under another io backend) and the write stream (staged
+ * direct writes with gaps and a padded tail cut back, hashes, offset order, errors from the
+ * device, the plain path). Every result is checked against the bytes themselves.
+ */
+#include "support/support.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "io/aq.h"
+#include "io/io.h"
+#include "io/io_fault.h"
+#include "io/stream.h"
+
+static char *dir;
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = scratch_dir("stream");
+    return dir ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvt_io_set(NULL);
+    kvt_fault_reset();
+    rm_rf(dir);
+    free(dir);
+    return 0;
+}
+
+static const char *const engines[] = {"io_uring", "threads"};
+
+/* A file of @p n pseudo-random bytes; the bytes are returned (caller frees). */
+static uint8_t *make_file(const char *path, size_t n, uint64_t seed)
+{
+    uint8_t *b = malloc(n ? n : 1);
+    assert_non_null(b);
+    fill_random(b, n, &seed);
+    assert_int_equal(write_file(path, b, n), 0);
+    return b;
+}
+
+static void test_aq_roundtrip(void **state)
+{
+    (void)state;
+    char *path = strf("%s/aq.bin", dir);
+    uint8_t *want = make_file(path, 1 << 20, 7);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    for (size_t e = 0; e < 2; e++) {
+        struct kvt_aq q;
+        int rc = kvt_aq_open(&q, 4, engines[e]);
+        if (rc < 0 && e == 0)
+            continue; /* no io_uring in this build or kernel */
+        assert_int_equal(rc, 0);
+        assert_string_equal(kvt_aq_name(&q), engines[e]);
+        uint8_t *got = calloc(4, 65536);
+        for (unsigned k = 0; k < 4; k++)
+            assert_int_equal(kvt_aq_submit(&q, fd, 0, got + k * 65536, 65536,
+                                           (uint64_t)(3 - k) * 65536, k),
+                             0);
+        assert_int_equal(kvt_aq_submit(&q, fd, 0, got, 1, 0, 9), -EBUSY); /* full */
+        unsigned seen = 0;
+        for (int i = 0; i < 4; i++) {
+            uint64_t tag;
+            int64_t res;
+            assert_int_equal(kvt_aq_wait(&q, &tag, &res), 0);
+            assert_true(tag < 4);
+            assert_int_equal(res, 65536);
+            seen |= 1u << tag;
+        }
+        assert_int_equal(seen, 15);
+        for (unsigned k = 0; k < 4; k++)
+            assert_memory_equal(got + k * 65536, want + (3 - k) * 65536, 65536);
+        uint64_t tag;
+        int64_t res;
+        assert_int_equal(kvt_aq_wait(&q, &tag, &res), -EINVAL); /* nothing in flight */
+        /* a read past the end is short, a write goes through */
+        assert_int_equal(kvt_aq_submit(&q, fd, 0, got, 8192, (1 << 20) - 100, 1), 0);
+        assert_int_equal(kvt_aq_wait(&q, &tag, &res), 0);
+        assert_int_equal(res, 100);
+        assert_int_equal(kvt_aq_submit(&q, fd, 1, want, 10, 0, 2), 0);
+        assert_int_equal(kvt_aq_wait(&q, &tag, &res), 0);
+        assert_int_equal(tag, 2);
+        assert_int_equal(res, 10);
+        assert_int_equal(kvt_aq_submit(&q, -1, 0, got, 10, 0, 3), 0);
+        assert_int_equal(kvt_aq_wait(&q, &tag, &res), 0);
+        assert_int_equal(res, -EBADF);
+        kvt_aq_close(&q);
+        free(got);
+    }
+    assert_int_equal(kvt_aq_open(&(struct kvt_aq){0}, 0, NULL), -EINVAL);
+    close(fd);
+    free(want);
+    free(path);
+}
+
+/* Collects the pieces a read hands to its callback. */
+struct sink {
+    uint8_t *buf;
+    size_t len;
+    unsigned calls;
+};
+
+static void collect(void *ud, const void *data, size_t len)
+{
+    struct sink *s = ud;
+    memcpy(s->buf + s->len, data, len);
+    s->len += len;
+    s->calls++;
+}
+
+struct read_case {
+    const char *engine;
+    size_t chunk;
+    unsigned depth;
+    bool no_direct, warm, no_dst;
+};
+
+/*
+ * Ranges over a 6.3 MB file: aligned and not, back to back, with small and large gaps, a
+ * zero-length one, and the last reaching the end of the file exactly.
+ */
+static const struct kvt_range ranges[] = {
+    {0, 16384},          {16384, 100000},     {116400, 3},     {116403, 0},
+    {120000, 2500000},   {2700000, 4096},     {4000000, 1},    {4001000, 2000000},
+    {6301000, 299},
+};
+#define FILE_BYTES 6301299u
+
+/* Whether the scratch file system takes O_DIRECT (tmpfs does not). */
+static bool direct_ok(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    if (fd >= 0)
+        close(fd);
+    return fd >= 0;
+}
+
+static void run_read_case(const char *path, const uint8_t *want, const struct read_case *c)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct kvt_stream_opts o = {.chunk = c->chunk, .depth = c->depth, .no_direct = c->no_direct,
+                                .engine = c->engine};
+    struct kvt_rstream *s;
+    size_t nr = sizeof(ranges) / sizeof(ranges[0]), total = 0;
+    assert_int_equal(kvt_rstream_open(fd, ranges, nr, &o, &s), 0);
+    char want_engine[32];
+    snprintf(want_engine, sizeof(want_engine), "%s+direct", c->engine ? c->engine : "");
+    if (!kvt_stream_fast_ok())
+        assert_string_equal(kvt_rstream_engine(s), "plain");
+    else if (c->no_direct || !direct_ok(path))
+        assert_string_equal(kvt_rstream_engine(s), "buffered");
+    else if (c->engine && (strcmp(c->engine, "io_uring") || kvt_aq_uring()))
+        assert_string_equal(kvt_rstream_engine(s), want_engine);
+    for (size_t i = 0; i < nr; i++)
+        total += ranges[i].len;
+    uint8_t *dst = malloc(total), *seen = malloc(total);
+    struct sink sk = {.buf = seen};
+    /* consume in uneven pieces that cut across ranges */
+    size_t done = 0, step = 1;
+    while (done < total) {
+        size_t n = total - done < step ? total - done : step;
+        assert_int_equal(kvt_rstream_read(s, c->no_dst ? NULL : dst + done, n, collect, &sk,
+                                          NULL),
+                         0);
+        done += n;
+        step = step * 7 + 13;
+    }
+    assert_int_equal(kvt_rstream_read(s, dst, 1, NULL, NULL, NULL), -EINVAL); /* past the end */
+    kvt_rstream_close(s);
+    size_t at = 0;
+    for (size_t i = 0; i < nr; i++) {
+        if (!c->no_dst)
+            assert_memory_equal(dst + at, want + ranges[i].off, ranges[i].len);
+        assert_memory_equal(seen + at, want + ranges[i].off, ranges[i].len);
+        at += ranges[i].len;
+    }
+    assert_int_equal(sk.len, total);
+    free(dst);
+    free(seen);
+    close(fd);
+}
+
+static void drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    fsync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+}
+
+static void warm_cache(const char *path)
+{
+    size_t n;
+    free(read_file(path, &n));
+}
+
+static void test_read_matrix(void **state)
+{
+    (void)state;
+    char *path = strf("%s/read.bin", dir);
+    uint8_t *want = make_file(path, FILE_BYTES, 11);
+    const size_t chunks[] = {0, 8192, 65536 + 4096};
+    for (size_t e = 0; e < 2; e++)
+        for (size_t k = 0; k < 3; k++)
+            for (int mode = 0; mode < 4; mode++) {
+                struct read_case c = {.engine = engines[e], .chunk = chunks[k],
+                                      .depth = k == 1 ? 3 : 0, .no_direct = mode == 1,
+                                      .warm = mode == 2, .no_dst = mode == 3};
+                if (c.warm)
+                    warm_cache(path);
+                else
+                    drop_cache(path);
+                run_read_case(path, want, &c);
+            }
+    free(want);
+    free(path);
+}
+
+static void test_read_engine_names(void **state)
+{
+    (void)state;
+    char *path = strf("%s/names.bin", dir);
+    uint8_t *want = make_file(path, 2 << 20, 5);
+    struct kvt_range r = {0, 2 << 20};
+    int fd = open(path, O_RDONLY);
+    struct kvt_rstream *s;
+    assert_int_equal(kvt_rstream_open(fd, &r, 1, &(struct kvt_stream_opts){.no_direct = true}, &s),
+                     0);
+    assert_string_equal(kvt_rstream_engine(s), "buffered");
+    kvt_rstream_close(s);
+    /* small streams take the plain path */
+    r.len = 1000;
+    assert_int_equal(kvt_rstream_open(fd, &r, 1, NULL, &s), 0);
+    assert_string_equal(kvt_rstream_engine(s), "plain");
+    uint8_t got[1000];
+    assert_int_equal(kvt_rstream_read(s, got, 1000, NULL, NULL, NULL), 0);
+    assert_memory_equal(got, want, 1000);
+    kvt_rstream_close(s);
+    kvt_rstream_close(NULL);
+    close(fd);
+    free(want);
+    free(path);
+}
+
+static void test_read_bad_ranges(void **state)
+{
+    (void)state;
+    struct kvt_rstream *s = (void *)1;
+    struct kvt_range overlap[] = {{0, 100}, {99, 10}};
+    assert_int_equal(kvt_rstream_open(0, overlap, 2, NULL, &s), -EINVAL);
+    assert_null(s);
+    struct kvt_range wrap[] = {{UINT64_MAX - 5, 10}};
+    assert_int_equal(kvt_rstream_open(0, wrap, 1, NULL, &s), -EINVAL);
+    struct kvt_range desc[] = {{5000, 10}, {0, 10}};
+    assert_int_equal(kvt_rstream_open(0, desc, 2, NULL, &s), -EINVAL);
+}
+
+static void test_read_short_file(void **state)
+{
+    (void)state;
+    char *path = strf("%s/short.bin", dir);
+    uint8_t *want = make_file(path, 3 << 20, 3);
+    for (int mode = 0; mode < 3; mode++) {
+        /* the ranges promise 4 MiB, the file has 3 */
+        struct kvt_range r[] = {{0, 1 << 20}, {1 << 20, 3 << 20}};
+        int fd = open(path, O_RDONLY);
+        drop_cache(path);
+        if (mode == 2) {
+            kvt_fault_reset();
+            kvt_io_set(kvt_io_fault()); /* the plain path */
+        }
+        struct kvt_rstream *s;
+        assert_int_equal(kvt_rstream_open(fd, r, 2, &(struct kvt_stream_opts){.no_direct = mode},
+                                          &s),
+                         0);
+        uint8_t *dst = malloc(4 << 20);
+        assert_int_equal(kvt_rstream_read(s, dst, 1 << 20, NULL, NULL, NULL), 0);
+        assert_memory_equal(dst, want, 1 << 20);
+        uint64_t at = 0;
+        assert_int_equal(kvt_rstream_read(s, dst, 3 << 20, NULL, NULL, &at), -EIO);
+        assert_true(at >= (1u << 20) && at <= (3u << 20));
+        at = 0;
+        assert_int_equal(kvt_rstream_read(s, dst, 1, NULL, NULL, &at), -EIO); /* broken */
+        kvt_rstream_close(s);
+        kvt_io_set(NULL);
+        free(dst);
+        close(fd);
+    }
+    free(want);
+    free(path);
+}
+
+static void test_read_fault_backend(void **state)
+{
+    (void)state;
+    char *path = strf("%s/fault.bin", dir);
+    uint8_t *want = make_file(path, FILE_BYTES, 13);
+    kvt_fault_reset();
+    kvt_io_set(kvt_io_fault());
+    assert_false(kvt_stream_fast_ok());
+    run_read_case(path, want, &(struct read_case){0});
+    assert_true(kvt_fault_calls(KVT_FAULT_PREAD) > 0); /* every byte came through the vtable */
+    /* an injected EIO surfaces with its offset */
+    int fd = open(path, O_RDONLY);
+    struct kvt_fault_rule rule = {.op = KVT_FAULT_PREAD, .nth = 2, .err = EIO};
+    assert_int_equal(kvt_fault_arm(&rule), 0);
+    struct kvt_rstream *s;
+    assert_int_equal(kvt_rstream_open(fd, ranges, sizeof(ranges) / sizeof(ranges[0]), NULL, &s),
+                     0);
+    uint8_t *dst = malloc(FILE_BYTES);
+    uint64_t at = 0;
+    assert_int_equal(kvt_rstream_read(s, dst, 16384, NULL, NULL, &at), 0);
+    assert_int_equal(kvt_rstream_read(s, dst, 100000, NULL, NULL, &at), -EIO);
+    assert_int_equal(at, 16384);
+    kvt_rstream_close(s);
+    kvt_io_set(NULL);
+    kvt_fault_reset();
+    close(fd);
+    free(dst);
+    free(want);
+    free(path);
+}
+
+struct wpiece {
+    uint64_t off;
+    size_t len;
+};
+
+/* Pieces the way the format writes: slots at 16 KiB multiples, some split into runs. */
+static const struct wpiece wpieces[] = {
+    {16384, 5000},   {21384, 70000},  {98304, 1},       {114688, 3000000},
+    {3129344, 4096}, {3145728, 12345}, {3158073, 77777}, {3276800, 1234567},
+};
+
+static void run_write_case(const char *engine, size_t chunk, bool no_direct, bool plain)
+{
+    char *path = strf("%s/write.bin", dir);
+    unlink(path);
+    size_t np = sizeof(wpieces) / sizeof(wpieces[0]);
+    uint64_t end = wpieces[np - 1].off + wpieces[np - 1].len;
+    uint8_t *src = malloc(end), *want = calloc(1, end);
+    uint64_t seed = 99;
+    fill_random(src, end, &seed);
+    for (size_t i = 0; i < np; i++)
+        memcpy(want + wpieces[i].off, src + wpieces[i].off, wpieces[i].len);
+    if (plain) {
+        kvt_fault_reset();
+        kvt_io_set(kvt_io_fault());
+    }
+    int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0644);
+    assert_true(fd >= 0);
+    /* the header block, written first through the vtable as the format does it last */
+    assert_int_equal(kvt_io_write_full(fd, src, 16384, 0), 0);
+    memcpy(want, src, 16384);
+    struct kvt_wstream *w;
+    struct kvt_stream_opts o = {.chunk = chunk, .depth = 3, .no_direct = no_direct,
+                                .engine = engine};
+    assert_int_equal(kvt_wstream_open(fd, &o, &w), 0);
+    struct kvt_wyhash_state h;
+    kvt_wyhash_init(&h, 0);
+    for (size_t i = 0; i < np; i++)
+        assert_int_equal(kvt_wstream_write(w, wpieces[i].off, src + wpieces[i].off,
+                                           wpieces[i].len, &h, NULL),
+                         0);
+    assert_int_equal(kvt_wstream_write(w, 0, src, 1, NULL, NULL), -EINVAL); /* backwards */
+    assert_int_equal(kvt_wstream_finish(w, NULL), 0);
+    assert_int_equal(kvt_wstream_end(w), end);
+    kvt_wstream_free(w);
+    close(fd);
+    kvt_io_set(NULL);
+    /* the hash covers exactly the written bytes, in order */
+    struct kvt_wyhash_state h2;
+    kvt_wyhash_init(&h2, 0);
+    for (size_t i = 0; i < np; i++)
+        kvt_wyhash_update(&h2, src + wpieces[i].off, wpieces[i].len);
+    assert_true(kvt_wyhash_final(&h) == kvt_wyhash_final(&h2));
+    size_t n;
+    uint8_t *got = read_file(path, &n);
+    assert_non_null(got);
+    assert_int_equal(n, end);
+    assert_memory_equal(got, want, end);
+    free(got);
+    free(src);
+    free(want);
+    free(path);
+}
+
+static void test_write_matrix(void **state)
+{
+    (void)state;
+    const size_t chunks[] = {0, 8192, 65536 + 4096};
+    for (size_t e = 0; e < 2; e++)
+        for (size_t k = 0; k < 3; k++)
+            run_write_case(engines[e], chunks[k], false, false);
+    run_write_case(NULL, 0, true, false);
+    run_write_case(NULL, 0, false, true);
+}
+
+static void test_write_errors(void **state)
+{
+    (void)state;
+    char *path = strf("%s/efbig.bin", dir);
+    /* the device refuses bytes past a file-size limit: EFBIG must come back, with an offset */
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    for (int direct = 0; direct < 2; direct++) {
+        unlink(path);
+        int fd = open(path, O_CREAT | O_WRONLY, 0644);
+        struct kvt_wstream *w;
+        assert_int_equal(kvt_wstream_open(fd, &(struct kvt_stream_opts){.no_direct = !direct,
+                                                                        .chunk = 65536},
+                                          &w),
+                         0);
+        lim = old;
+        lim.rlim_cur = 1 << 20;
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+        uint8_t *src = calloc(1, 4 << 20);
+        int rc = kvt_wstream_write(w, 0, src, 4 << 20, NULL, NULL);
+        uint64_t at = 0;
+        if (rc == 0)
+            rc = kvt_wstream_finish(w, &at);
+        else
+            assert_int_equal(kvt_wstream_finish(w, &at), rc); /* sticky */
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+        assert_int_equal(rc, -EFBIG);
+        assert_true(at <= (1u << 20) && (!direct || at >= (1u << 20) - 65536));
+        assert_int_equal(kvt_wstream_write(w, 8 << 20, src, 1, NULL, NULL), -EFBIG);
+        kvt_wstream_free(w);
+        free(src);
+        close(fd);
+    }
+    signal(SIGXFSZ, prev);
+    kvt_wstream_free(NULL);
+    free(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_aq_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_matrix, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_engine_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_bad_ranges, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_short_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_fault_backend, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_matrix, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
