@@ -24,6 +24,8 @@ static const struct cli_command commands[] = {
     {"find", "find DIR --tokens 1,2,3 [--ns NS] [--json]", cmd_store_find},
     {"gc", "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped]", cmd_store_gc},
     {"stats", "stats DIR [--json]", cmd_store_stats},
+    {"bench", "bench [--dir D] [--size 64M,1G] [--repeat N] [--json [F]] [--plot F] [--peers]",
+     cmd_bench},
 };
 
 static void usage(FILE *f)

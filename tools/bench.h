@@ -1,0 +1,191 @@
+/*
+ * The pieces of `kvtier bench`: the device limits measured in the same run (raw writes and
+ * reads of the same bytes, memcpy), peak-RSS measurement in a child process, statistics, the
+ * model-shaped entries, the numpy peer and the report (table, JSON, gnuplot).
+ */
+#ifndef KVT_BENCH_H
+#define KVT_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvtier.h"
+
+/* A byte range of a file and the memory that holds (or receives) its bytes. */
+struct bench_span {
+    void *data;
+    uint64_t off;
+    size_t len;
+};
+
+/* Seconds on the monotonic clock. */
+double bench_now(void);
+/* Median of @p n values (sorts @p v in place); 0 when n == 0. */
+double bench_median(double *v, size_t n);
+
+/* ---- raw limits (bench_raw.c) ----------------------------------------------------------- */
+
+/* How the raw reads and writes reach the device: "io_uring" or "threads". */
+const char *bench_raw_engine(void);
+/*
+ * Create @p path (truncating), write @p n spans, set the size to @p file_size, fsync the file
+ * and its directory. @p direct: O_DIRECT through aligned staging buffers with several writes
+ * in flight; otherwise plain buffered pwrite() straight from the spans.
+ * *@p secs receives the time from open to the directory fsync.
+ */
+int bench_raw_write(const char *path, const struct bench_span *s, size_t n, uint64_t file_size,
+                    bool direct, double *secs);
+/*
+ * Read the first @p len bytes of @p path into @p dst (which must hold bench_round_up(len)
+ * bytes, 4096-aligned) with O_DIRECT and several reads in flight; buffered reads where the
+ * filesystem refuses O_DIRECT (*@p was_direct tells which).
+ */
+int bench_raw_read(const char *path, void *dst, uint64_t len, double *secs, bool *was_direct);
+/* Make @p path cold: fsync, then drop its pages from the page cache. */
+int bench_make_cold(const char *path);
+/* Make @p path warm: read it all through the page cache. */
+int bench_make_warm(const char *path);
+/* @p len rounded up to the 4096-byte direct-I/O granule. */
+uint64_t bench_round_up(uint64_t len);
+/* An anonymous mapping of bench_round_up(@p len) bytes, touched first when @p prefault. */
+void *bench_map(uint64_t len, bool prefault);
+void bench_unmap(void *p, uint64_t len);
+
+/* ---- a measurement in a forked child (bench_child.c) ------------------------------------ */
+
+struct bench_child_result {
+    int rc;              /* the function's return value, or -ECHILD if the child died */
+    double secs;         /* the time the function measured */
+    uint64_t value;      /* a figure the function reports (e.g. bytes restored) */
+    uint64_t peak_extra; /* VmHWM at the end minus VmRSS at the start, bytes */
+    char msg[256];       /* kvt_last_error() of a failed call */
+};
+typedef int (*bench_child_fn)(void *arg, double *secs, uint64_t *value);
+/*
+ * Run @p fn(@p arg, ...) in a forked child whose peak-RSS mark was reset at the start
+ * (/proc/self/clear_refs "5"), so that peak_extra is the memory the call added at its peak.
+ * Returns 0 when the child reported (its outcome is in r->rc) or -errno when it could not run.
+ */
+int bench_in_child(bench_child_fn fn, void *arg, struct bench_child_result *r);
+
+/* ---- model-shaped entries and the kvtier side (bench_kvt.c) ----------------------------- */
+
+struct bench_model {
+    int layers, kv_heads, head_dim, dtype;
+};
+/* Llama-3-8B's KV geometry: 32 layers x 8 KV heads x 128 head dim, bfloat16. */
+extern const struct bench_model bench_llama3_8b;
+
+/* State bytes one token adds to an entry of model @p m (K and V of every layer). */
+size_t bench_token_bytes(const struct bench_model *m);
+/* Fill @p n bytes with the xorshift64* stream of @p state (deterministic). */
+void bench_fill(void *dst, size_t n, uint64_t *state);
+/*
+ * A library-owned entry of one kv cache per layer holding @p n_tokens tokens of pseudo-random
+ * state (seeded by @p seed), appended in chunks of @p chunk tokens (0 = all at once) the way a
+ * prefill does. @p tok (may be NULL) supplies the token ids; otherwise they are pseudo-random.
+ */
+int bench_entry_build(const struct bench_model *m, const int32_t *tok, size_t n_tokens,
+                      size_t chunk, uint64_t seed, struct kvt_entry **out);
+/* Wyhash of the persisted state bytes of @p e, cache by cache, tensor by tensor, in order. */
+int bench_entry_state_hash(const struct kvt_entry *e, uint64_t *out);
+
+/* The file layout of a saved entry as spans over the entry's own memory (for raw writes). */
+struct bench_layout {
+    struct bench_span *spans; /* [0] is the header block (prefix, JSON, padding) */
+    size_t n_spans;
+    uint64_t file_bytes;
+    void *header_block;
+    struct kvt_tensor *copies; /* contiguous copies of state tensors that were strided */
+    size_t n_copies;
+};
+int bench_layout_build(const struct kvt_entry *e, const char *path, struct bench_layout *l);
+void bench_layout_free(struct bench_layout *l);
+
+/* What a kvtier job run in a child does. */
+struct bench_kvt_job {
+    const char *path;
+    const struct kvt_entry *e; /* for saves */
+    bool verify;               /* for loads: check tensor hashes */
+    bool keep_cache;           /* for loads: leave the file's pages cached */
+};
+/* kvt_file_save() with fsync; *value = file bytes. */
+int bench_kvt_save(void *arg, double *secs, uint64_t *value);
+/* kvt_file_load(); *value = kvt_entry_bytes() of the restored entry. */
+int bench_kvt_load(void *arg, double *secs, uint64_t *value);
+
+/* ---- the numpy peer (bench_peer.c) ------------------------------------------------------ */
+
+#define BENCH_MAX_REPEAT 64
+
+struct bench_peer {
+    bool ok;
+    int n;
+    double save_s[BENCH_MAX_REPEAT], cold_s[BENCH_MAX_REPEAT], warm_s[BENCH_MAX_REPEAT];
+    uint64_t file_bytes;
+    char version[32];
+};
+/* Locate the numpy peer script: @p hint, $KVTIER_PEERS, next to the binary, ./bench/peers. */
+char *bench_peer_script(const char *hint);
+/* Run the peer on the tensors of @p src in @p dir with @p repeat repetitions. */
+int bench_peer_run(const char *python, const char *script, const char *src, const char *dir,
+                   int repeat, struct bench_peer *p);
+
+/* ---- per-size results and the report (bench_report.c) ----------------------------------- */
+
+enum bench_fig {
+    BF_SAVE,             /* kvt_file_save with fsync */
+    BF_RAW_WRITE,        /* buffered pwrite + fsync of the same bytes */
+    BF_RAW_WRITE_DIRECT, /* O_DIRECT writes + fsync of the same bytes */
+    BF_COLD,             /* kvt_file_load, cold, hash check on */
+    BF_COLD_NOVERIFY,    /* kvt_file_load, cold, hash check off */
+    BF_RAW_READ,         /* O_DIRECT read into fresh memory */
+    BF_RAW_READ_HOT,     /* O_DIRECT read into memory already faulted in */
+    BF_WARM,             /* kvt_file_load, page cache warm, hash check on */
+    BF_WARM_NOVERIFY,    /* kvt_file_load, page cache warm, hash check off */
+    BF_MEMCPY,           /* memcpy of the same bytes into fresh memory */
+    BF_MEMCPY_HOT,       /* memcpy of the same bytes into memory already faulted in */
+    BF_COUNT
+};
+
+struct bench_row {
+    uint64_t target_bytes;   /* the size asked for */
+    uint64_t entry_bytes;    /* kvt_entry_bytes() of the built entry */
+    uint64_t file_bytes;     /* the .mlxkv file */
+    uint64_t restored_bytes; /* kvt_entry_bytes() of a restored entry (with capacity slack) */
+    size_t tokens;
+    bool direct_read; /* the raw read used O_DIRECT */
+    int n;            /* repetitions measured */
+    double secs[BF_COUNT][BENCH_MAX_REPEAT];
+    double rss_restore[BENCH_MAX_REPEAT], rss_save[BENCH_MAX_REPEAT];
+    struct bench_peer peer;
+};
+
+/* Medians and ratios of one row (see PERFORMANCE.md for the definitions). */
+struct bench_summary {
+    double gbps[BF_COUNT];
+    double save_ratio, cold_ratio, cold_ratio_hot, warm_ratio, warm_ratio_hot;
+    double verify_cost, verify_cost_warm;
+    double rss_restore, rss_save;
+    bool has_peer;
+    double peer_save_gbps, peer_cold_gbps, peer_warm_gbps;
+    double peer_save_ratio, peer_cold_ratio, peer_warm_ratio; /* kvtier / numpy throughput */
+};
+void bench_summarize(const struct bench_row *r, struct bench_summary *s);
+
+struct bench_run_info {
+    const char *dir;
+    const struct bench_model *model;
+    int repeat;
+    double wall_s;
+};
+void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct bench_row *rows,
+                       size_t n);
+void bench_print_json(FILE *f, const struct bench_run_info *ri, const struct bench_row *rows,
+                      size_t n);
+/* Draw throughput against entry size with gnuplot into @p path (.png or .svg). */
+int bench_plot(const char *path, const struct bench_row *rows, size_t n);
+
+#endif

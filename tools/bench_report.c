@@ -1,0 +1,386 @@
+/*
+ * The report of `kvtier bench`: medians and same-run ratios of each size, the text table, the
+ * JSON object and the gnuplot chart. Ratios are medians of per-repetition ratios: the kvtier
+ * figure and its limit of one repetition ran back to back, which cancels the slow drift of a
+ * shared machine better than a ratio of two medians would.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cli.h"
+
+#define MIB (1024.0 * 1024.0)
+/* The targets hold for entries at least this large (PERFORMANCE.md). */
+#define TARGET_MIN_BYTES ((uint64_t)256 << 20)
+
+static const char *const fig_key[BF_COUNT] = {
+    [BF_SAVE] = "save",
+    [BF_RAW_WRITE] = "raw_write_buffered",
+    [BF_RAW_WRITE_DIRECT] = "raw_write_direct",
+    [BF_COLD] = "restore_cold",
+    [BF_COLD_NOVERIFY] = "restore_cold_noverify",
+    [BF_RAW_READ] = "raw_read",
+    [BF_RAW_READ_HOT] = "raw_read_prefaulted",
+    [BF_WARM] = "restore_warm",
+    [BF_WARM_NOVERIFY] = "restore_warm_noverify",
+    [BF_MEMCPY] = "memcpy",
+    [BF_MEMCPY_HOT] = "memcpy_prefaulted",
+};
+
+static double median_of(const double *v, int n)
+{
+    double tmp[BENCH_MAX_REPEAT];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] > 0)
+            tmp[k++] = v[i];
+    return bench_median(tmp, (size_t)k);
+}
+
+/* The best raw write of repetition @p i (the faster of buffered and O_DIRECT). */
+static double raw_write_secs(const struct bench_row *r, int i)
+{
+    double b = r->secs[BF_RAW_WRITE][i], d = r->secs[BF_RAW_WRITE_DIRECT][i];
+    if (b <= 0)
+        return d;
+    return d > 0 && d < b ? d : b;
+}
+
+/* Median over repetitions of limit_secs / kvtier_secs (a throughput ratio). */
+static double paired_ratio(const struct bench_row *r, int kvt, int limit)
+{
+    double v[BENCH_MAX_REPEAT];
+    int k = 0;
+    for (int i = 0; i < r->n; i++) {
+        double lim = limit < 0 ? raw_write_secs(r, i) : r->secs[limit][i];
+        if (lim > 0 && r->secs[kvt][i] > 0)
+            v[k++] = lim / r->secs[kvt][i];
+    }
+    return bench_median(v, (size_t)k);
+}
+
+/* Median over repetitions of 1 - throughput(with hash check) / throughput(without). */
+static double paired_cost(const struct bench_row *r, int with, int without)
+{
+    double v[BENCH_MAX_REPEAT];
+    int k = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->secs[with][i] > 0 && r->secs[without][i] > 0)
+            v[k++] = 1.0 - r->secs[without][i] / r->secs[with][i];
+    return bench_median(v, (size_t)k);
+}
+
+void bench_summarize(const struct bench_row *r, struct bench_summary *s)
+{
+    memset(s, 0, sizeof(*s));
+    for (int f = 0; f < BF_COUNT; f++) {
+        double m = median_of(r->secs[f], r->n);
+        s->gbps[f] = m > 0 ? (double)r->file_bytes / m / 1e9 : 0;
+    }
+    s->save_ratio = paired_ratio(r, BF_SAVE, -1);
+    s->cold_ratio = paired_ratio(r, BF_COLD, BF_RAW_READ);
+    s->cold_ratio_hot = paired_ratio(r, BF_COLD, BF_RAW_READ_HOT);
+    s->warm_ratio = paired_ratio(r, BF_WARM, BF_MEMCPY);
+    s->warm_ratio_hot = paired_ratio(r, BF_WARM, BF_MEMCPY_HOT);
+    s->verify_cost = paired_cost(r, BF_COLD, BF_COLD_NOVERIFY);
+    s->verify_cost_warm = paired_cost(r, BF_WARM, BF_WARM_NOVERIFY);
+    double tmp[BENCH_MAX_REPEAT];
+    memcpy(tmp, r->rss_save, sizeof(tmp));
+    s->rss_save = bench_median(tmp, (size_t)r->n);
+    memcpy(tmp, r->rss_restore, sizeof(tmp));
+    s->rss_restore = bench_median(tmp, (size_t)r->n);
+    if (r->peer.ok) {
+        const struct bench_peer *p = &r->peer;
+        double ps = median_of(p->save_s, p->n), pc = median_of(p->cold_s, p->n),
+               pw = median_of(p->warm_s, p->n);
+        double ks = median_of(r->secs[BF_SAVE], r->n), kc = median_of(r->secs[BF_COLD], r->n),
+               kw = median_of(r->secs[BF_WARM], r->n);
+        s->has_peer = true;
+        s->peer_save_gbps = ps > 0 ? (double)r->file_bytes / ps / 1e9 : 0;
+        s->peer_cold_gbps = pc > 0 ? (double)r->file_bytes / pc / 1e9 : 0;
+        s->peer_warm_gbps = pw > 0 ? (double)r->file_bytes / pw / 1e9 : 0;
+        s->peer_save_ratio = ks > 0 ? ps / ks : 0;
+        s->peer_cold_ratio = kc > 0 ? pc / kc : 0;
+        s->peer_warm_ratio = kw > 0 ? pw / kw : 0;
+    }
+}
+
+static void size_label(char *buf, size_t n, uint64_t bytes)
+{
+    if (bytes >= ((uint64_t)1 << 30) && bytes % ((uint64_t)1 << 30) == 0)
+        snprintf(buf, n, "%llu GiB", (unsigned long long)(bytes >> 30));
+    else if (bytes >= ((uint64_t)1 << 20))
+        snprintf(buf, n, "%.0f MiB", (double)bytes / MIB);
+    else
+        snprintf(buf, n, "%.0f KiB", (double)bytes / 1024.0);
+}
+
+void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct bench_row *rows,
+                       size_t n)
+{
+    const struct bench_model *m = ri->model;
+    fprintf(f, "kvtier bench: %s, raw I/O engine %s, %d repetitions, medians\n", ri->dir,
+            bench_raw_engine(), ri->repeat);
+    fprintf(f, "entry: %d layers x %d KV heads x %d head dim, %s, %zu KiB per token\n\n",
+            m->layers, m->kv_heads, m->head_dim, kvt_dtype_name(m->dtype),
+            bench_token_bytes(m) / 1024);
+    fprintf(f, "%-8s %6s | %-20s | %-20s | %-20s | %-12s | %s\n", "", "", "save (GB/s)",
+            "cold restore (GB/s)", "warm restore (GB/s)", "hash check", "peak RSS (MiB)");
+    fprintf(f, "%-8s %6s | %6s %6s %6s | %6s %6s %6s | %6s %6s %6s | %5s %6s | %7s %7s\n",
+            "size", "tokens", "kvtier", "raw", "ratio", "kvtier", "raw", "ratio", "kvtier",
+            "memcpy", "ratio", "cold", "warm", "restore", "entry");
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        char label[32];
+        bench_summarize(&rows[i], &s);
+        size_label(label, sizeof(label), rows[i].target_bytes);
+        double raw_w = fmax(s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT]);
+        fprintf(f,
+                "%-8s %6zu | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f |"
+                " %4.1f%% %5.1f%% | %7.0f %7.0f\n",
+                label, rows[i].tokens, s.gbps[BF_SAVE], raw_w, s.save_ratio, s.gbps[BF_COLD],
+                s.gbps[BF_RAW_READ], s.cold_ratio, s.gbps[BF_WARM], s.gbps[BF_MEMCPY],
+                s.warm_ratio, 100 * s.verify_cost, 100 * s.verify_cost_warm,
+                s.rss_restore / MIB, (double)rows[i].restored_bytes / MIB);
+    }
+    fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh /"
+               " prefaulted memory, memcpy into fresh / prefaulted memory\n");
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        char label[32];
+        bench_summarize(&rows[i], &s);
+        size_label(label, sizeof(label), rows[i].target_bytes);
+        fprintf(f,
+                "%-8s write %5.2f / %5.2f   read %5.2f / %5.2f%s   memcpy %5.2f / %5.2f   "
+                "ratios vs prefaulted: cold %.2f, warm %.2f\n",
+                label, s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT], s.gbps[BF_RAW_READ],
+                s.gbps[BF_RAW_READ_HOT], rows[i].direct_read ? "" : " (buffered)",
+                s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT], s.cold_ratio_hot, s.warm_ratio_hot);
+    }
+    bool peers = false;
+    for (size_t i = 0; i < n; i++)
+        peers |= rows[i].peer.ok;
+    if (peers) {
+        fprintf(f, "\nnumpy peer (np.save + fsync, np.load): GB/s, and kvtier / numpy\n");
+        for (size_t i = 0; i < n; i++) {
+            struct bench_summary s;
+            char label[32];
+            bench_summarize(&rows[i], &s);
+            size_label(label, sizeof(label), rows[i].target_bytes);
+            if (!s.has_peer)
+                continue;
+            fprintf(f, "%-8s save %5.2f (x%.2f)   cold load %5.2f (x%.2f)   warm load %5.2f "
+                       "(x%.2f)\n",
+                    label, s.peer_save_gbps, s.peer_save_ratio, s.peer_cold_gbps,
+                    s.peer_cold_ratio, s.peer_warm_gbps, s.peer_warm_ratio);
+        }
+    }
+    fprintf(f, "\nratio = kvtier / same-run limit; hash check = 1 - throughput with / without;"
+               " wall %.0f s\n",
+            ri->wall_s);
+}
+
+static void json_num(FILE *f, const char *key, double v, bool comma)
+{
+    if (isfinite(v))
+        fprintf(f, "\"%s\": %.6g%s", key, v, comma ? ", " : "");
+    else
+        fprintf(f, "\"%s\": null%s", key, comma ? ", " : "");
+}
+
+static void json_summary(FILE *f, const struct bench_row *r, const struct bench_summary *s)
+{
+    fprintf(f, "\"entry_bytes\": %llu, \"file_bytes\": %llu, \"restored_bytes\": %llu, "
+               "\"tokens\": %zu, ",
+            (unsigned long long)r->entry_bytes, (unsigned long long)r->file_bytes,
+            (unsigned long long)r->restored_bytes, r->tokens);
+    json_num(f, "save_ratio", s->save_ratio, true);
+    json_num(f, "restore_cold_ratio", s->cold_ratio, true);
+    json_num(f, "restore_warm_ratio", s->warm_ratio, true);
+    json_num(f, "verify_cost", s->verify_cost, true);
+    json_num(f, "verify_cost_warm", s->verify_cost_warm, true);
+    json_num(f, "restore_cold_ratio_prefaulted", s->cold_ratio_hot, true);
+    json_num(f, "restore_warm_ratio_prefaulted", s->warm_ratio_hot, true);
+    fprintf(f, "\"peak_rss_extra_bytes\": %.0f, \"save_peak_rss_extra_bytes\": %.0f, ",
+            s->rss_restore, s->rss_save);
+    json_num(f, "raw_write_gbps", fmax(s->gbps[BF_RAW_WRITE], s->gbps[BF_RAW_WRITE_DIRECT]),
+             true);
+    for (int k = 0; k < BF_COUNT; k++) {
+        char key[64];
+        snprintf(key, sizeof(key), "%s_gbps", fig_key[k]);
+        json_num(f, key, s->gbps[k], true);
+    }
+    fprintf(f, "\"raw_read_direct\": %s", r->direct_read ? "true" : "false");
+    if (s->has_peer) {
+        fprintf(f, ", \"peer\": {\"name\": \"numpy\", \"version\": ");
+        cli_json_string(f, r->peer.version);
+        fprintf(f, ", ");
+        json_num(f, "save_gbps", s->peer_save_gbps, true);
+        json_num(f, "load_cold_gbps", s->peer_cold_gbps, true);
+        json_num(f, "load_warm_gbps", s->peer_warm_gbps, true);
+        json_num(f, "save_ratio", s->peer_save_ratio, true);
+        json_num(f, "load_cold_ratio", s->peer_cold_ratio, true);
+        json_num(f, "load_warm_ratio", s->peer_warm_ratio, false);
+        fprintf(f, "}");
+    }
+}
+
+static void json_secs(FILE *f, const struct bench_row *r)
+{
+    fprintf(f, "\"secs\": {");
+    for (int k = 0; k < BF_COUNT; k++) {
+        fprintf(f, "%s\"%s\": [", k ? ", " : "", fig_key[k]);
+        for (int i = 0; i < r->n; i++)
+            fprintf(f, "%s%.6f", i ? ", " : "", r->secs[k][i]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "}");
+}
+
+void bench_print_json(FILE *f, const struct bench_run_info *ri, const struct bench_row *rows,
+                      size_t n)
+{
+    const struct bench_model *m = ri->model;
+    size_t top = 0;
+    for (size_t i = 1; i < n; i++)
+        if (rows[i].target_bytes > rows[top].target_bytes)
+            top = i;
+    fprintf(f, "{\"tool\": \"kvtier bench\", \"version\": \"%d.%d.%d\", \"dir\": ",
+            KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
+    cli_json_string(f, ri->dir);
+    fprintf(f, ", \"raw_engine\": \"%s\", \"repeat\": %d, \"cpus\": %ld, \"wall_s\": %.1f, ",
+            bench_raw_engine(), ri->repeat, sysconf(_SC_NPROCESSORS_ONLN), ri->wall_s);
+    fprintf(f, "\"model\": {\"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": "
+               "\"%s\", \"token_bytes\": %zu}, ",
+            m->layers, m->kv_heads, m->head_dim, kvt_dtype_name(m->dtype), bench_token_bytes(m));
+    if (n > 0) {
+        struct bench_summary s;
+        bench_summarize(&rows[top], &s);
+        fprintf(f, "\"size_bytes\": %llu, ", (unsigned long long)rows[top].target_bytes);
+        json_summary(f, &rows[top], &s);
+        fprintf(f, ", ");
+    }
+    /* The targets over every size of at least TARGET_MIN_BYTES: the worst row counts. */
+    double worst[5] = {INFINITY, INFINITY, INFINITY, -INFINITY, -INFINITY};
+    int counted = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        if (rows[i].target_bytes < TARGET_MIN_BYTES)
+            continue;
+        bench_summarize(&rows[i], &s);
+        worst[0] = fmin(worst[0], s.save_ratio);
+        worst[1] = fmin(worst[1], s.cold_ratio);
+        worst[2] = fmin(worst[2], s.warm_ratio);
+        worst[3] = fmax(worst[3], s.verify_cost);
+        worst[4] = fmax(worst[4], s.rss_restore - (double)rows[i].restored_bytes);
+        counted++;
+    }
+    fprintf(f, "\"targets\": {\"min_entry_bytes\": %llu, \"sizes\": %d",
+            (unsigned long long)TARGET_MIN_BYTES, counted);
+    if (counted) {
+        fprintf(f, ", ");
+        json_num(f, "save_ratio_min", worst[0], true);
+        json_num(f, "restore_cold_ratio_min", worst[1], true);
+        json_num(f, "restore_warm_ratio_min", worst[2], true);
+        json_num(f, "verify_cost_max", worst[3], true);
+        json_num(f, "rss_over_entry_max_bytes", worst[4], true);
+        fprintf(f, "\"met\": {\"save\": %s, \"restore_cold\": %s, \"restore_warm\": %s, "
+                   "\"verify\": %s, \"rss\": %s}",
+                worst[0] >= 0.9 ? "true" : "false", worst[1] >= 0.9 ? "true" : "false",
+                worst[2] >= 0.8 ? "true" : "false", worst[3] <= 0.10 ? "true" : "false",
+                worst[4] <= 64 * MIB ? "true" : "false");
+    }
+    fprintf(f, "}, \"sizes\": [");
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        bench_summarize(&rows[i], &s);
+        fprintf(f, "%s{\"size_bytes\": %llu, ", i ? ", " : "",
+                (unsigned long long)rows[i].target_bytes);
+        json_summary(f, &rows[i], &s);
+        fprintf(f, ", ");
+        json_secs(f, &rows[i]);
+        fprintf(f, "}");
+    }
+    fprintf(f, "]}\n");
+}
+
+int bench_plot(const char *path, const struct bench_row *rows, size_t n)
+{
+    const char *ext = strrchr(path, '.');
+    const char *term;
+    if (ext && !strcasecmp(ext, ".svg"))
+        term = "svg size 900,560 dynamic background '#ffffff'";
+    else if (ext && !strcasecmp(ext, ".png"))
+        term = "png size 900,560";
+    else
+        return -EINVAL;
+    char data[] = "/tmp/kvtier-plot-XXXXXX";
+    int fd = mkstemp(data);
+    if (fd < 0)
+        return -errno;
+    FILE *df = fdopen(fd, "w");
+    if (!df) {
+        close(fd);
+        unlink(data);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        bench_summarize(&rows[i], &s);
+        fprintf(df, "%.3f %.4f %.4f %.4f %.4f %.4f %.4f\n",
+                (double)rows[i].target_bytes / MIB, s.gbps[BF_SAVE],
+                fmax(s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT]), s.gbps[BF_COLD],
+                s.gbps[BF_RAW_READ], s.gbps[BF_WARM], s.gbps[BF_MEMCPY]);
+    }
+    fclose(df);
+    int p[2];
+    if (pipe(p) != 0) {
+        unlink(data);
+        return -errno;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[0], STDIN_FILENO);
+        close(p[0]);
+        close(p[1]);
+        execlp("gnuplot", "gnuplot", (char *)NULL);
+        _exit(127);
+    }
+    close(p[0]);
+    FILE *g = pid > 0 ? fdopen(p[1], "w") : NULL;
+    if (!g) {
+        close(p[1]);
+        unlink(data);
+        return pid < 0 ? -errno : -ENOMEM;
+    }
+    fprintf(g, "set terminal %s\nset output '%s'\n", term, path);
+    fprintf(g, "set title 'kvtier bench: throughput vs entry size (medians, same run)'\n"
+               "set xlabel 'entry size (MiB)'\nset ylabel 'GB/s'\nset logscale x 2\n"
+               "set logscale y 2\nset grid\nset key outside right\n");
+    if (n == 1)
+        fprintf(g, "set xrange [%.3f:%.3f]\n", (double)rows[0].target_bytes / MIB / 2,
+                (double)rows[0].target_bytes / MIB * 2);
+    fprintf(g,
+            "plot '%s' u 1:2 w lp lw 2 lc rgb '#1f77b4' pt 7 t 'save (kvtier)', "
+            "'' u 1:3 w lp dt 2 lc rgb '#1f77b4' pt 6 t 'raw write + fsync', "
+            "'' u 1:4 w lp lw 2 lc rgb '#d62728' pt 7 t 'cold restore (kvtier)', "
+            "'' u 1:5 w lp dt 2 lc rgb '#d62728' pt 6 t 'raw O_DIRECT read', "
+            "'' u 1:6 w lp lw 2 lc rgb '#2ca02c' pt 7 t 'warm restore (kvtier)', "
+            "'' u 1:7 w lp dt 2 lc rgb '#2ca02c' pt 6 t 'memcpy'\n",
+            data);
+    fclose(g);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    unlink(data);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return WIFEXITED(status) && WEXITSTATUS(status) == 127 ? -ENOENT : -EIO;
+    return 0;
+}

@@ -1,0 +1,446 @@
+/*
+ * `kvtier bench`: save and restore throughput of model-shaped entries against the device
+ * limits measured in the same run on the same directory (raw writes and reads of the same
+ * bytes, memcpy), the cost of the hash check, peak RSS against the entry size, and optionally
+ * the numpy peer. Every kvtier figure runs in a fresh forked child (a restarted server's
+ * first restore, with its own peak-RSS mark); the limits run in this process.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cli.h"
+
+#define DEFAULT_REPEAT 5
+#define MAX_SIZES 32
+
+struct bench_opts {
+    const char *dir;
+    uint64_t sizes[MAX_SIZES];
+    size_t n_sizes;
+    int repeat;
+    const char *json_path; /* "-" = stdout */
+    const char *plot_path;
+    bool peers;
+    const char *python;
+    const char *peer_script;
+};
+
+/* Paths and state shared by the measurements of one size. */
+struct bench_ctx {
+    const struct bench_opts *o;
+    char work[4096];
+    char kvt_path[4200], raw_path[4200];
+    struct kvt_entry *e;
+    struct bench_layout lay;
+    void *hot; /* a prefaulted buffer of the file's size, for the prefaulted limits */
+    bool tty;
+};
+
+static void progress(const struct bench_ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void progress(const struct bench_ctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (c->tty)
+        fputs("\r\033[K", stderr);
+    fputs("bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(c->tty ? "" : "\n", stderr);
+    fflush(stderr);
+    va_end(ap);
+}
+
+static int parse_sizes(const char *s, struct bench_opts *o)
+{
+    char *copy = strdup(s), *save = NULL;
+    int rc = copy ? 0 : -ENOMEM;
+    o->n_sizes = 0;
+    for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && rc == 0;
+         t = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (o->n_sizes == MAX_SIZES || !cli_parse_size(t, &v) || v == 0)
+            rc = -EINVAL;
+        else
+            o->sizes[o->n_sizes++] = v;
+    }
+    free(copy);
+    return rc == 0 && o->n_sizes > 0 ? 0 : -EINVAL;
+}
+
+static int usage_error(const char *msg)
+{
+    fprintf(stderr, "kvtier bench: %s\n", msg);
+    fprintf(stderr, "usage: kvtier bench [--dir D] [--size BYTES[,BYTES...]] [--repeat N] "
+                    "[--json FILE|--json] [--plot FILE.png|FILE.svg] [--peers] "
+                    "[--python PATH] [--peer-script PATH]\n");
+    return EXIT_USAGE;
+}
+
+static int parse_args(int argc, char **argv, struct bench_opts *o)
+{
+    static const uint64_t defaults[] = {64ull << 20, 128ull << 20, 256ull << 20,
+                                        512ull << 20, 1ull << 30,  2ull << 30};
+    memset(o, 0, sizeof(*o));
+    o->dir = ".";
+    o->repeat = DEFAULT_REPEAT;
+    o->python = "/usr/bin/python3";
+    o->n_sizes = sizeof(defaults) / sizeof(defaults[0]);
+    memcpy(o->sizes, defaults, sizeof(defaults));
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--dir") && next) {
+            o->dir = argv[++i];
+        } else if (!strcmp(a, "--size") && next) {
+            if (parse_sizes(argv[++i], o) < 0)
+                return usage_error("bad --size (e.g. 64M,1G)");
+        } else if (!strcmp(a, "--repeat") && next) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > BENCH_MAX_REPEAT)
+                return usage_error("--repeat must be 1..64");
+            o->repeat = (int)v;
+        } else if (!strcmp(a, "--json")) {
+            o->json_path = (next && next[0] != '-') || (next && !strcmp(next, "-")) ? argv[++i]
+                                                                                     : "-";
+        } else if (!strncmp(a, "--json=", 7)) {
+            o->json_path = a + 7;
+        } else if (!strcmp(a, "--plot") && next) {
+            o->plot_path = argv[++i];
+        } else if (!strcmp(a, "--peers")) {
+            o->peers = true;
+        } else if (!strcmp(a, "--python") && next) {
+            o->python = argv[++i];
+        } else if (!strcmp(a, "--peer-script") && next) {
+            o->peer_script = argv[++i];
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_error("save/restore throughput against same-run device limits");
+            return -1;
+        } else {
+            return usage_error("unknown or incomplete option");
+        }
+    }
+    if (o->plot_path) {
+        const char *ext = strrchr(o->plot_path, '.');
+        if (!ext || (strcasecmp(ext, ".png") && strcasecmp(ext, ".svg")))
+            return usage_error("--plot wants a .png or .svg file");
+    }
+    return 0;
+}
+
+static int child(bench_child_fn fn, const struct bench_kvt_job *j, double *secs,
+                 double *rss, uint64_t *value, const char *what)
+{
+    struct bench_child_result r;
+    int rc = bench_in_child(fn, (void *)j, &r);
+    if (rc == 0 && r.rc < 0) {
+        fprintf(stderr, "\nkvtier bench: %s: %s\n", what, r.msg[0] ? r.msg : kvt_strerror(r.rc));
+        return r.rc;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "\nkvtier bench: %s: %s\n", what, strerror(-rc));
+        return rc;
+    }
+    *secs = r.secs;
+    if (rss)
+        *rss = (double)r.peak_extra;
+    if (value)
+        *value = r.value;
+    return 0;
+}
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "\nkvtier bench: %s: %s\n", what,
+            rc <= -1000 || kvt_last_error()[0] ? kvt_last_error() : strerror(-rc));
+    return rc;
+}
+
+/* Save: kvtier with fsync against the raw writes of the same bytes. */
+static int measure_save(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    struct bench_kvt_job job = {.path = c->kvt_path, .e = c->e};
+    bool kvt_first = i % 2 == 0;
+    int rc = 0;
+    for (int step = 0; step < 2 && rc == 0; step++) {
+        if ((step == 0) == kvt_first) {
+            unlink(c->kvt_path);
+            rc = child(bench_kvt_save, &job, &row->secs[BF_SAVE][i], &row->rss_save[i], NULL,
+                       "save");
+            continue;
+        }
+        for (int direct = 0; direct < 2 && rc == 0; direct++) {
+            double *secs = &row->secs[direct ? BF_RAW_WRITE_DIRECT : BF_RAW_WRITE][i];
+            unlink(c->raw_path);
+            rc = bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes,
+                                 direct, secs);
+            if (rc == -EINVAL && direct) { /* no O_DIRECT here: the buffered figure stands */
+                *secs = 0;
+                rc = 0;
+            }
+            if (rc < 0)
+                rc = fail("raw write", rc);
+        }
+        unlink(c->raw_path);
+    }
+    return rc;
+}
+
+static int raw_read(struct bench_ctx *c, struct bench_row *row, int i, bool prefaulted)
+{
+    uint64_t n = c->lay.file_bytes;
+    void *dst = prefaulted ? c->hot : bench_map(n, false);
+    if (!dst)
+        return fail("raw read", -ENOMEM);
+    int rc = bench_make_cold(c->kvt_path);
+    if (rc == 0)
+        rc = bench_raw_read(c->kvt_path, dst, n,
+                            &row->secs[prefaulted ? BF_RAW_READ_HOT : BF_RAW_READ][i],
+                            &row->direct_read);
+    if (!prefaulted)
+        bench_unmap(dst, n);
+    return rc < 0 ? fail("raw read", rc) : 0;
+}
+
+/* Cold restore with and without the hash check against the raw reads of the same file. */
+static int measure_cold(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    struct bench_kvt_job ver = {.path = c->kvt_path, .verify = true};
+    struct bench_kvt_job nov = {.path = c->kvt_path, .verify = false};
+    bool kvt_first = i % 2 == 0;
+    int rc = 0;
+    for (int step = 0; step < 2 && rc == 0; step++) {
+        if ((step == 0) == kvt_first) {
+            rc = bench_make_cold(c->kvt_path);
+            if (rc == 0)
+                rc = child(bench_kvt_load, &ver, &row->secs[BF_COLD][i], &row->rss_restore[i],
+                           NULL, "cold restore");
+            if (rc == 0)
+                rc = bench_make_cold(c->kvt_path);
+            if (rc == 0)
+                rc = child(bench_kvt_load, &nov, &row->secs[BF_COLD_NOVERIFY][i], NULL, NULL,
+                           "cold restore without hash check");
+        } else {
+            rc = raw_read(c, row, i, false);
+            if (rc == 0)
+                rc = raw_read(c, row, i, true);
+        }
+    }
+    return rc;
+}
+
+static double copy_spans(const struct bench_layout *l, void *dst)
+{
+    double t0 = bench_now();
+    for (size_t k = 0; k < l->n_spans; k++)
+        memcpy((char *)dst + l->spans[k].off, l->spans[k].data, l->spans[k].len);
+    return bench_now() - t0;
+}
+
+/* Warm restore with and without the hash check against memcpy of the same bytes. */
+static int measure_warm(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    struct bench_kvt_job ver = {.path = c->kvt_path, .verify = true, .keep_cache = true};
+    struct bench_kvt_job nov = {.path = c->kvt_path, .verify = false, .keep_cache = true};
+    bool kvt_first = i % 2 == 0;
+    int rc = bench_make_warm(c->kvt_path);
+    if (rc < 0)
+        return fail("warming the page cache", rc);
+    for (int step = 0; step < 2 && rc == 0; step++) {
+        if ((step == 0) == kvt_first) {
+            rc = child(bench_kvt_load, &ver, &row->secs[BF_WARM][i], NULL, NULL,
+                       "warm restore");
+            if (rc == 0)
+                rc = child(bench_kvt_load, &nov, &row->secs[BF_WARM_NOVERIFY][i], NULL, NULL,
+                           "warm restore without hash check");
+        } else {
+            void *dst = bench_map(c->lay.file_bytes, false);
+            if (!dst)
+                return fail("memcpy", -ENOMEM);
+            row->secs[BF_MEMCPY][i] = copy_spans(&c->lay, dst);
+            bench_unmap(dst, c->lay.file_bytes);
+            row->secs[BF_MEMCPY_HOT][i] = copy_spans(&c->lay, c->hot);
+        }
+    }
+    return rc;
+}
+
+/* Build the entry, save it once, check that a restore gives back the same bytes. */
+static int prepare(struct bench_ctx *c, struct bench_row *row, const struct bench_model *m)
+{
+    struct kvt_entry *back = NULL;
+    uint64_t h0, h1;
+    progress(c, "%llu MiB: building a %zu-token entry",
+             (unsigned long long)(row->target_bytes >> 20), row->tokens);
+    int rc = bench_entry_build(m, NULL, row->tokens, 0, row->target_bytes, &c->e);
+    if (rc < 0)
+        return fail("building the entry", rc);
+    row->entry_bytes = kvt_entry_bytes(c->e);
+    struct kvt_save_opts so = {.created_at = 1767225600000};
+    rc = kvt_file_save(c->kvt_path, c->e, &so, &row->file_bytes);
+    if (rc < 0)
+        return fail("save", rc);
+    rc = bench_layout_build(c->e, c->kvt_path, &c->lay);
+    if (rc < 0)
+        return fail("reading the saved layout", rc);
+    rc = kvt_file_load(c->kvt_path, NULL, &back, NULL);
+    if (rc < 0)
+        return fail("restore", rc);
+    row->restored_bytes = kvt_entry_bytes(back);
+    rc = bench_entry_state_hash(c->e, &h0);
+    if (rc == 0)
+        rc = bench_entry_state_hash(back, &h1);
+    kvt_entry_free(back);
+    if (rc < 0)
+        return fail("hashing state", rc);
+    if (h0 != h1) {
+        fprintf(stderr, "\nkvtier bench: the restored entry differs from the saved one\n");
+        return KVT_E_CORRUPT;
+    }
+    c->hot = bench_map(row->file_bytes, true);
+    return c->hot ? 0 : fail("mapping the prefaulted buffer", -ENOMEM);
+}
+
+static void release(struct bench_ctx *c, uint64_t file_bytes)
+{
+    kvt_entry_free(c->e);
+    c->e = NULL;
+    bench_layout_free(&c->lay);
+    bench_unmap(c->hot, file_bytes);
+    c->hot = NULL;
+    unlink(c->kvt_path);
+    unlink(c->raw_path);
+}
+
+static int run_size(struct bench_ctx *c, struct bench_row *row, const struct bench_model *m,
+                    char *peer_script)
+{
+    int rc = prepare(c, row, m);
+    for (int i = 0; rc == 0 && i < c->o->repeat; i++) {
+        unsigned long long mib = (unsigned long long)(row->target_bytes >> 20);
+        progress(c, "%llu MiB: repetition %d/%d: save", mib, i + 1, c->o->repeat);
+        rc = measure_save(c, row, i);
+        if (rc == 0) {
+            progress(c, "%llu MiB: repetition %d/%d: cold restore", mib, i + 1, c->o->repeat);
+            rc = measure_cold(c, row, i);
+        }
+        if (rc == 0) {
+            progress(c, "%llu MiB: repetition %d/%d: warm restore", mib, i + 1, c->o->repeat);
+            rc = measure_warm(c, row, i);
+        }
+        if (rc == 0)
+            row->n = i + 1;
+    }
+    if (rc == 0 && c->o->peers) {
+        progress(c, "%llu MiB: numpy peer", (unsigned long long)(row->target_bytes >> 20));
+        int prc = bench_peer_run(c->o->python, peer_script, c->kvt_path, c->work, c->o->repeat,
+                                 &row->peer);
+        if (prc != 0)
+            fprintf(stderr, "\nkvtier bench: the numpy peer failed (%s %s): %s\n",
+                    c->o->python, peer_script, prc < 0 ? strerror(-prc) : "exit status");
+    }
+    release(c, row->file_bytes);
+    return rc;
+}
+
+static int check_space(const char *dir, const struct bench_opts *o)
+{
+    struct statvfs sv;
+    uint64_t biggest = 0;
+    for (size_t i = 0; i < o->n_sizes; i++)
+        biggest = o->sizes[i] > biggest ? o->sizes[i] : biggest;
+    if (statvfs(dir, &sv) != 0)
+        return -errno;
+    /* the entry file, the raw file, the numpy file (and the .tmp while a save runs) */
+    uint64_t need = biggest * (o->peers ? 3 : 2) + (64ull << 20);
+    if ((uint64_t)sv.f_bavail * sv.f_frsize < need) {
+        fprintf(stderr, "kvtier bench: %s: needs %llu MiB free\n", dir,
+                (unsigned long long)(need >> 20));
+        return -ENOSPC;
+    }
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    struct bench_opts o;
+    struct bench_ctx c = {.o = &o, .tty = isatty(STDERR_FILENO) == 1};
+    const struct bench_model *m = &bench_llama3_8b;
+    struct bench_row *rows = NULL;
+    char *peer_script = NULL;
+    int rc = parse_args(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    if (o.peers && !(peer_script = bench_peer_script(o.peer_script))) {
+        fprintf(stderr, "kvtier bench: numpy_peer.py not found (use --peer-script)\n");
+        return EXIT_USAGE;
+    }
+    snprintf(c.work, sizeof(c.work), "%s/kvtier-bench.%ld", o.dir, (long)getpid());
+    snprintf(c.kvt_path, sizeof(c.kvt_path), "%s/entry.mlxkv", c.work);
+    snprintf(c.raw_path, sizeof(c.raw_path), "%s/raw.bin", c.work);
+    if (mkdir(o.dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kvtier bench: %s: %s\n", o.dir, strerror(errno));
+        free(peer_script);
+        return EXIT_USAGE;
+    }
+    if (check_space(o.dir, &o) < 0 || mkdir(c.work, 0755) != 0) {
+        if (errno == EEXIST || errno == EACCES)
+            fprintf(stderr, "kvtier bench: %s: %s\n", c.work, strerror(errno));
+        free(peer_script);
+        return EXIT_USAGE;
+    }
+    rows = calloc(o.n_sizes, sizeof(*rows));
+    double t0 = bench_now();
+    size_t done = 0;
+    for (; rows && done < o.n_sizes; done++) {
+        struct bench_row *row = &rows[done];
+        row->target_bytes = o.sizes[done];
+        row->tokens = (size_t)(o.sizes[done] / bench_token_bytes(m));
+        if (row->tokens == 0)
+            row->tokens = 1;
+        if (run_size(&c, row, m, peer_script) < 0)
+            break;
+    }
+    if (c.tty)
+        fputs("\r\033[K", stderr);
+    rmdir(c.work);
+    rc = rows && done == o.n_sizes ? 0 : EXIT_USAGE;
+    struct bench_run_info ri = {
+        .dir = o.dir, .model = m, .repeat = o.repeat, .wall_s = bench_now() - t0};
+    if (rc == 0) {
+        bool json_stdout = o.json_path && !strcmp(o.json_path, "-");
+        bench_print_table(json_stdout ? stderr : stdout, &ri, rows, done);
+        if (o.json_path) {
+            FILE *jf = json_stdout ? stdout : fopen(o.json_path, "w");
+            if (!jf) {
+                fprintf(stderr, "kvtier bench: %s: %s\n", o.json_path, strerror(errno));
+                rc = EXIT_USAGE;
+            } else {
+                bench_print_json(jf, &ri, rows, done);
+                if (!json_stdout && fclose(jf) != 0)
+                    rc = EXIT_USAGE;
+            }
+        }
+        if (o.plot_path) {
+            int prc = bench_plot(o.plot_path, rows, done);
+            if (prc == -ENOENT)
+                fprintf(stderr, "kvtier bench: gnuplot not found (install gnuplot-nox, e.g. "
+                                "KVT_DEPS_EXTRA=gnuplot-nox scripts/deps.sh as root)\n");
+            else if (prc < 0)
+                fprintf(stderr, "kvtier bench: plotting %s failed\n", o.plot_path);
+            if (prc < 0)
+                rc = EXIT_USAGE;
+        }
+    }
+    free(rows);
+    free(peer_script);
+    return rc;
+}
