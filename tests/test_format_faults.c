@@ -18,6 +18,7 @@
 #include "format/format.h"
 #include "io/io.h"
 #include "io/io_fault.h"
+#include "tensor/alloc.h"
 
 static char *dir;
 
@@ -438,6 +439,49 @@ static void test_load_faults(void **state)
     free(path);
 }
 
+/* Every allocation of a load failed in turn: -ENOMEM, nothing returned, nothing leaked. */
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    long n = 0;
+    for (;; n++) {
+        struct kvt_entry *e = (struct kvt_entry *)1;
+        struct kvt_header *h = (struct kvt_header *)1;
+        kvt_alloc_fail_after(n);
+        int rc = kvt_file_load(golden_path("mixed.mlxkv"), NULL, &e, &h);
+        kvt_alloc_fail_after(-1);
+        if (rc == 0) {
+            kvt_header_free(h);
+            kvt_entry_free(e);
+            break;
+        }
+        assert_int_equal(rc, -ENOMEM);
+        assert_null(e);
+        assert_null(h);
+        assert_true(n < 10000);
+    }
+    assert_true(n > 6); /* at least one buffer per layer was allocated */
+
+    struct kvt_entry *e;
+    assert_int_equal(kvt_file_load(golden_path("mixed.mlxkv"), NULL, &e, NULL), 0);
+    char *path = path_of("alloc.mlxkv"), *tmp = strf("%s.tmp", path);
+    struct kvt_save_opts so = {.no_sync = true};
+    for (n = 0;; n++) {
+        kvt_alloc_fail_after(n);
+        int rc = kvt_file_save(path, e, &so, NULL);
+        kvt_alloc_fail_after(-1);
+        if (rc == 0)
+            break;
+        assert_int_equal(rc, -ENOMEM);
+        assert_false(exists(path));
+        assert_false(exists(tmp));
+    }
+    assert_int_equal(kvt_file_verify(path, NULL), 0);
+    kvt_entry_free(e);
+    free(path);
+    free(tmp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -446,6 +490,7 @@ int main(void)
         cmocka_unit_test_teardown(test_atomic_save, reset_io),
         cmocka_unit_test_teardown(test_disk_full_and_short_writes, reset_io),
         cmocka_unit_test_teardown(test_load_faults, reset_io),
+        cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

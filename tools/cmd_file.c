@@ -437,6 +437,7 @@ struct synth_opts {
     int64_t layers, heads, head_dim, tokens, max_size, bits, group_size, k_bits, v_bits;
     int dtype;
     uint64_t seed, max_file_bytes;
+    int64_t created_at; /* 0 = now */
     const char *ns, *model_id, *config_fingerprint, *tokenizer_hash;
 };
 
@@ -617,6 +618,7 @@ static int synth_usage(void)
             "         [--tokens T] [--dtype bf16|f16|f32] [--seed S] [--ns NS] [--model-id ID]\n"
             "         [--config-fingerprint FP] [--tokenizer-hash TH] [--max-size M] [--bits B]\n"
             "         [--group-size G] [--k-bits K] [--v-bits V] [--max-file-bytes N]\n"
+            "         [--created-at MS]\n"
             "  KIND: kv rotating qkv rotating-qkv ssm turboquant; mixed = one layer of each\n");
     return EXIT_USAGE;
 }
@@ -665,6 +667,9 @@ static int parse_synth(int argc, char **argv, struct synth_opts *o)
             o->tokenizer_hash = v;
         } else if (!strcmp(a, "--max-file-bytes")) {
             if (!cli_parse_size(v, &o->max_file_bytes))
+                return -1;
+        } else if (!strcmp(a, "--created-at")) {
+            if (!parse_i64(v, 0, ((int64_t)1 << 53) - 1, &o->created_at))
                 return -1;
         } else if (!parse_i64(v, 0, big, &n)) {
             return -1;
@@ -740,7 +745,7 @@ int cmd_synth(int argc, char **argv)
         .meta = {o.model_id, o.config_fingerprint, o.tokenizer_hash, o.ns},
         .created_at = -1,
     };
-    struct kvt_save_opts so = {.max_file_bytes = o.max_file_bytes};
+    struct kvt_save_opts so = {.max_file_bytes = o.max_file_bytes, .created_at = o.created_at};
     uint64_t bytes;
     int rc = kvt_file_save(o.out, &e, &so, &bytes);
     if (rc) {
