@@ -1,0 +1,270 @@
+/*
+ * kill -9 crash loop: runs tests/progs/crash_writer, which puts entries into a store and logs
+ * each acknowledged put, and SIGKILLs it after a random delay (seeded, so a failure replays),
+ * KVT_CRASH_KILLS times (default 200). After every kill, before anything recovers the
+ * directory, every published file must pass kvt_file_verify; then the store must reopen,
+ * reap the dead writer's .tmp (tmp_grace_ms 0: the writer is gone), and every acknowledged
+ * entry must be found and restore with exactly the bytes the writer stored (they derive from
+ * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here.
+ *
+ * Each store directory serves ten kills (later writers recover what earlier ones left), then a
+ * new one starts, which keeps each check small. KVT_CRASH_SEED changes the kill moments.
+ */
+#include "support/support.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "progs/crash_entry.h"
+
+#define KILLS_PER_DIR 10
+#define MAX_DELAY_US 60000
+
+struct counts {
+    long kills, acked, checks, tmp_seen, visible, corrupt, lost, tmp_left, mismatched, scan_corrupt;
+};
+
+static long env_long(const char *name, long def)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtol(v, NULL, 10) : def;
+}
+
+static char *writer_path(void)
+{
+    const char *b = getenv("KVT_BUILD_DIR");
+    return strf("%s/tests/progs/crash_writer", b && *b ? b : KVT_BUILD_DIR);
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Call @p fn on every file of every namespace directory under @p root ending in @p suffix. */
+static long for_each_file(const char *root, const char *suffix,
+                          void (*fn)(const char *path, void *ud), void *ud)
+{
+    long count = 0;
+    DIR *d = opendir(root);
+    if (!d)
+        return 0;
+    struct dirent *ns;
+    while ((ns = readdir(d))) {
+        if (ns->d_name[0] == '.')
+            continue;
+        char *sub = strf("%s/%s", root, ns->d_name);
+        DIR *e = opendir(sub);
+        struct dirent *f;
+        while (e && (f = readdir(e))) {
+            size_t len = strlen(f->d_name), sl = strlen(suffix);
+            if (len <= sl || strcmp(f->d_name + len - sl, suffix) != 0)
+                continue;
+            count++;
+            if (fn) {
+                char *path = strf("%s/%s", sub, f->d_name);
+                fn(path, ud);
+                free(path);
+            }
+        }
+        if (e)
+            closedir(e);
+        free(sub);
+    }
+    closedir(d);
+    return count;
+}
+
+static const struct kvt_expect EXPECT = {
+    .model_id = SYNTH_MODEL,
+    .config_fingerprint = SYNTH_FP,
+    .tokenizer_hash = SYNTH_TOK,
+    .keep_cache = true,
+};
+
+static void verify_file(const char *path, void *ud)
+{
+    struct counts *c = ud;
+    c->visible++;
+    int rc = kvt_file_verify(path, &EXPECT);
+    if (rc != 0) {
+        c->corrupt++;
+        print_error("crash: corrupt visible file %s: %s\n", path, kvt_last_error());
+    }
+}
+
+/* Append the ids of the complete lines of the acknowledgement log @p path to @p ids. */
+static void read_acks(const char *path, uint32_t **ids, size_t *n, size_t *cap)
+{
+    size_t len = 0;
+    char *text = (char *)read_file(path, &len);
+    if (!text)
+        return; /* no put acknowledged yet */
+    size_t start = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] != '\n')
+            continue;
+        if (*n == *cap) {
+            *cap = *cap ? *cap * 2 : 256;
+            *ids = realloc(*ids, *cap * sizeof(**ids));
+            assert_non_null(*ids);
+        }
+        (*ids)[(*n)++] = (uint32_t)strtoul(text + start, NULL, 10);
+        start = i + 1;
+    }
+    free(text);
+}
+
+/* Find and restore entry @p id; it must be exactly what the writer stored. */
+static void check_acked(kvt_store *s, uint32_t id, struct counts *c)
+{
+    struct kvt_entry *want;
+    assert_int_equal(synth_id_entry(id, &want), 0);
+    int32_t prompt[65];
+    memcpy(prompt, want->tokens, want->n_tokens * sizeof(*prompt));
+    prompt[want->n_tokens] = 7; /* one more token to compute, so the whole entry is usable */
+    struct kvt_hit hit;
+    assert_int_equal(kvt_store_find(s, prompt, want->n_tokens + 1, synth_id_ns(id), &hit), 0);
+    if (hit.prefix_len != want->n_tokens || hit.n_tokens != want->n_tokens) {
+        c->lost++;
+        print_error("crash: acknowledged entry %u is missing (hit %zu of %zu tokens)\n", id,
+                    hit.prefix_len, want->n_tokens);
+        kvt_entry_free(want);
+        return;
+    }
+    struct kvt_entry *got = NULL;
+    assert_int_equal(kvt_store_restore(s, &hit, &got), 0);
+    if (!got) {
+        c->lost++;
+        print_error("crash: acknowledged entry %u does not restore: %s\n", id, kvt_last_error());
+    } else if (!synth_same_caches(got, want)) {
+        c->mismatched++;
+        print_error("crash: acknowledged entry %u restores with different bytes\n", id);
+    }
+    kvt_entry_free(got);
+    kvt_entry_free(want);
+}
+
+/* Start the writer, kill it after @p delay_us, and require that the kill is what ended it. */
+static void run_and_kill(const char *exe, const char *dir, const char *ack, uint32_t first,
+                         long delay_us)
+{
+    char first_s[16];
+    snprintf(first_s, sizeof(first_s), "%u", first);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl(exe, exe, dir, ack, first_s, (char *)NULL);
+        _exit(127);
+    }
+    sleep_us(delay_us);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
+        fail_msg("crash_writer ended by itself before the kill (status 0x%x)", status);
+}
+
+static void test_kill_loop(void **state)
+{
+    (void)state;
+    long kills = env_long("KVT_CRASH_KILLS", 200);
+    uint64_t rng = (uint64_t)env_long("KVT_CRASH_SEED", 20250701);
+    char *exe = writer_path();
+    if (access(exe, X_OK) != 0)
+        fail_msg("%s is missing: build it with `make tests`", exe);
+    struct counts c = {0};
+    uint32_t *ids = NULL;
+    size_t n_ids = 0, cap_ids = 0;
+    char *dir = NULL, *root = NULL, *ack = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+
+    for (long k = 0; k < kills; k++) {
+        if (k % KILLS_PER_DIR == 0) {
+            c.acked += (long)n_ids;
+            n_ids = 0;
+            if (dir)
+                rm_rf(dir);
+            free(dir);
+            free(root);
+            free(ack);
+            dir = scratch_dir("crash");
+            root = strf("%s/%s", dir, SYNTH_FP);
+            ack = strf("%s.ack", dir);
+            unlink(ack);
+        }
+        /* a third of the kills land early (during open and recovery), the rest anywhere */
+        uint64_t r = xs64(&rng);
+        long delay = r % 3 == 0 ? (long)(xs64(&rng) % 5000) : (long)(xs64(&rng) % MAX_DELAY_US);
+        run_and_kill(exe, dir, ack, (uint32_t)(k * 1000 + 1), delay);
+        c.kills++;
+        /* every id acknowledged by the writers of this directory so far */
+        n_ids = 0;
+        read_acks(ack, &ids, &n_ids, &cap_ids);
+
+        /* published files, before anything recovers the directory */
+        for_each_file(root, ".mlxkv", verify_file, &c);
+        c.tmp_seen += for_each_file(root, ".tmp", NULL, NULL); /* kills that hit a write */
+
+        struct kvt_store_opts o = {
+            .model_id = SYNTH_MODEL,
+            .config_fingerprint = SYNTH_FP,
+            .tokenizer_hash = SYNTH_TOK,
+            .tmp_grace_ms = 0,
+        };
+        kvt_store *s;
+        if (kvt_store_open(dir, &o, &s) != 0)
+            fail_msg("reopen after kill %ld: %s", k, kvt_last_error());
+        struct kvt_store_stats st;
+        kvt_store_get_stats(s, &st);
+        c.scan_corrupt += (long)st.corrupt_files;
+        long tmp = for_each_file(root, ".tmp", NULL, NULL);
+        if (tmp)
+            print_error("crash: %ld .tmp left after reopen (kill %ld)\n", tmp, k);
+        c.tmp_left += tmp;
+        for (size_t i = 0; i < n_ids; i++)
+            check_acked(s, ids[i], &c);
+        c.checks += (long)n_ids;
+        kvt_store_close(s);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c.acked += (long)n_ids;
+    printf("crash: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld restores checked), "
+           "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored with different "
+           "bytes, %ld .tmp left (%.1f s)\n",
+           c.kills, c.tmp_seen, c.acked, c.checks, c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
+           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+    if (dir)
+        rm_rf(dir);
+    free(dir);
+    free(root);
+    free(ack);
+    free(ids);
+    free(exe);
+    assert_int_equal(c.kills, kills);
+    assert_int_equal(c.corrupt, 0);
+    assert_int_equal(c.scan_corrupt, 0);
+    assert_int_equal(c.lost, 0);
+    assert_int_equal(c.mismatched, 0);
+    assert_int_equal(c.tmp_left, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kill_loop),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
