@@ -339,12 +339,9 @@ int main(int argc, char **argv)
            (unsigned long long)st.failed_spills);
     printf("gated steps (exclusion held): p50 %.0f us, p99 %.0f us, max %.0f us\n", steps.p50,
            steps.p99, steps.max);
-    printf("%-18s %10s %10s %10s %10s  (us, %zu steps)\n", "", "p50", "p99", "max", "mean",
-           n_on);
-    printf("%-18s %10.0f %10.0f %10.0f %10.0f\n", "write-behind on", a.p50, a.p99, a.max,
-           a.mean);
-    printf("%-18s %10.0f %10.0f %10.0f %10.0f\n", "write-behind off", b.p50, b.p99, b.max,
-           b.mean);
+    printf("%-18s %10s %10s %10s %10s  (us, %zu steps)\n", "", "p50", "p99", "max", "mean", n_on);
+    printf("%-18s %10.0f %10.0f %10.0f %10.0f\n", "write-behind on", a.p50, a.p99, a.max, a.mean);
+    printf("%-18s %10.0f %10.0f %10.0f %10.0f\n", "write-behind off", b.p50, b.p99, b.max, b.mean);
     printf("ratio on/off: p50 %.3f  p99 %.3f  (target p99 <= 1.05)\n", a.p50 / b.p50,
            a.p99 / b.p99);
 

@@ -531,10 +531,10 @@ static void test_eviction_spill_owns_clones(void **state)
     int disposes0 = world_get(&W.disposes);
     kvt_pcache_put(pc, sentry_seq(9, 4, "", 1, 100, true), NULL); /* evicts A */
 
-    assert_int_equal(hook_runs, 1);                             /* donor released at once */
-    assert_int_equal(world_get(&W.disposes), disposes0 + 1);    /* its cache object too */
-    assert_int_equal(world_get(&W.clones_made), 1);             /* exactly one owned clone */
-    assert_false(buf_released(abuf));                           /* pinned by the spill */
+    assert_int_equal(hook_runs, 1);                          /* donor released at once */
+    assert_int_equal(world_get(&W.disposes), disposes0 + 1); /* its cache object too */
+    assert_int_equal(world_get(&W.clones_made), 1);          /* exactly one owned clone */
+    assert_false(buf_released(abuf));                        /* pinned by the spill */
     struct kvt_pcache_stats st;
     stats(pc, &st);
     assert_int_equal(st.pending_spills, 1);

@@ -20,8 +20,8 @@ static struct {
     int disposed[ITEMS];
     int settled[ITEMS]; /* 0 = not yet, 1 = true, 2 = false */
     int settle_calls[ITEMS];
-    bool hold;     /* the writer blocks inside store() */
-    int in_store;  /* the writer is inside store() */
+    bool hold;    /* the writer blocks inside store() */
+    int in_store; /* the writer is inside store() */
     bool fail[ITEMS];
     struct kvt_spill_queue *q; /* for the settle callback's lock check */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};

@@ -384,9 +384,8 @@ static void test_demotion_tick(void **state)
 {
     (void)state;
     atomic_store(&stub_busy_flag, true);
-    kvt_pcache *pc = open_tier(&(struct opts){.debounce_ms = 600000,
-                                              .demote_idle_ms = 1000,
-                                              .demote_interval_ms = 2});
+    kvt_pcache *pc = open_tier(
+        &(struct opts){.debounce_ms = 600000, .demote_idle_ms = 1000, .demote_interval_ms = 2});
     put(pc, A, 5);
     atomic_store(&stub_now, 1000000 + 5000);
     WAIT_FOR(atomic_load(&stub_busy_calls) >= 3); /* ticks skipped while busy */

@@ -124,8 +124,7 @@ static kvt_cache *kv_layer(int64_t rows, uint64_t *rng)
     int64_t shape[4] = {1, HEADS, rows, HEAD_DIM};
     for (int k = 0; k < 2; k++) {
         assert_int_equal(kvt_tensor_zeros(&t[k], KVT_FLOAT16, 4, shape), 0);
-        fill_random((uint8_t *)kvt_buf_data(t[k].buf) + t[k].offset, kvt_tensor_nbytes(&t[k]),
-                    rng);
+        fill_random((uint8_t *)kvt_buf_data(t[k].buf) + t[k].offset, kvt_tensor_nbytes(&t[k]), rng);
     }
     assert_int_equal(kvt_cache_append(c, t, 2), 0);
     kvt_tensor_release(&t[0]);

@@ -345,13 +345,13 @@ struct cold {
     struct crec recs[COLD_MAX];
     size_t n;
     int puts, put_ok, put_fail, finds, restores, closes;
-    int fail_puts;         /* fail this many upcoming puts (after their steps); < 0 = all */
-    int fail_step;         /* fail write step k (1-based) of every put; 0 = never */
-    bool restore_miss;     /* restore returns no entry */
+    int fail_puts;                 /* fail this many upcoming puts (after their steps); < 0 = all */
+    int fail_step;                 /* fail write step k (1-based) of every put; 0 = never */
+    bool restore_miss;             /* restore returns no entry */
     bool restore_live_untrimmable; /* restored caches say untrimmable (header said trimmable) */
-    int open_tmp;          /* "files" a put has open right now */
-    int steps;             /* write steps run */
-    int refused_puts;      /* puts aborted by a refusing gate */
+    int open_tmp;                  /* "files" a put has open right now */
+    int steps;                     /* write steps run */
+    int refused_puts;              /* puts aborted by a refusing gate */
 };
 
 STUB void cold_init(struct cold *c)
@@ -407,8 +407,8 @@ STUB void cold_remove_locked(struct cold *c, size_t i)
 }
 
 /* Insert with the store's rules: exact duplicates go, trimmable entries supersede ancestors. */
-STUB void cold_insert(struct cold *c, const int32_t *tok, size_t n, const char *ns,
-                      bool trimmable, size_t n_caches, size_t bytes)
+STUB void cold_insert(struct cold *c, const int32_t *tok, size_t n, const char *ns, bool trimmable,
+                      size_t n_caches, size_t bytes)
 {
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < c->n;) {
@@ -638,15 +638,15 @@ STUB bool log_has(const char *needle)
 }
 
 /* Poll @p pred until it holds; fails the test after 20 s (a hang, not a timing check). */
-#define WAIT_FOR(pred)                                                                        \
-    do {                                                                                      \
-        int waited_ms_ = 0;                                                                   \
-        while (!(pred)) {                                                                     \
-            if (waited_ms_ >= 20000)                                                          \
-                fail_msg("condition never became true: %s", #pred);                           \
-            usleep(1000);                                                                     \
-            waited_ms_++;                                                                     \
-        }                                                                                     \
+#define WAIT_FOR(pred)                                                                             \
+    do {                                                                                           \
+        int waited_ms_ = 0;                                                                        \
+        while (!(pred)) {                                                                          \
+            if (waited_ms_ >= 20000)                                                               \
+                fail_msg("condition never became true: %s", #pred);                                \
+            usleep(1000);                                                                          \
+            waited_ms_++;                                                                          \
+        }                                                                                          \
     } while (0)
 
 #endif

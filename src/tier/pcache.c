@@ -47,8 +47,7 @@ static const struct kvt_tier_cache_ops real_cache_ops = {
     .entry_free = entry_free,
 };
 
-static int cold_find(void *ud, const int32_t *tok, size_t n, const char *ns,
-                     struct kvt_hit *hit)
+static int cold_find(void *ud, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit)
 {
     return kvt_store_find(ud, tok, n, ns, hit);
 }
@@ -116,8 +115,7 @@ static int check_opts(const struct kvt_pcache_opts *o)
         return kvt_fail(-EINVAL, "spill_queue_max_bytes %lld is negative",
                         (long long)o->spill_queue_max_bytes);
     if (o->demote_idle_ms < 0)
-        return kvt_fail(-EINVAL, "demote_idle_ms %lld is negative",
-                        (long long)o->demote_idle_ms);
+        return kvt_fail(-EINVAL, "demote_idle_ms %lld is negative", (long long)o->demote_idle_ms);
     if (o->snapshot_debounce_ms < 0 || o->snapshot_busy_retry_ms < 0)
         return kvt_fail(-EINVAL, "snapshot_debounce_ms / snapshot_busy_retry_ms is negative");
     if (o->flush_timeout_ms < 0)

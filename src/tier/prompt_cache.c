@@ -225,8 +225,7 @@ void kvt_pc_free(struct kvt_pc *pc)
 
 /* Step 3 after the lock: trim the donor's clones to @p best tokens. */
 static int finish_ram_hit(struct kvt_pc *pc, struct kvt_entry *clones, int clone_rc,
-                          kvt_retain *share, size_t donor_len, size_t best,
-                          struct kvt_take *out)
+                          kvt_retain *share, size_t donor_len, size_t best, struct kvt_take *out)
 {
     int rc = clone_rc;
     if (rc == 0)

@@ -212,7 +212,7 @@ int kvt_spill_queue_enqueue(struct kvt_spill_queue *q, struct kvt_entry *e,
                      (q->cfg.can_drop && !q->cfg.can_drop(q->cfg.ud, v->e))))
             v = v->next;
         if (!v)
-            break; /* soft cap: nothing may go */
+            break;               /* soft cap: nothing may go */
         v->state = REC_SETTLING; /* stays listed until settled, so drain() waits for it */
         q->st.dropped++;
         q->st.pending_count--;

@@ -2,7 +2,7 @@
  * The prompt cache assembled from its parts (TIER.md): the RAM tier, the spill queue with
  * its writer, write-behind snapshots and the timer thread that also runs idle demotion.
  * Everything here goes through the ops tables of tier.h, so the whole public kvt_pcache
- * behavior runs the same over the real store (pcache.c) and over test stubs.
+ * behavior runs the same over the real store (pcache.c) and over test doubles.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -22,7 +22,7 @@ struct kvt_pcache {
     struct kvt_spill_queue *q;
     struct kvt_wb *wb;
     _Atomic(struct kvt_timer_thread *) tt;
-    int64_t demote_next;     /* timer thread only */
+    int64_t demote_next; /* timer thread only */
     int64_t demote_interval;
 };
 

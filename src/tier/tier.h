@@ -2,7 +2,7 @@
  * The tier layer's internal seams: the ops tables through which the tier policy reaches
  * caches and the cold tier, and the configuration that assembles a prompt cache from them.
  * kvt_pcache_open() binds these to the real kvt_cache / kvt_store (pcache.c); the test
- * suites bind counting stubs, so every policy rule is testable without disk or engine.
+ * suites bind counting test doubles, so every policy rule is testable without disk or engine.
  */
 #ifndef KVT_TIER_H
 #define KVT_TIER_H

@@ -54,8 +54,7 @@ static void *timer_main(void *arg)
     return NULL;
 }
 
-int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n,
-                           struct kvt_timer_thread **out)
+int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n, struct kvt_timer_thread **out)
 {
     *out = NULL;
     if (n < 0 || n > KVT_TIMER_MAX_TASKS)
