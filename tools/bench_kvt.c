@@ -44,8 +44,8 @@ void bench_fill(void *dst, size_t n, uint64_t *state)
     *state = x;
 }
 
-/* Append @p len tokens of pseudo-random K and V to the kv cache @p c. */
-static int append_random(kvt_cache *c, const struct bench_model *m, size_t len, uint64_t *rng)
+int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len,
+                              uint64_t *rng)
 {
     int64_t shape[4] = {1, m->kv_heads, (int64_t)len, m->head_dim};
     size_t bytes = (size_t)m->kv_heads * len * (size_t)m->head_dim * kvt_dtype_size(m->dtype);
@@ -92,8 +92,8 @@ int bench_entry_build(const struct bench_model *m, const int32_t *tok, size_t n_
     for (i = 0; i < m->layers; i++) {
         rc = kvt_cache_new(&params, &caches[i]);
         for (size_t done = 0; rc == 0 && done < n_tokens; done += chunk)
-            rc = append_random(caches[i], m, n_tokens - done < chunk ? n_tokens - done : chunk,
-                               &rng);
+            rc = bench_cache_append_random(caches[i], m,
+                                           n_tokens - done < chunk ? n_tokens - done : chunk, &rng);
         if (rc < 0)
             goto out;
     }

@@ -30,6 +30,7 @@ int cmd_store_find(int argc, char **argv);
 int cmd_store_gc(int argc, char **argv);
 int cmd_store_stats(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
 
 /* Shared helpers (tools/cli_util.c). */
 /** Print "kvtier: <what>: <message>" to stderr for a failed library call; returns EXIT_USAGE. */

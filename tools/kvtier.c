@@ -26,6 +26,7 @@ static const struct cli_command commands[] = {
     {"stats", "stats DIR [--json]", cmd_store_stats},
     {"bench", "bench [--dir D] [--size 64M,1G] [--repeat N] [--json [F]] [--plot F] [--peers]",
      cmd_bench},
+    {"demo", "demo [--dir D] [--turns N] [--tokens T] [--prefill-tps R]", cmd_demo},
 };
 
 static void usage(FILE *f)
