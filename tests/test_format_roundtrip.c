@@ -376,7 +376,7 @@ static void test_empty_tensors(void **state)
 }
 
 /* Tensors through both chunked paths: many small runs across chunk boundaries, and runs of
- * more than 1 MiB written and read in place. */
+ * 64 KiB or more written and read in place. */
 static void test_strided_and_large(void **state)
 {
     (void)state;

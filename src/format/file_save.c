@@ -207,7 +207,7 @@ static int write_contiguous(struct save_job *j, const uint8_t *p, uint64_t n, ui
 }
 
 /* Runs at least this large skip the chunk buffer. */
-#define DIRECT_RUN ((size_t)1 << 20)
+#define DIRECT_RUN ((size_t)64 << 10)
 
 /* Gathering the runs of a strided view into the chunk buffer. */
 struct gather {

@@ -16,7 +16,7 @@
 #include "io/io.h"
 
 /* Blocks at least this large are read in place; smaller ones go through the bounce buffer. */
-#define DIRECT_MIN ((uint64_t)1 << 20)
+#define DIRECT_MIN ((uint64_t)64 << 10)
 
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 {
