@@ -209,7 +209,7 @@ static void test_truncate_every_length(void **state)
     struct kvt_expect keep = {.keep_cache = true};
     for (uint64_t len = h->file_size; len-- > 0;) {
         assert_int_equal(ftruncate(fd, (off_t)len), 0);
-        const char *want = len < KVT_PREFIX_LEN                       ? ": V1: "
+        const char *want = len < KVT_PREFIX_LEN                   ? ": V1: "
                            : len < KVT_PREFIX_LEN + h->header_len ? ": V3: "
                            : len < h->data_start                  ? ": V5: "
                                                                   : ": V17: ";
@@ -332,8 +332,8 @@ static void test_atomic_save(void **state)
         enum kvt_fault_op op;
         int err;
     } cases[] = {
-        {KVT_FAULT_OPEN, EACCES},  {KVT_FAULT_FLOCK, ENOLCK},  {KVT_FAULT_PWRITE, ENOSPC},
-        {KVT_FAULT_FTRUNCATE, EIO}, {KVT_FAULT_FSYNC, EIO},     {KVT_FAULT_RENAME, EXDEV},
+        {KVT_FAULT_OPEN, EACCES},   {KVT_FAULT_FLOCK, ENOLCK}, {KVT_FAULT_PWRITE, ENOSPC},
+        {KVT_FAULT_FTRUNCATE, EIO}, {KVT_FAULT_FSYNC, EIO},    {KVT_FAULT_RENAME, EXDEV},
         {KVT_FAULT_DIR_FSYNC, EIO}, {KVT_FAULT_ANY, EIO},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -370,8 +370,8 @@ static void test_disk_full_and_short_writes(void **state)
 
     /* short writes are retried until complete */
     kvt_fault_reset();
-    struct kvt_fault_rule shrt = {.op = KVT_FAULT_PWRITE, .nth = 1, .short_max = 333,
-                                  .sticky = true};
+    struct kvt_fault_rule shrt = {
+        .op = KVT_FAULT_PWRITE, .nth = 1, .short_max = 333, .sticky = true};
     assert_int_equal(kvt_fault_arm(&shrt), 0);
     assert_int_equal(kvt_file_save(path, e, &so, NULL), 0);
     assert_true(kvt_fault_calls(KVT_FAULT_PWRITE) > want_n / 16384);

@@ -71,12 +71,12 @@ static struct kvt_header *expect_ok(const char *json, uint64_t data)
 }
 
 /* A kv layer of [1,2,2,8] bf16 (64 bytes per tensor) with replaceable pieces. */
-#define SLOT(off, shape, dtype) \
-    "{\"off\":" off ",\"bytes\":64,\"shape\":" shape ",\"dtype\":" dtype \
+#define SLOT(off, shape, dtype)                                                                    \
+    "{\"off\":" off ",\"bytes\":64,\"shape\":" shape ",\"dtype\":" dtype                           \
     ",\"hash\":\"0000000000000000\"}"
 #define KV_SLOTS SLOT("0", "[1,2,2,8]", "12") "," SLOT("16384", "[1,2,2,8]", "12")
 #define KV_CACHE "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" KV_SLOTS "]}"
-#define HDR(top, caches) \
+#define HDR(top, caches)                                                                           \
     "{\"formatVersion\":3,\"createdAt\":1" top ",\"tokens\":[1,2],\"caches\":[" caches "]}"
 #define KV_DATA (16384 + 64)
 
@@ -162,9 +162,9 @@ static void test_json_syntax(void **state)
     expect_fail("\xef\xbb\xbf" HDR("", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V7");
     /* duplicate keys, top level and nested */
     expect_fail(HDR(",\"ns\":\"a\",\"ns\":\"a\"", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V7");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"kind\":\"kv\",\"offset\":2,\"tensors\":[" KV_SLOTS
-                        "]}"),
-                KV_DATA, KVT_E_CORRUPT, "V7");
+    expect_fail(
+        HDR("", "{\"kind\":\"kv\",\"kind\":\"kv\",\"offset\":2,\"tensors\":[" KV_SLOTS "]}"),
+        KV_DATA, KVT_E_CORRUPT, "V7");
     /* invalid UTF-8: stray byte, overlong, encoded surrogate, beyond U+10FFFF */
     expect_fail(HDR(",\"ns\":\"\xff\"", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V7");
     expect_fail(HDR(",\"ns\":\"\xc0\x80\"", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V7");
@@ -176,8 +176,8 @@ static void test_json_syntax(void **state)
     expect_fail(HDR(",\"extra\":1e400", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V7");
 
     /* whitespace around the value is fine; unknown keys are ignored */
-    struct kvt_header *h = expect_ok(" \n\t" HDR(",\"extra\":{\"x\":[1,null]}", KV_CACHE) "\r\n ",
-                                     KV_DATA);
+    struct kvt_header *h =
+        expect_ok(" \n\t" HDR(",\"extra\":{\"x\":[1,null]}", KV_CACHE) "\r\n ", KV_DATA);
     kvt_header_free(h);
     /* valid UTF-8 and escapes decode */
     h = expect_ok(HDR(",\"ns\":\"\\u00e8\xf0\x9f\x98\x80\\n\"", KV_CACHE), KV_DATA);
@@ -217,22 +217,24 @@ static void test_features(void **state)
     expect_fail(HDR(",\"codecProvider\":7", KV_CACHE), KV_DATA, KVT_E_UNSUPPORTED, "V9");
     expect_fail(HDR(",\"attachments\":[]", KV_CACHE), KV_DATA, KVT_E_UNSUPPORTED, "V9");
     expect_fail(HDR(",\"generationCheckpoint\":{}", KV_CACHE), KV_DATA, KVT_E_UNSUPPORTED, "V9");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"minimumReusableOffset\":1,\"tensors\":["
-                        KV_SLOTS "]}"),
-                KV_DATA, KVT_E_UNSUPPORTED, "V9");
+    expect_fail(
+        HDR("", "{\"kind\":\"kv\",\"offset\":2,\"minimumReusableOffset\":1,\"tensors\":[" KV_SLOTS
+                "]}"),
+        KV_DATA, KVT_E_UNSUPPORTED, "V9");
     expect_fail(HDR(",\"modelId\":\"a\\u0000b\"", KV_CACHE), KV_DATA, KVT_E_UNSUPPORTED, "V9");
     /* V9 runs before the structural checks */
     expect_fail(HDR(",\"attachments\":[]", "5"), KV_DATA, KVT_E_UNSUPPORTED, "V9");
 }
 
-#define QKV_CACHE(params)                                                                   \
-    "{\"kind\":\"qkv\",\"offset\":2" params ",\"tensors\":["                                \
-    "{\"off\":0,\"bytes\":128,\"shape\":[1,2,2,8],\"dtype\":3,\"hash\":\"0000000000000000\"}," \
+#define QKV_CACHE(params)                                                                          \
+    "{\"kind\":\"qkv\",\"offset\":2" params ",\"tensors\":["                                       \
+    "{\"off\":0,\"bytes\":128,\"shape\":[1,2,2,8],\"dtype\":3,\"hash\":\"0000000000000000\"},"     \
     "{\"off\":16384,\"bytes\":16,\"shape\":[1,2,2,2],\"dtype\":12,\"hash\":\"0000000000000000\"}," \
     "{\"off\":32768,\"bytes\":16,\"shape\":[1,2,2,2],\"dtype\":12,\"hash\":\"0000000000000000\"}," \
     "{\"off\":49152,\"bytes\":128,\"shape\":[1,2,2,8],\"dtype\":3,\"hash\":\"0000000000000000\"}," \
     "{\"off\":65536,\"bytes\":16,\"shape\":[1,2,2,2],\"dtype\":12,\"hash\":\"0000000000000000\"}," \
-    "{\"off\":81920,\"bytes\":16,\"shape\":[1,2,2,2],\"dtype\":12,\"hash\":\"0000000000000000\"}]}"
+    "{\"off\":81920,\"bytes\":16,\"shape\":[1,2,2,2],\"dtype\":12,\"hash\":\"0000000000000000\"}]" \
+    "}"
 #define QKV_DATA (81920 + 16)
 
 static void test_values(void **state)
@@ -247,14 +249,14 @@ static void test_values(void **state)
                 "V10");
     expect_fail(HDR("", "{\"kind\":5,\"offset\":2,\"tensors\":[" KV_SLOTS "]}"), KV_DATA,
                 KVT_E_CORRUPT, "V10");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "14")
-                        "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "14") "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_UNSUPPORTED, "V10");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "-1")
-                        "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "-1") "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_UNSUPPORTED, "V10");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "1.5")
-                        "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "1.5") "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V10");
     expect_fail(HDR("", QKV_CACHE(",\"groupSize\":32,\"bits\":7")), QKV_DATA, KVT_E_UNSUPPORTED,
                 "V10");
@@ -279,8 +281,7 @@ static void test_types(void **state)
     (void)state;
     expect_fail(HDR(",\"modelId\":5", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V11");
     expect_fail(HDR(",\"ns\":null", KV_CACHE), KV_DATA, KVT_E_CORRUPT, "V11");
-    expect_fail("{\"formatVersion\":3,\"createdAt\":-1,\"tokens\":[1,2],\"caches\":[" KV_CACHE
-                "]}",
+    expect_fail("{\"formatVersion\":3,\"createdAt\":-1,\"tokens\":[1,2],\"caches\":[" KV_CACHE "]}",
                 KV_DATA, KVT_E_CORRUPT, "V11");
     expect_fail("{\"formatVersion\":3,\"createdAt\":1.5,\"tokens\":[1,2],\"caches\":[" KV_CACHE
                 "]}",
@@ -296,8 +297,8 @@ static void test_types(void **state)
     expect_fail("{\"formatVersion\":3,\"caches\":[" KV_CACHE "]}", KV_DATA, KVT_E_CORRUPT, "V11");
     expect_fail("{\"formatVersion\":3,\"tokens\":[-1],\"caches\":[" KV_CACHE "]}", KV_DATA,
                 KVT_E_CORRUPT, "V11");
-    expect_fail("{\"formatVersion\":3,\"tokens\":[2147483648],\"caches\":[" KV_CACHE "]}",
-                KV_DATA, KVT_E_CORRUPT, "V11");
+    expect_fail("{\"formatVersion\":3,\"tokens\":[2147483648],\"caches\":[" KV_CACHE "]}", KV_DATA,
+                KVT_E_CORRUPT, "V11");
     h = expect_ok("{\"formatVersion\":3,\"tokens\":[2147483647],\"caches\":[" KV_CACHE "]}",
                   KV_DATA);
     assert_int_equal(h->tokens[0], 2147483647);
@@ -312,38 +313,37 @@ static void test_types(void **state)
     expect_fail(HDR("", "5"), 0, KVT_E_CORRUPT, "V11");
     expect_fail(HDR("", "{\"kind\":\"kv\",\"tensors\":[" KV_SLOTS "]}"), KV_DATA, KVT_E_CORRUPT,
                 "V11");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":9007199254740992,\"tensors\":[" KV_SLOTS
-                        "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":9007199254740992,\"tensors\":[" KV_SLOTS "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V11");
-    expect_fail(HDR("", "{\"kind\":\"rotating\",\"offset\":2,\"maxSize\":8,\"tensors\":[" KV_SLOTS
-                        "]}"),
-                KV_DATA, KVT_E_CORRUPT, "V11");
+    expect_fail(
+        HDR("", "{\"kind\":\"rotating\",\"offset\":2,\"maxSize\":8,\"tensors\":[" KV_SLOTS "]}"),
+        KV_DATA, KVT_E_CORRUPT, "V11");
     expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":{}}"), KV_DATA, KVT_E_CORRUPT,
                 "V11");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[5,6]}"), KV_DATA,
-                KVT_E_CORRUPT, "V11");
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[5,6]}"), KV_DATA, KVT_E_CORRUPT,
+                "V11");
 }
 
 static void test_counts_and_slots(void **state)
 {
     (void)state;
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" KV_SLOTS ","
-                        SLOT("32768", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" KV_SLOTS
+                        "," SLOT("32768", "[1,2,2,8]", "12") "]}"),
                 KV_DATA + 16384, KVT_E_CORRUPT, "V12");
-    expect_fail(HDR("", "{\"kind\":\"ssm\",\"offset\":2,\"tensors\":[]}"), 0, KVT_E_CORRUPT,
-                "V12");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                        ",{\"off\":16384,\"shape\":[1,2,2,8],\"dtype\":12,\"hash\":"
-                        "\"0000000000000000\"}]}"),
+    expect_fail(HDR("", "{\"kind\":\"ssm\",\"offset\":2,\"tensors\":[]}"), 0, KVT_E_CORRUPT, "V12");
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]",
+                            "12") ",{\"off\":16384,\"shape\":[1,2,2,8],\"dtype\":12,\"hash\":"
+                                  "\"0000000000000000\"}]}"),
                 KV_DATA, KVT_E_CORRUPT, "V13");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                        "," SLOT("-16384", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "12") "," SLOT("-16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V13");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[2,2,8]", "12")
-                        "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[2,2,8]", "12") "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V13");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,-2,8]", "12")
-                        "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,-2,8]", "12") "," SLOT("16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V13");
     const char *bad_hash[] = {"\"000000000000000A\"", "\"000000000000000\"", "7",
                               "\"00000000000000000\"", "\"000000000000000g\""};
@@ -362,10 +362,11 @@ static void test_counts_and_slots(void **state)
                         "\"0000000000000000\"}," SLOT("16384", "[1,2,2,8]", "10") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V13");
     /* V12 on a later cache wins over V15 on an earlier one */
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("8", "[1,2,2,8]", "12")
-                        "," SLOT("16384", "[1,2,2,8]", "12") "]},{\"kind\":\"kv\",\"offset\":2,"
-                                                             "\"tensors\":[]}"),
-                KV_DATA, KVT_E_CORRUPT, "V12");
+    expect_fail(
+        HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("8", "[1,2,2,8]", "12") "," SLOT(
+                    "16384", "[1,2,2,8]", "12") "]},{\"kind\":\"kv\",\"offset\":2,"
+                                                "\"tensors\":[]}"),
+        KV_DATA, KVT_E_CORRUPT, "V12");
 }
 
 static void test_layout(void **state)
@@ -373,8 +374,8 @@ static void test_layout(void **state)
     (void)state;
     /* V14 */
     expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[{\"off\":0,\"bytes\":63,"
-                        "\"shape\":[1,2,2,8],\"dtype\":12,\"hash\":\"0000000000000000\"},"
-                        SLOT("16384", "[1,2,2,8]", "12") "]}"),
+                        "\"shape\":[1,2,2,8],\"dtype\":12,\"hash\":\"0000000000000000\"}," SLOT(
+                            "16384", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V14");
     /* an intermediate product of 2^60 fails even though the last factor is 0 */
     expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":0,\"tensors\":["
@@ -384,14 +385,14 @@ static void test_layout(void **state)
                         "\"hash\":\"0000000000000000\"}]}"),
                 0, KVT_E_CORRUPT, "V14");
     /* V15 */
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                        "," SLOT("15872", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "12") "," SLOT("15872", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V15");
-    assert_non_null(strstr(kvt_last_error(),
-                           "V15: caches[0].tensors[1].off 15872 is not a multiple of 16384"));
+    assert_non_null(
+        strstr(kvt_last_error(), "V15: caches[0].tensors[1].off 15872 is not a multiple of 16384"));
     /* V16: the second tensor starts inside the first */
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("16384", "[1,2,2,8]", "12")
-                        "," SLOT("0", "[1,2,2,8]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "16384", "[1,2,2,8]", "12") "," SLOT("0", "[1,2,2,8]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V16");
     /* V17: one byte short */
     expect_fail(HDR("", KV_CACHE), KV_DATA - 1, KVT_E_CORRUPT, "V17");
@@ -416,28 +417,29 @@ static void test_roles_shapes_rings(void **state)
                         "{\"off\":16384,\"bytes\":32,\"shape\":[1,2,2,8],\"dtype\":1,"
                         "\"hash\":\"0000000000000000\"}]}"),
                 KV_DATA, KVT_E_CORRUPT, "V18");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                        "," SLOT("16384", "[1,2,2,8]", "9") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "12") "," SLOT("16384", "[1,2,2,8]", "9") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V18");
     /* V19: heads differ; token axis != offset */
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                        "," SLOT("16384", "[1,1,2,16]", "12") "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "0", "[1,2,2,8]", "12") "," SLOT("16384", "[1,1,2,16]", "12") "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V19");
     expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":4,\"tensors\":[" KV_SLOTS "]}"), KV_DATA,
                 KVT_E_CORRUPT, "V19");
     /* V19 for qkv: packed * 32 = scales * groupSize * bits (8 * 32 != 2 * 32 * 8) */
-    expect_fail(HDR("", QKV_CACHE(",\"groupSize\":32,\"bits\":8")), QKV_DATA, KVT_E_CORRUPT,
-                "V19");
+    expect_fail(HDR("", QKV_CACHE(",\"groupSize\":32,\"bits\":8")), QKV_DATA, KVT_E_CORRUPT, "V19");
     /* Dk != Dv is fine for kv */
     struct kvt_header *h = expect_ok(
-        HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                ",{\"off\":16384,\"bytes\":32,\"shape\":[1,2,2,4],\"dtype\":12,\"hash\":"
-                "\"0000000000000000\"}]}"),
+        HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                    "0", "[1,2,2,8]",
+                    "12") ",{\"off\":16384,\"bytes\":32,\"shape\":[1,2,2,4],\"dtype\":12,\"hash\":"
+                          "\"0000000000000000\"}]}"),
         KV_DATA);
     kvt_header_free(h);
     /* V20 */
-#define RING(o, i, m) \
-    "{\"kind\":\"rotating\",\"offset\":" o ",\"idx\":" i ",\"maxSize\":" m ",\"tensors\":[" KV_SLOTS "]}"
+#define RING(o, i, m)                                                                              \
+    "{\"kind\":\"rotating\",\"offset\":" o ",\"idx\":" i ",\"maxSize\":" m                         \
+    ",\"tensors\":[" KV_SLOTS "]}"
     h = expect_ok(HDR("", RING("9", "1", "2")), KV_DATA);
     assert_false(kvt_header_is_trimmable(h));
     kvt_header_free(h);
@@ -449,8 +451,8 @@ static void test_roles_shapes_rings(void **state)
     expect_fail(HDR("", RING("3", "2", "8")), KV_DATA, KVT_E_CORRUPT, "V20");
     /* V18 is checked on every cache before V19 on any */
     expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":4,\"tensors\":[" KV_SLOTS
-                        "]},{\"kind\":\"kv\",\"offset\":2,\"tensors\":["
-                        SLOT("32768", "[1,2,2,8]", "12") "," SLOT("49152", "[1,2,2,8]", "9") "]}"),
+                        "]},{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT(
+                            "32768", "[1,2,2,8]", "12") "," SLOT("49152", "[1,2,2,8]", "9") "]}"),
                 KV_DATA + 32768, KVT_E_CORRUPT, "V18");
 }
 
@@ -458,8 +460,8 @@ static void test_numbers(void **state)
 {
     (void)state;
     struct kvt_header *h = expect_ok(
-        HDR("", "{\"kind\":\"kv\",\"offset\":2.0,\"tensors\":[" SLOT("0", "[1,2,2e0,8]", "12")
-                "," SLOT("1.6384e4", "[1,2,2,8]", "12.0") "]}"),
+        HDR("", "{\"kind\":\"kv\",\"offset\":2.0,\"tensors\":[" SLOT(
+                    "0", "[1,2,2e0,8]", "12") "," SLOT("1.6384e4", "[1,2,2,8]", "12.0") "]}"),
         KV_DATA);
     assert_int_equal(h->caches[0].info.offset, 2);
     assert_int_equal(h->caches[0].slots[0].shape[2], 2);
@@ -468,12 +470,12 @@ static void test_numbers(void **state)
     expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2.5,\"tensors\":[" KV_SLOTS "]}"), KV_DATA,
                 KVT_E_CORRUPT, "V11");
     /* 2^53 + 1 reads as 2^53: never an exact integer */
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":9007199254740993,\"tensors\":[" KV_SLOTS
-                        "]}"),
+    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":9007199254740993,\"tensors\":[" KV_SLOTS "]}"),
                 KV_DATA, KVT_E_CORRUPT, "V11");
-    expect_fail(HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12")
-                        "," SLOT("18446744073709551616", "[1,2,2,8]", "12") "]}"),
-                KV_DATA, KVT_E_CORRUPT, "V13");
+    expect_fail(
+        HDR("", "{\"kind\":\"kv\",\"offset\":2,\"tensors\":[" SLOT("0", "[1,2,2,8]", "12") "," SLOT(
+                    "18446744073709551616", "[1,2,2,8]", "12") "]}"),
+        KV_DATA, KVT_E_CORRUPT, "V13");
 }
 
 static void test_serializer_escapes(void **state)
@@ -499,7 +501,8 @@ static void test_utf8(void **state)
     (void)state;
     size_t at = 99;
     assert_true(kvt_utf8_valid("", NULL));
-    assert_true(kvt_utf8_valid("abc \xc3\xa8 \xe6\xb5\x8b \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf", NULL));
+    assert_true(
+        kvt_utf8_valid("abc \xc3\xa8 \xe6\xb5\x8b \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf", NULL));
     assert_false(kvt_utf8_valid("ab\xff", &at));
     assert_int_equal(at, 2);
     assert_false(kvt_utf8_valid("\xc0\x80", NULL));         /* overlong NUL */
@@ -514,9 +517,11 @@ static void test_utf8(void **state)
 static void test_golden_headers_reserialize(void **state)
 {
     (void)state;
-    const char *names[] = {"v3-worked-example.mlxkv", "kv.mlxkv", "rotating.mlxkv",
-                           "qkv.mlxkv", "rotating-qkv.mlxkv", "ssm.mlxkv", "turboquant.mlxkv",
-                           "mixed.mlxkv", "zero-length-tensor.mlxkv", "zero-length-last.mlxkv",
+    const char *names[] = {"v3-worked-example.mlxkv",  "kv.mlxkv",
+                           "rotating.mlxkv",           "qkv.mlxkv",
+                           "rotating-qkv.mlxkv",       "ssm.mlxkv",
+                           "turboquant.mlxkv",         "mixed.mlxkv",
+                           "zero-length-tensor.mlxkv", "zero-length-last.mlxkv",
                            "meta-unicode.mlxkv"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t n;

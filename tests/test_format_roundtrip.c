@@ -83,9 +83,7 @@ static void append_rows(kvt_cache *c, const struct geom *g, int64_t rows, uint64
         dt[1] = dt[2] = dt[4] = KVT_FLOAT16;
         dt[3] = KVT_UINT8;
         break;
-    default:
-        fail_msg("append_rows: kind %d", in.kind);
-        return;
+    default: fail_msg("append_rows: kind %d", in.kind); return;
     }
     struct kvt_tensor t[6];
     for (int k = 0; k < n; k++) {
@@ -265,12 +263,12 @@ static void test_each_kind(void **state)
 {
     (void)state;
     static const char *const names[KVT_KIND_COUNT] = {"kv", "rot", "qkv", "rqkv", "ssm", "tq"};
-    const struct geom small = {.heads = 2, .head_dim = 64, .tokens = 5, .max_size = 8,
-                               .dtype = KVT_BFLOAT16};
-    const struct geom wrapped = {.heads = 3, .head_dim = 64, .tokens = 300, .max_size = 16,
-                                 .dtype = KVT_FLOAT16};
-    const struct geom open_ring = {.heads = 1, .head_dim = 128, .tokens = 20, .max_size = 512,
-                                   .dtype = KVT_FLOAT32};
+    const struct geom small = {
+        .heads = 2, .head_dim = 64, .tokens = 5, .max_size = 8, .dtype = KVT_BFLOAT16};
+    const struct geom wrapped = {
+        .heads = 3, .head_dim = 64, .tokens = 300, .max_size = 16, .dtype = KVT_FLOAT16};
+    const struct geom open_ring = {
+        .heads = 1, .head_dim = 128, .tokens = 20, .max_size = 512, .dtype = KVT_FLOAT32};
     for (int k = 0; k < KVT_KIND_COUNT; k++) {
         char *t1 = strf("%s-small", names[k]), *t2 = strf("%s-wrapped", names[k]),
              *t3 = strf("%s-open", names[k]);
@@ -286,12 +284,12 @@ static void test_each_kind(void **state)
 static void test_mixed(void **state)
 {
     (void)state;
-    const int all[6] = {KVT_KIND_KV, KVT_KIND_ROTATING, KVT_KIND_QKV, KVT_KIND_TURBOQUANT,
-                        KVT_KIND_ROTATING_QKV, KVT_KIND_SSM};
+    const int all[6] = {KVT_KIND_KV,         KVT_KIND_ROTATING,     KVT_KIND_QKV,
+                        KVT_KIND_TURBOQUANT, KVT_KIND_ROTATING_QKV, KVT_KIND_SSM};
     const int token_kinds[5] = {KVT_KIND_TURBOQUANT, KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_KV,
                                 KVT_KIND_TURBOQUANT};
-    const struct geom g = {.heads = 2, .head_dim = 64, .tokens = 37, .max_size = 8,
-                           .dtype = KVT_BFLOAT16};
+    const struct geom g = {
+        .heads = 2, .head_dim = 64, .tokens = 37, .max_size = 8, .dtype = KVT_BFLOAT16};
     roundtrip(all, 6, &g, "mixed");
     roundtrip(token_kinds, 5, &g, "tokens");
 }
@@ -304,8 +302,8 @@ static void test_restore_capacity(void **state)
     const int kinds[3] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_TURBOQUANT};
     for (size_t oi = 0; oi < sizeof(offsets) / sizeof(offsets[0]); oi++) {
         for (int ki = 0; ki < 3; ki++) {
-            struct geom g = {.heads = 2, .head_dim = 64, .tokens = offsets[oi],
-                             .dtype = KVT_BFLOAT16};
+            struct geom g = {
+                .heads = 2, .head_dim = 64, .tokens = offsets[oi], .dtype = KVT_BFLOAT16};
             struct owned_entry o;
             make_entry(&o, &kinds[ki], 1, &g, 3);
             char *a = save(&o.e, "cap.mlxkv");
@@ -381,8 +379,7 @@ static void test_strided_and_large(void **state)
 {
     (void)state;
     const struct geom many = {.heads = 288, .head_dim = 32, .tokens = 250, .dtype = KVT_FLOAT32};
-    const struct geom large = {.heads = 2, .head_dim = 256, .tokens = 1100,
-                               .dtype = KVT_FLOAT32};
+    const struct geom large = {.heads = 2, .head_dim = 256, .tokens = 1100, .dtype = KVT_FLOAT32};
     const int kv = KVT_KIND_KV;
     roundtrip(&kv, 1, &many, "many-runs");
     roundtrip(&kv, 1, &large, "large-runs");
@@ -437,8 +434,7 @@ static int gate_run(void *engine, kvt_step_fn step, void *arg)
 static void test_gated_steps(void **state)
 {
     (void)state;
-    struct geom g = {.heads = 2, .head_dim = 64, .tokens = 6, .max_size = 8,
-                     .dtype = KVT_BFLOAT16};
+    struct geom g = {.heads = 2, .head_dim = 64, .tokens = 6, .max_size = 8, .dtype = KVT_BFLOAT16};
     const int kinds[3] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_SSM};
     struct owned_entry o;
     make_entry(&o, kinds, 3, &g, 4);
@@ -446,8 +442,8 @@ static void test_gated_steps(void **state)
     char *plain = save(&o.e, "plain.mlxkv");
 
     struct gate gt = {.tmp = strf("%s/gated.mlxkv.tmp", dir), .final = strf("%s/gated.mlxkv", dir)};
-    struct kvt_save_opts opts = {.created_at = CREATED, .no_sync = true, .run_exclusive = gate_run,
-                                 .engine = &gt};
+    struct kvt_save_opts opts = {
+        .created_at = CREATED, .no_sync = true, .run_exclusive = gate_run, .engine = &gt};
     assert_int_equal(kvt_file_save(gt.final, &o.e, &opts, NULL), 0);
     assert_int_equal(gt.calls, n_tensors + 1);
     assert_true(gt.tmp_seen_after_first);
@@ -579,12 +575,9 @@ static void test_save_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_kind),
-        cmocka_unit_test(test_mixed),
-        cmocka_unit_test(test_restore_capacity),
-        cmocka_unit_test(test_empty_tensors),
-        cmocka_unit_test(test_strided_and_large),
-        cmocka_unit_test(test_gated_steps),
+        cmocka_unit_test(test_each_kind),         cmocka_unit_test(test_mixed),
+        cmocka_unit_test(test_restore_capacity),  cmocka_unit_test(test_empty_tensors),
+        cmocka_unit_test(test_strided_and_large), cmocka_unit_test(test_gated_steps),
         cmocka_unit_test(test_save_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -154,7 +154,8 @@ static void expect_summary(const char *file, const json_t *want, const json_t *g
     const char *key;
     json_t *v;
     size_t n = 0;
-    json_object_foreach((json_t *)want, key, v) {
+    json_object_foreach((json_t *)want, key, v)
+    {
         if (!strcmp(key, "ok"))
             continue;
         n++;
@@ -174,7 +175,8 @@ static void test_headers(void **state)
     const char *file;
     json_t *want;
     int n = 0;
-    json_object_foreach(json_object_get(expected, "files"), file, want) {
+    json_object_foreach(json_object_get(expected, "files"), file, want)
+    {
         struct kvt_header *h = (struct kvt_header *)1;
         int rc = kvt_file_read_header(golden_path(file), NULL, &h);
         const char *check = json_string_value(json_object_get(want, "check"));
@@ -252,7 +254,8 @@ static void test_loads(void **state)
     (void)state;
     const char *file;
     json_t *want;
-    json_object_foreach(json_object_get(expected, "files"), file, want) {
+    json_object_foreach(json_object_get(expected, "files"), file, want)
+    {
         const char *path = golden_path(file);
         struct kvt_entry *e = (struct kvt_entry *)1;
         struct kvt_header *h = (struct kvt_header *)1;
@@ -293,7 +296,8 @@ static void test_load_expectations(void **state)
     (void)state;
     size_t i;
     json_t *c;
-    json_array_foreach(json_object_get(expected, "load_expectations"), i, c) {
+    json_array_foreach(json_object_get(expected, "load_expectations"), i, c)
+    {
         const char *file = json_string_value(json_object_get(c, "file"));
         json_t *ex = json_object_get(c, "expect");
         struct kvt_expect x = {
@@ -350,7 +354,8 @@ static void test_cli_inspect(void **state)
     (void)state;
     const char *file;
     json_t *want;
-    json_object_foreach(json_object_get(expected, "files"), file, want) {
+    json_object_foreach(json_object_get(expected, "files"), file, want)
+    {
         char *args = strf("inspect --json '%s'", golden_path(file)), *out;
         int st = run_cli(args, &out);
         free(args);
@@ -365,8 +370,8 @@ static void test_cli_inspect(void **state)
         if (json_is_true(json_object_get(want, "ok"))) {
             expect_summary(file, want, got, true);
         } else if (!header_ok) {
-            assert_true(json_equal(json_object_get(want, "category"),
-                                   json_object_get(got, "category")));
+            assert_true(
+                json_equal(json_object_get(want, "category"), json_object_get(got, "category")));
             assert_true(json_equal(json_object_get(want, "check"), json_object_get(got, "check")));
         }
         json_decref(got);
@@ -391,8 +396,8 @@ static void test_cli_verify(void **state)
     size_t bad = 0;
     const char *file;
     json_t *want;
-    json_object_foreach(json_object_get(expected, "files"), file, want)
-        bad += !json_is_true(json_object_get(want, "ok"));
+    json_object_foreach(json_object_get(expected, "files"), file, want) bad +=
+        !json_is_true(json_object_get(want, "ok"));
 
     char *out, *args = strf("verify --json '%s/golden'", KVT_TEST_DIR);
     assert_int_equal(run_cli(args, &out), 1);
@@ -404,7 +409,8 @@ static void test_cli_verify(void **state)
                      json_object_size(json_object_get(expected, "files")));
     size_t i;
     json_t *f;
-    json_array_foreach(json_object_get(got, "files"), i, f) {
+    json_array_foreach(json_object_get(got, "files"), i, f)
+    {
         const char *p = json_string_value(json_object_get(f, "path"));
         const json_t *w = json_object_get(json_object_get(expected, "files"), strrchr(p, '/') + 1);
         assert_non_null(w);
@@ -483,7 +489,8 @@ static void test_rewrite_byte_exact(void **state)
     const char *file;
     json_t *want;
     size_t n = 0;
-    json_object_foreach(json_object_get(expected, "files"), file, want) {
+    json_object_foreach(json_object_get(expected, "files"), file, want)
+    {
         if (!json_is_true(json_object_get(want, "ok")))
             continue;
         struct kvt_entry *e;

@@ -157,8 +157,7 @@ static void test_short_and_eintr(void **state)
     assert_int_equal(kvt_io_write_full(fd, buf, sizeof(buf), 0), 0);
     assert_true(kvt_fault_calls(KVT_FAULT_PWRITE) >= sizeof(buf) / 7);
     kvt_fault_disarm();
-    r = (struct kvt_fault_rule){.op = KVT_FAULT_PREAD, .nth = 1, .short_max = 1000,
-                                .sticky = true};
+    r = (struct kvt_fault_rule){.op = KVT_FAULT_PREAD, .nth = 1, .short_max = 1000, .sticky = true};
     assert_int_equal(kvt_fault_arm(&r), 0);
     assert_int_equal(kvt_io_read_full(fd, back, sizeof(back), 0), 0);
     assert_memory_equal(buf, back, sizeof(buf));

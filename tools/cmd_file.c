@@ -130,8 +130,8 @@ static void inspect_json(FILE *f, const struct kvt_header *h)
             kvt_header_is_trimmable(h) ? "true" : "false");
     for (size_t i = 0; i < h->n_caches; i++) {
         const struct kvt_cache_header *c = &h->caches[i];
-        fprintf(f, "%s{\"kind\":\"%s\",\"offset\":%lld", i ? "," : "",
-                kvt_kind_name(c->info.kind), (long long)c->info.offset);
+        fprintf(f, "%s{\"kind\":\"%s\",\"offset\":%lld", i ? "," : "", kvt_kind_name(c->info.kind),
+                (long long)c->info.offset);
         struct scalar sc[4];
         int n = cache_scalars(&c->info, sc);
         for (int k = 0; k < n; k++)
@@ -165,8 +165,8 @@ static void inspect_text(FILE *f, const char *path, const struct kvt_header *h)
     char hex[17];
     hex16(hex, h->header_hash);
     fprintf(f, "%s\n", path);
-    fprintf(f, "  %-18s v%d (header %u bytes, hash %s, data at %u)\n", "format",
-            h->format_version, h->header_len, hex, h->data_start);
+    fprintf(f, "  %-18s v%d (header %u bytes, hash %s, data at %u)\n", "format", h->format_version,
+            h->header_len, hex, h->data_start);
     fprintf(f, "  %-18s %llu bytes\n", "file size", (unsigned long long)h->file_size);
     if (h->created_at >= 0) {
         time_t secs = (time_t)(h->created_at / 1000);
@@ -417,8 +417,8 @@ int cmd_verify(int argc, char **argv)
     if (json)
         printf("],\"checked\":%zu,\"bad\":%zu,\"errors\":%zu}\n", files.n, bad, errors);
     else
-        printf("%zu file%s checked, %zu bad, %zu error%s\n", files.n, files.n == 1 ? "" : "s",
-               bad, errors, errors == 1 ? "" : "s");
+        printf("%zu file%s checked, %zu bad, %zu error%s\n", files.n, files.n == 1 ? "" : "s", bad,
+               errors, errors == 1 ? "" : "s");
     status = errors ? EXIT_USAGE : bad ? EXIT_BAD : 0;
     for (size_t k = 0; k < files.n; k++)
         free(files.v[k]);
@@ -522,8 +522,7 @@ static int make_rows(const struct synth_opts *o, int kind, int64_t rows, uint64_
         dt[1] = dt[2] = dt[4] = KVT_FLOAT16;
         dt[3] = KVT_UINT8;
         break;
-    default:
-        return -EINVAL;
+    default: return -EINVAL;
     }
     for (int k = 0; k < n; k++) {
         int64_t shape[4] = {1, H, rows, last[k]};
@@ -626,9 +625,21 @@ static int synth_usage(void)
 static int parse_synth(int argc, char **argv, struct synth_opts *o)
 {
     *o = (struct synth_opts){
-        .kind = -2, .layers = 2, .heads = 2, .head_dim = 64, .tokens = 16, .max_size = 256,
-        .bits = 4, .group_size = 64, .k_bits = 8, .v_bits = 3, .dtype = KVT_BFLOAT16,
-        .seed = 1, .ns = "", .model_id = "synth/model", .config_fingerprint = "fp-synth",
+        .kind = -2,
+        .layers = 2,
+        .heads = 2,
+        .head_dim = 64,
+        .tokens = 16,
+        .max_size = 256,
+        .bits = 4,
+        .group_size = 64,
+        .k_bits = 8,
+        .v_bits = 3,
+        .dtype = KVT_BFLOAT16,
+        .seed = 1,
+        .ns = "",
+        .model_id = "synth/model",
+        .config_fingerprint = "fp-synth",
         .tokenizer_hash = "tk-synth",
     };
     const int64_t big = (int64_t)1 << 40;
@@ -715,7 +726,7 @@ int cmd_synth(int argc, char **argv)
                         "whole uint32 words at the given bits\n");
         return EXIT_USAGE;
     }
-    static const int mixed[6] = {KVT_KIND_KV,  KVT_KIND_ROTATING,     KVT_KIND_QKV,
+    static const int mixed[6] = {KVT_KIND_KV,         KVT_KIND_ROTATING,     KVT_KIND_QKV,
                                  KVT_KIND_TURBOQUANT, KVT_KIND_ROTATING_QKV, KVT_KIND_SSM};
     size_t n_layers = o.kind == -1 ? 6 : (size_t)o.layers;
     uint64_t rng = o.seed;

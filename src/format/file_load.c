@@ -55,8 +55,8 @@ static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, struct kv
     kvt_buf *buf;
     int rc = kvt_buf_new_uninit((size_t)total, &buf);
     if (rc < 0)
-        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", r->name,
-                        ci, sj, (unsigned long long)total);
+        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", r->name, ci,
+                        sj, (unsigned long long)total);
     rc = kvt_tensor_init(t, buf, 0, s->dtype, s->rank, shape);
     kvt_buf_unref(buf);
     if (rc < 0)
@@ -88,8 +88,8 @@ static int load_cache(struct kvt_tensor_reader *r, size_t ci, kvt_cache **out)
         /* valid per V1-V20, but the cache layer cannot take it */
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", kvt_last_error());
-        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: caches[%zu] (%s) cannot be restored: %s", r->name,
-                      ci, kvt_kind_name(c->info.kind), msg[0] ? msg : kvt_strerror(rc));
+        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: caches[%zu] (%s) cannot be restored: %s", r->name, ci,
+                      kvt_kind_name(c->info.kind), msg[0] ? msg : kvt_strerror(rc));
     }
 out:
     for (int k = 0; k < n; k++)

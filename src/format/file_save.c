@@ -28,7 +28,7 @@ struct save_job {
     char *dir_path; /* the directory whose entry the rename changes */
     const struct kvt_entry *e;
     struct kvt_save_opts opts;
-    struct kvt_header h; /* tokens and metadata borrowed from the entry */
+    struct kvt_header h;      /* tokens and metadata borrowed from the entry */
     struct kvt_tensor *views; /* one owned state view per slot, released once written */
     size_t n_views;
     struct kvt_slot **slot_of; /* views[k] belongs to slot_of[k] */
@@ -157,8 +157,7 @@ static int plan(struct save_job *j)
         return kvt_fail_prefix(rc, j->path);
     if (j->opts.max_file_bytes && j->file_size > j->opts.max_file_bytes)
         return kvt_fail(KVT_E_TOO_LARGE,
-                        "%s: entry not stored: %" PRIu64 " bytes exceeds the %" PRIu64
-                        "-byte cap",
+                        "%s: entry not stored: %" PRIu64 " bytes exceeds the %" PRIu64 "-byte cap",
                         j->path, j->file_size, j->opts.max_file_bytes);
     j->steps = j->n_views + 1;
     return 0;
@@ -181,8 +180,8 @@ static int write_at(struct save_job *j, const void *p, size_t n, uint64_t off)
 {
     int rc = kvt_io_write_full(j->fd, p, n, off);
     if (rc < 0)
-        return kvt_fail(rc, "%s: write of %zu bytes at offset %" PRIu64 ": %s", j->tmp_path, n,
-                        off, kvt_strerror(rc));
+        return kvt_fail(rc, "%s: write of %zu bytes at offset %" PRIu64 ": %s", j->tmp_path, n, off,
+                        kvt_strerror(rc));
     if (off + n > j->file_end)
         j->file_end = off + n;
     return 0;
@@ -284,8 +283,9 @@ static int write_tensor(struct save_job *j, size_t k)
     uint64_t n = kvt_tensor_nbytes(t);
     int rc = 0;
     if (n != s->bytes)
-        return kvt_fail(KVT_E_STATE, "%s: tensor byte-length drift: planned %" PRIu64
-                        ", got %" PRIu64, j->path, s->bytes, n);
+        return kvt_fail(KVT_E_STATE,
+                        "%s: tensor byte-length drift: planned %" PRIu64 ", got %" PRIu64, j->path,
+                        s->bytes, n);
     if (n == 0)
         s->hash = kvt_wyhash(0, NULL, 0);
     else if (kvt_tensor_is_contiguous(t))
@@ -402,8 +402,9 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
     size_t plen = strlen(path);
     const char *slash = strrchr(path, '/');
     j.tmp_path = malloc(plen + 5);
-    j.dir_path = !slash ? strdup(".") : slash == path ? strdup("/")
-                                                     : strndup(path, (size_t)(slash - path));
+    j.dir_path = !slash          ? strdup(".")
+                 : slash == path ? strdup("/")
+                                 : strndup(path, (size_t)(slash - path));
     if (!j.tmp_path || !j.dir_path) {
         job_free(&j);
         return kvt_fail(-ENOMEM, "%s: out of memory", path);
@@ -424,8 +425,7 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
                     kvt_fail(code, "%s: the engine refused write step %zu", path, step + 1);
                 rc = code;
             } else if (rc > 0) {
-                rc = kvt_fail(KVT_E_REFUSED, "%s: write step %zu failed (%d)", path, step + 1,
-                              rc);
+                rc = kvt_fail(KVT_E_REFUSED, "%s: write step %zu failed (%d)", path, step + 1, rc);
             }
         } else {
             rc = save_step(&j);

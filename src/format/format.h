@@ -135,8 +135,7 @@ static inline int64_t *kvt_scalar_ptr(struct kvt_cache_info *info, const struct 
     return (int64_t *)(void *)((char *)info + s->field);
 }
 
-static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info,
-                                     const struct kvt_scalar *s)
+static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info, const struct kvt_scalar *s)
 {
     return *(const int64_t *)(const void *)((const char *)info + s->field);
 }
@@ -154,11 +153,11 @@ int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect 
 /** Streams tensor ranges of one open file through a bounded buffer. */
 struct kvt_tensor_reader {
     int fd;
-    const char *name;     /* prefixes messages */
+    const char *name; /* prefixes messages */
     const struct kvt_header *h;
-    bool verify;          /* check slot hashes (L3) */
-    bool keep_cache;      /* do not drop the ranges read from the page cache */
-    uint8_t *bounce;      /* KVT_IO_CHUNK bytes, allocated on first use */
+    bool verify;     /* check slot hashes (L3) */
+    bool keep_cache; /* do not drop the ranges read from the page cache */
+    uint8_t *bounce; /* KVT_IO_CHUNK bytes, allocated on first use */
 };
 
 /**
@@ -167,8 +166,8 @@ struct kvt_tensor_reader {
  * bytes between blocks are zeroed. Hashes in the same pass when r->verify.
  * @return 0, KVT_E_CORRUPT (L3) or -errno.
  */
-int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst,
-                    uint64_t blocks, uint64_t dst_stride);
+int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
+                    uint64_t dst_stride);
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
 
 /** Absolute file offset of slot @p s (data_start + off; V17 guarantees no overflow). */

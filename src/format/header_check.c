@@ -107,8 +107,8 @@ int kvt_header_check_values(const struct kvt_header *h, const char *name)
                             in->bits);
         if (is_qkv(in->kind) && !kvt_qkv_group_ok(in->group_size))
             return kvt_fail(KVT_E_UNSUPPORTED,
-                            "%s: V10: caches[%zu].groupSize %" PRId64 " is not supported",
-                            nm(name), i, in->group_size);
+                            "%s: V10: caches[%zu].groupSize %" PRId64 " is not supported", nm(name),
+                            i, in->group_size);
         if (in->kind == KVT_KIND_TURBOQUANT) {
             if (!kvt_tq_bits_ok(in->k_bits) || !kvt_tq_bits_ok(in->v_bits))
                 return kvt_fail(KVT_E_UNSUPPORTED,
@@ -123,8 +123,8 @@ int kvt_header_check_values(const struct kvt_header *h, const char *name)
         for (int j = 0; j < c->n_slots; j++)
             if (c->slots[j].dtype < 0 || c->slots[j].dtype >= KVT_DTYPE_COUNT)
                 return kvt_fail(KVT_E_UNSUPPORTED,
-                                "%s: V10: caches[%zu].tensors[%d].dtype %d is not known",
-                                nm(name), i, j, c->slots[j].dtype);
+                                "%s: V10: caches[%zu].tensors[%d].dtype %d is not known", nm(name),
+                                i, j, c->slots[j].dtype);
     }
     return 0;
 }
@@ -154,7 +154,8 @@ static int check_bytes(const struct kvt_header *h, const char *name)
                                 kvt_slot_name(sn, sizeof(sn), i, j));
             if (p * item != s->bytes)
                 return kvt_fail(KVT_E_CORRUPT,
-                                "%s: V14: %s.bytes %" PRIu64 " != prod(shape) * itemsize = %" PRIu64,
+                                "%s: V14: %s.bytes %" PRIu64
+                                " != prod(shape) * itemsize = %" PRIu64,
                                 nm(name), kvt_slot_name(sn, sizeof(sn), i, j), s->bytes, p * item);
         }
     }
@@ -168,10 +169,9 @@ static int check_placement(const struct kvt_header *h, const char *name)
     for (size_t i = 0; i < h->n_caches; i++)
         for (int j = 0; j < h->caches[i].n_slots; j++)
             if (h->caches[i].slots[j].off % KVT_ALIGN)
-                return kvt_fail(KVT_E_CORRUPT,
-                                "%s: V15: %s.off %" PRIu64 " is not a multiple of %u", nm(name),
-                                kvt_slot_name(sn, sizeof(sn), i, j), h->caches[i].slots[j].off,
-                                KVT_ALIGN);
+                return kvt_fail(
+                    KVT_E_CORRUPT, "%s: V15: %s.off %" PRIu64 " is not a multiple of %u", nm(name),
+                    kvt_slot_name(sn, sizeof(sn), i, j), h->caches[i].slots[j].off, KVT_ALIGN);
     uint64_t prev_end = 0;
     for (size_t i = 0; i < h->n_caches; i++)
         for (int j = 0; j < h->caches[i].n_slots; j++) {
@@ -192,8 +192,7 @@ static int check_placement(const struct kvt_header *h, const char *name)
             if (end > h->file_size)
                 return kvt_fail(KVT_E_CORRUPT,
                                 "%s: V17: %s ends at %" PRIu64 ", beyond the file size %" PRIu64,
-                                nm(name), kvt_slot_name(sn, sizeof(sn), i, j), end,
-                                h->file_size);
+                                nm(name), kvt_slot_name(sn, sizeof(sn), i, j), end, h->file_size);
         }
     return 0;
 }
@@ -245,8 +244,7 @@ static int check_dtypes(const struct kvt_header *h, const char *name)
                 if (!kvt_dtype_is_activation(s[j].dtype))
                     return role_fail(name, i, j, s[j].dtype, "an activation dtype");
             break;
-        default:
-            break;
+        default: break;
         }
     }
     return 0;
@@ -277,20 +275,18 @@ static int check_shapes(const struct kvt_header *h, const char *name)
         for (int j = 1; j < c->n_slots; j++)
             for (int d = 0; d < 3; d++)
                 if (s[j].shape[d] != s[0].shape[d])
-                    return shape_fail(name, i, j, d, s[j].shape[d], axis_name[d],
-                                      s[0].shape[d]);
+                    return shape_fail(name, i, j, d, s[j].shape[d], axis_name[d], s[0].shape[d]);
         if (!is_ring(in->kind) && s[0].shape[2] != in->offset)
             return shape_fail(name, i, 0, 2, s[0].shape[2], "offset", in->offset);
         if (is_qkv(in->kind)) {
             for (int t = 0; t < 6; t += 3) {
                 uint64_t packed = (uint64_t)s[t].shape[3] * 32;
-                uint64_t scales = (uint64_t)s[t + 1].shape[3] * (uint64_t)in->group_size *
-                                  (uint64_t)in->bits;
+                uint64_t scales =
+                    (uint64_t)s[t + 1].shape[3] * (uint64_t)in->group_size * (uint64_t)in->bits;
                 if (packed != scales)
                     return kvt_fail(KVT_E_CORRUPT,
                                     "%s: V19: caches[%zu].tensors[%d] packed last dim %" PRId64
-                                    " * 32 != scales last dim %" PRId64
-                                    " * groupSize * bits",
+                                    " * 32 != scales last dim %" PRId64 " * groupSize * bits",
                                     nm(name), i, t, s[t].shape[3], s[t + 1].shape[3]);
                 if (s[t + 2].shape[3] != s[t + 1].shape[3])
                     return shape_fail(name, i, t + 2, 3, s[t + 2].shape[3], "scales last dim",
@@ -298,9 +294,8 @@ static int check_shapes(const struct kvt_header *h, const char *name)
             }
         }
         if (in->kind == KVT_KIND_TURBOQUANT) {
-            int64_t want[5] = {in->head_dim * in->k_bits / 8, in->head_dim / 32,
-                               in->head_dim / 32, in->head_dim * in->v_bits / 8,
-                               in->head_dim / 32};
+            int64_t want[5] = {in->head_dim * in->k_bits / 8, in->head_dim / 32, in->head_dim / 32,
+                               in->head_dim * in->v_bits / 8, in->head_dim / 32};
             for (int j = 0; j < 5; j++)
                 if (s[j].shape[3] != want[j])
                     return shape_fail(name, i, j, 3, s[j].shape[3], "the headDim-derived size",
@@ -319,15 +314,15 @@ static int check_rings(const struct kvt_header *h, const char *name)
             continue;
         int64_t S = h->caches[i].slots[0].shape[2];
         if (in->max_size < 1)
-            return kvt_fail(KVT_E_CORRUPT, "%s: V20: caches[%zu].maxSize %" PRId64 " < 1",
-                            nm(name), i, in->max_size);
+            return kvt_fail(KVT_E_CORRUPT, "%s: V20: caches[%zu].maxSize %" PRId64 " < 1", nm(name),
+                            i, in->max_size);
         if (S < 1)
             return kvt_fail(KVT_E_CORRUPT, "%s: V20: caches[%zu] ring length %" PRId64 " < 1",
                             nm(name), i, S);
         if (in->idx > S)
             return kvt_fail(KVT_E_CORRUPT,
-                            "%s: V20: caches[%zu].idx %" PRId64 " > ring length %" PRId64,
-                            nm(name), i, in->idx, S);
+                            "%s: V20: caches[%zu].idx %" PRId64 " > ring length %" PRId64, nm(name),
+                            i, in->idx, S);
         if (in->offset < in->max_size && S < in->offset)
             return kvt_fail(KVT_E_CORRUPT,
                             "%s: V20: caches[%zu] ring length %" PRId64 " < offset %" PRId64
@@ -381,17 +376,17 @@ int kvt_header_check_writable(const struct kvt_header *h)
         int n;
         const struct kvt_scalar *sc = kvt_kind_scalars(c->info.kind, &n);
         if (c->info.offset < 0 || (uint64_t)c->info.offset >= KVT_SAFE_INT_LIMIT)
-            return kvt_fail(-EINVAL, "%s: V11: caches[%zu].offset %" PRId64 " out of range",
-                            name, i, c->info.offset);
+            return kvt_fail(-EINVAL, "%s: V11: caches[%zu].offset %" PRId64 " out of range", name,
+                            i, c->info.offset);
         for (int k = 0; k < n; k++) {
             int64_t v = kvt_scalar_get(&c->info, &sc[k]);
             if (v < 0 || (uint64_t)v >= KVT_SAFE_INT_LIMIT)
-                return kvt_fail(-EINVAL, "%s: V11: caches[%zu].%s %" PRId64 " out of range",
-                                name, i, sc[k].key, v);
+                return kvt_fail(-EINVAL, "%s: V11: caches[%zu].%s %" PRId64 " out of range", name,
+                                i, sc[k].key, v);
         }
         if (c->n_slots != kvt_kind_tensor_count(c->info.kind))
-            return kvt_fail(-EINVAL, "%s: V12: caches[%zu] has %d tensors, %s needs %d", name,
-                            i, c->n_slots, kvt_kind_name(c->info.kind),
+            return kvt_fail(-EINVAL, "%s: V12: caches[%zu] has %d tensors, %s needs %d", name, i,
+                            c->n_slots, kvt_kind_name(c->info.kind),
                             kvt_kind_tensor_count(c->info.kind));
         for (int j = 0; j < c->n_slots; j++) {
             const struct kvt_slot *s = &c->slots[j];
@@ -400,11 +395,13 @@ int kvt_header_check_writable(const struct kvt_header *h)
                                 name, i, j, s->rank, kvt_slot_rank(c->info.kind, j));
             for (int d = 0; d < s->rank; d++)
                 if (s->shape[d] < 0 || (uint64_t)s->shape[d] >= KVT_SAFE_INT_LIMIT)
-                    return kvt_fail(-EINVAL, "%s: V13: caches[%zu].tensors[%d].shape[%d] "
-                                    "out of range", name, i, j, d);
+                    return kvt_fail(-EINVAL,
+                                    "%s: V13: caches[%zu].tensors[%d].shape[%d] "
+                                    "out of range",
+                                    name, i, j, d);
             if (s->off >= KVT_SAFE_INT_LIMIT || s->bytes >= KVT_SAFE_INT_LIMIT)
-                return kvt_fail(-EINVAL, "%s: V13: caches[%zu].tensors[%d] is too large", name,
-                                i, j);
+                return kvt_fail(-EINVAL, "%s: V13: caches[%zu].tensors[%d] is too large", name, i,
+                                j);
         }
     }
     if (h->file_size >= KVT_SAFE_INT_LIMIT)
@@ -455,9 +452,8 @@ static int expect_key(const char *name, const char *key, const char *file, const
 {
     if (!want || (file && !strcmp(file, want)))
         return 0;
-    return kvt_fail(KVT_E_MISMATCH, "%s: L1: %s mismatch (file %s%s%s, expected \"%s\")",
-                    nm(name), key, file ? "\"" : "", file ? file : "(absent)", file ? "\"" : "",
-                    want);
+    return kvt_fail(KVT_E_MISMATCH, "%s: L1: %s mismatch (file %s%s%s, expected \"%s\")", nm(name),
+                    key, file ? "\"" : "", file ? file : "(absent)", file ? "\"" : "", want);
 }
 
 int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
@@ -467,8 +463,8 @@ int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect 
         return 0;
     int rc;
     if ((rc = expect_key(name, "modelId", h->model_id, x->model_id)) ||
-        (rc = expect_key(name, "configFingerprint", h->config_fingerprint,
-                         x->config_fingerprint)) ||
+        (rc =
+             expect_key(name, "configFingerprint", h->config_fingerprint, x->config_fingerprint)) ||
         (rc = expect_key(name, "tokenizerHash", h->tokenizer_hash, x->tokenizer_hash)) ||
         (rc = expect_key(name, "ns", h->ns ? h->ns : "", x->ns)))
         return rc;

@@ -81,8 +81,7 @@ static int check_version(const json_t *root, const char *name)
         return kvt_fail(KVT_E_CORRUPT, "%s: V8: formatVersion is missing or not an integer",
                         nm(name));
     if (d != KVT_FORMAT_VERSION)
-        return kvt_fail(KVT_E_UNSUPPORTED, "%s: V8: unsupported formatVersion %.17g", nm(name),
-                        d);
+        return kvt_fail(KVT_E_UNSUPPORTED, "%s: V8: unsupported formatVersion %.17g", nm(name), d);
     return 0;
 }
 
@@ -103,11 +102,12 @@ static int check_features(const json_t *root, const char *name)
     const json_t *caches = json_object_get(root, "caches");
     size_t i;
     const json_t *c;
-    json_array_foreach(caches, i, c) {
+    json_array_foreach(caches, i, c)
+    {
         if (json_is_object(c) && json_object_get(c, "minimumReusableOffset"))
             return kvt_fail(KVT_E_UNSUPPORTED,
-                            "%s: V9: caches[%zu].minimumReusableOffset is not supported",
-                            nm(name), i);
+                            "%s: V9: caches[%zu].minimumReusableOffset is not supported", nm(name),
+                            i);
     }
     /* a metadata string with U+0000 cannot be a C string; such files are left alone */
     for (int k = 0; k < 4; k++) {
@@ -126,9 +126,10 @@ struct param_rule {
 
 static const struct param_rule qkv_params[] = {
     {"bits", kvt_qkv_bits_ok}, {"groupSize", kvt_qkv_group_ok}, {NULL, NULL}};
-static const struct param_rule tq_params[] = {
-    {"kBits", kvt_tq_bits_ok}, {"vBits", kvt_tq_bits_ok}, {"headDim", kvt_tq_head_dim_ok},
-    {NULL, NULL}};
+static const struct param_rule tq_params[] = {{"kBits", kvt_tq_bits_ok},
+                                              {"vBits", kvt_tq_bits_ok},
+                                              {"headDim", kvt_tq_head_dim_ok},
+                                              {NULL, NULL}};
 
 static const struct param_rule *params_of(int kind)
 {
@@ -150,7 +151,8 @@ static int check_values(const json_t *root, const char *name)
     size_t i, j;
     const json_t *c, *s;
     double d;
-    json_array_foreach(caches, i, c) {
+    json_array_foreach(caches, i, c)
+    {
         if (!json_is_object(c))
             continue;
         const json_t *k = json_object_get(c, "kind");
@@ -158,7 +160,8 @@ static int check_values(const json_t *root, const char *name)
             return kvt_fail(KVT_E_UNSUPPORTED, "%s: V10: caches[%zu].kind \"%s\" is not supported",
                             nm(name), i, json_string_value(k));
     }
-    json_array_foreach(caches, i, c) {
+    json_array_foreach(caches, i, c)
+    {
         int kind = json_is_object(c) ? known_kind(c) : -1;
         if (kind < 0)
             continue;
@@ -166,11 +169,11 @@ static int check_values(const json_t *root, const char *name)
         for (; pr && pr->key; pr++) {
             const json_t *v = json_object_get(c, pr->key);
             if (num_int(v, &d) && (d < 0 || d > 1024 || !pr->ok((int64_t)d)))
-                return kvt_fail(KVT_E_UNSUPPORTED,
-                                "%s: V10: caches[%zu].%s %.17g is not supported", nm(name), i,
-                                pr->key, d);
+                return kvt_fail(KVT_E_UNSUPPORTED, "%s: V10: caches[%zu].%s %.17g is not supported",
+                                nm(name), i, pr->key, d);
         }
-        json_array_foreach(json_object_get(c, "tensors"), j, s) {
+        json_array_foreach(json_object_get(c, "tensors"), j, s)
+        {
             if (json_is_object(s) && num_int(json_object_get(s, "dtype"), &d) &&
                 (d < 0 || d >= KVT_DTYPE_COUNT))
                 return kvt_fail(KVT_E_UNSUPPORTED,
@@ -178,7 +181,8 @@ static int check_values(const json_t *root, const char *name)
                                 nm(name), i, j, d);
         }
     }
-    json_array_foreach(caches, i, c) {
+    json_array_foreach(caches, i, c)
+    {
         if (!json_is_object(c))
             continue;
         if (!json_is_string(json_object_get(c, "kind")) || known_kind(c) < 0)
@@ -188,9 +192,10 @@ static int check_values(const json_t *root, const char *name)
         for (; pr && pr->key; pr++)
             if (!num_int(json_object_get(c, pr->key), &d))
                 return kvt_fail(KVT_E_CORRUPT,
-                                "%s: V10: caches[%zu].%s is missing or not an integer", nm(name),
-                                i, pr->key);
-        json_array_foreach(json_object_get(c, "tensors"), j, s) {
+                                "%s: V10: caches[%zu].%s is missing or not an integer", nm(name), i,
+                                pr->key);
+        json_array_foreach(json_object_get(c, "tensors"), j, s)
+        {
             if (json_is_object(s) && !num_int(json_object_get(s, "dtype"), &d))
                 return kvt_fail(KVT_E_CORRUPT,
                                 "%s: V10: caches[%zu].tensors[%zu].dtype is missing or not an "
@@ -219,7 +224,8 @@ static int check_types(const json_t *root, const char *name)
         return kvt_fail(KVT_E_CORRUPT, "%s: V11: tokens is missing or not an array", nm(name));
     size_t i;
     const json_t *v;
-    json_array_foreach(tokens, i, v) {
+    json_array_foreach(tokens, i, v)
+    {
         if (!get_uint(v, (uint64_t)1 << 31, &u))
             return kvt_fail(KVT_E_CORRUPT, "%s: V11: tokens[%zu] is not an integer in [0, 2^31)",
                             nm(name), i);
@@ -228,7 +234,8 @@ static int check_types(const json_t *root, const char *name)
     if (!json_is_array(caches) || json_array_size(caches) == 0)
         return kvt_fail(KVT_E_CORRUPT, "%s: V11: caches is missing or not a non-empty array",
                         nm(name));
-    json_array_foreach(caches, i, v) {
+    json_array_foreach(caches, i, v)
+    {
         if (!json_is_object(v))
             return kvt_fail(KVT_E_CORRUPT, "%s: V11: caches[%zu] is not an object", nm(name), i);
         if (!get_uint(json_object_get(v, "offset"), KVT_SAFE_INT_LIMIT, &u))
@@ -246,11 +253,12 @@ static int check_types(const json_t *root, const char *name)
                                 nm(name), i, sc[k].key);
         const json_t *tensors = json_object_get(v, "tensors");
         if (!json_is_array(tensors))
-            return kvt_fail(KVT_E_CORRUPT, "%s: V11: caches[%zu].tensors is not an array",
-                            nm(name), i);
+            return kvt_fail(KVT_E_CORRUPT, "%s: V11: caches[%zu].tensors is not an array", nm(name),
+                            i);
         size_t j;
         const json_t *s;
-        json_array_foreach(tensors, j, s) {
+        json_array_foreach(tensors, j, s)
+        {
             if (!json_is_object(s))
                 return kvt_fail(KVT_E_CORRUPT, "%s: V11: caches[%zu].tensors[%zu] is not an object",
                                 nm(name), i, j);
@@ -264,7 +272,8 @@ static int check_counts(const json_t *root, const char *name)
 {
     size_t i;
     const json_t *c;
-    json_array_foreach(json_object_get(root, "caches"), i, c) {
+    json_array_foreach(json_object_get(root, "caches"), i, c)
+    {
         int kind = known_kind(c);
         size_t n = json_array_size(json_object_get(c, "tensors"));
         if (n != (size_t)kvt_kind_tensor_count(kind))
@@ -291,9 +300,11 @@ static int check_slots(const json_t *root, const char *name)
     size_t i, j, d;
     const json_t *c, *s, *dim;
     uint64_t u;
-    json_array_foreach(json_object_get(root, "caches"), i, c) {
+    json_array_foreach(json_object_get(root, "caches"), i, c)
+    {
         int kind = known_kind(c);
-        json_array_foreach(json_object_get(c, "tensors"), j, s) {
+        json_array_foreach(json_object_get(c, "tensors"), j, s)
+        {
             if (!get_uint(json_object_get(s, "off"), KVT_SAFE_INT_LIMIT, &u) ||
                 !get_uint(json_object_get(s, "bytes"), KVT_SAFE_INT_LIMIT, &u))
                 return kvt_fail(KVT_E_CORRUPT,
@@ -307,7 +318,8 @@ static int check_slots(const json_t *root, const char *name)
                                 "%s: V13: caches[%zu].tensors[%zu].shape is not an array of "
                                 "rank %d",
                                 nm(name), i, j, rank);
-            json_array_foreach(shape, d, dim) {
+            json_array_foreach(shape, d, dim)
+            {
                 if (!get_uint(dim, KVT_SAFE_INT_LIMIT, &u))
                     return kvt_fail(KVT_E_CORRUPT,
                                     "%s: V13: caches[%zu].tensors[%zu].shape[%zu] is not a "
@@ -364,7 +376,8 @@ static int extract(const json_t *root, struct kvt_header *h)
     size_t i, j;
     const json_t *v, *s;
     json_array_foreach(tokens, i, v) h->tokens[i] = (int32_t)u53(v);
-    json_array_foreach(caches, i, v) {
+    json_array_foreach(caches, i, v)
+    {
         struct kvt_cache_header *c = &h->caches[i];
         c->info.kind = known_kind(v);
         c->info.offset = (int64_t)u53(json_object_get(v, "offset"));
@@ -374,7 +387,8 @@ static int extract(const json_t *root, struct kvt_header *h)
             *kvt_scalar_ptr(&c->info, &sc[k]) = (int64_t)u53(json_object_get(v, sc[k].key));
         const json_t *tensors = json_object_get(v, "tensors");
         c->n_slots = (int)json_array_size(tensors);
-        json_array_foreach(tensors, j, s) {
+        json_array_foreach(tensors, j, s)
+        {
             struct kvt_slot *slot = &c->slots[j];
             slot->off = u53(json_object_get(s, "off"));
             slot->bytes = u53(json_object_get(s, "bytes"));
@@ -401,9 +415,9 @@ int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint6
                         nm(name), p->header_hash, hh);
 
     json_error_t jerr;
-    json_t *root = json_loadb((const char *)json, p->header_len,
-                              JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL,
-                              &jerr);
+    json_t *root =
+        json_loadb((const char *)json, p->header_len,
+                   JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
     if (!root) {
         if (json_error_code(&jerr) == json_error_out_of_memory)
             return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));

@@ -130,8 +130,7 @@ int kvt_header_read_fd(int fd, const struct kvt_read_opts *o, const char *name,
     return rc;
 }
 
-int kvt_file_read_header(const char *path, const struct kvt_read_opts *o,
-                         struct kvt_header **out)
+int kvt_file_read_header(const char *path, const struct kvt_read_opts *o, struct kvt_header **out)
 {
     if (!out)
         return kvt_fail(-EINVAL, "kvt_file_read_header: no output");

@@ -75,16 +75,15 @@ static int read_scatter(struct kvt_tensor_reader *r, uint8_t *dst, uint64_t n, u
     return 0;
 }
 
-int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst,
-                    uint64_t blocks, uint64_t dst_stride)
+int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
+                    uint64_t dst_stride)
 {
     const struct kvt_slot *s = &r->h->caches[ci].slots[sj];
     uint64_t abs = kvt_slot_abs(r->h, s);
     uint64_t n = s->bytes;
     uint64_t blk = blocks ? n / blocks : 0;
     if (blocks == 0 || blk * blocks != n || (dst && dst_stride < blk))
-        return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci,
-                        sj);
+        return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci, sj);
     if (dst && dst_stride > blk)
         for (uint64_t k = 0; k < blocks; k++)
             memset(dst + k * dst_stride + blk, 0, (size_t)(dst_stride - blk));

@@ -29,13 +29,13 @@ static void *hook_ud;
 static uint8_t dir_fds[MAX_TRACKED_FD / 8];
 
 static const char *const op_names[KVT_FAULT_OP_COUNT] = {
-    [KVT_FAULT_OPEN] = "open",         [KVT_FAULT_CLOSE] = "close",
-    [KVT_FAULT_PREAD] = "pread",       [KVT_FAULT_PWRITE] = "pwrite",
-    [KVT_FAULT_FSYNC] = "fsync",       [KVT_FAULT_DIR_FSYNC] = "dir-fsync",
+    [KVT_FAULT_OPEN] = "open",           [KVT_FAULT_CLOSE] = "close",
+    [KVT_FAULT_PREAD] = "pread",         [KVT_FAULT_PWRITE] = "pwrite",
+    [KVT_FAULT_FSYNC] = "fsync",         [KVT_FAULT_DIR_FSYNC] = "dir-fsync",
     [KVT_FAULT_FTRUNCATE] = "ftruncate", [KVT_FAULT_FSTAT] = "fstat",
-    [KVT_FAULT_RENAME] = "rename",     [KVT_FAULT_UNLINK] = "unlink",
-    [KVT_FAULT_MKDIR] = "mkdir",       [KVT_FAULT_FLOCK] = "flock",
-    [KVT_FAULT_FADVISE] = "fadvise",   [KVT_FAULT_ANY] = "any",
+    [KVT_FAULT_RENAME] = "rename",       [KVT_FAULT_UNLINK] = "unlink",
+    [KVT_FAULT_MKDIR] = "mkdir",         [KVT_FAULT_FLOCK] = "flock",
+    [KVT_FAULT_FADVISE] = "fadvise",     [KVT_FAULT_ANY] = "any",
 };
 
 const char *kvt_fault_op_name(enum kvt_fault_op op)
@@ -63,7 +63,7 @@ static void fd_mark(int fd, bool dir)
     if (dir)
         dir_fds[fd / 8] |= (uint8_t)(1u << (fd % 8));
     else
-        dir_fds[fd / 8] &= (uint8_t)~(1u << (fd % 8));
+        dir_fds[fd / 8] &= (uint8_t) ~(1u << (fd % 8));
 }
 
 /*
@@ -87,8 +87,7 @@ static int decide(enum kvt_fault_op op, const char *path, size_t *limit)
         bool hit = a->seen == a->rule.nth || (a->rule.sticky && a->seen > a->rule.nth);
         if (!hit || err)
             continue;
-        if (a->rule.short_max && limit &&
-            (op == KVT_FAULT_PREAD || op == KVT_FAULT_PWRITE)) {
+        if (a->rule.short_max && limit && (op == KVT_FAULT_PREAD || op == KVT_FAULT_PWRITE)) {
             if (*limit > a->rule.short_max) {
                 *limit = a->rule.short_max;
                 injected++;

@@ -18,7 +18,7 @@
 
 enum kvt_fault_op {
     KVT_FAULT_OPEN = 0,
-    KVT_FAULT_CLOSE,     /* counted, never failed (the descriptor is always released) */
+    KVT_FAULT_CLOSE, /* counted, never failed (the descriptor is always released) */
     KVT_FAULT_PREAD,
     KVT_FAULT_PWRITE,
     KVT_FAULT_FSYNC,     /* fsync of a descriptor not opened with O_DIRECTORY */
@@ -61,8 +61,7 @@ uint64_t kvt_fault_injected(void);
  * path for name operations (NULL for descriptor operations). A positive return value fails
  * the call with that errno; 0 lets it proceed.
  */
-typedef int (*kvt_fault_hook_fn)(void *ud, enum kvt_fault_op op, uint64_t count,
-                                 const char *path);
+typedef int (*kvt_fault_hook_fn)(void *ud, enum kvt_fault_op op, uint64_t count, const char *path);
 void kvt_fault_set_hook(kvt_fault_hook_fn hook, void *ud);
 
 /** "open", "pwrite", "dir-fsync", "any", ... */
