@@ -141,7 +141,11 @@ static void take_snap(const kvt_cache *c, struct snap *s)
     s->cap = kvt_cache_capacity(c);
     s->bytes = kvt_cache_bytes(c);
     for (int i = 0; i < s->n; i++) {
-        s->hash[i] = kvt_tensor_hash(&st[i]);
+        size_t nb = kvt_tensor_nbytes(&st[i]);
+        uint8_t *bytes = malloc(nb + 1);
+        kvt_tensor_copy_out(&st[i], bytes);
+        s->hash[i] = kvt_wyhash(0, bytes, nb);
+        free(bytes);
         memcpy(s->shape[i], st[i].shape, sizeof(s->shape[i]));
         s->dtype[i] = st[i].dtype;
     }

@@ -42,6 +42,9 @@ int kvt_tensor_check(const struct kvt_tensor *t)
         if (__builtin_mul_overflow(numel, t->shape[i], &numel))
             return kvt_fail(-EINVAL, "tensor: element count overflows");
     }
+    int64_t total;
+    if (__builtin_mul_overflow(numel, (int64_t)item, &total))
+        return kvt_fail(-EINVAL, "tensor: byte size overflows");
     size_t size = kvt_buf_size(t->buf);
     if (numel == 0) {
         if (t->offset > size)
