@@ -323,9 +323,10 @@ struct kvt_save_opts {
  * failing directory fsync (or directory open for it) is reported after the rename, so the new,
  * complete file is in place but not known to be durable. An existing `<path>.tmp` (another
  * writer) fails with -EEXIST and is left alone. With o->run_exclusive the write runs as N + 1
- * steps for N tensors (1: plan, create, first tensor; one per further tensor; last: header,
- * fsync, rename), each inside run_exclusive(); a refusal or a non-zero result aborts with
- * full cleanup. Peak extra memory: one 8 MiB chunk (strided views) plus the header.
+ * steps for N tensors (1: plan, create, first tensor; one per further tensor; last: header),
+ * each inside run_exclusive(); a refusal or a non-zero result aborts with full cleanup. The
+ * fsync, rename and directory fsync then run outside the exclusion: they read no engine
+ * memory and would only stall the engine. Peak extra memory: one 8 MiB chunk (strided views) plus the header.
  * @p out_bytes (may be NULL) receives the file size (0 on failure).
  * @return 0, -errno, KVT_E_STATE (empty cache), KVT_E_TOO_LARGE, KVT_E_REFUSED, -EINVAL.
  */

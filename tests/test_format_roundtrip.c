@@ -463,8 +463,8 @@ static void test_gated_steps(void **state)
         int rc = kvt_file_save(gt.final, &o.e, &opts, NULL);
         assert_int_equal(rc, KVT_E_REFUSED);
         assert_int_not_equal(access(gt.tmp, F_OK), 0);
-        /* a failure reported after the last step (the rename) cannot unpublish the file */
-        assert_int_equal(access(gt.final, F_OK) == 0, k == n_tensors + 1);
+        /* publishing runs after the last gated step, so any gate failure leaves nothing */
+        assert_int_not_equal(access(gt.final, F_OK), 0);
     }
     free(gt.tmp);
     free(gt.final);

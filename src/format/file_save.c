@@ -3,9 +3,9 @@
  * the caches' state views without touching tensor bytes; then `<path>.tmp` is created
  * exclusively and locked, each tensor is hashed and written straight from its view (strided
  * views through one bounded chunk buffer), the header is patched last at offset 0, and the
- * file is fsynced, renamed into place and its directory fsynced. The work is split into N + 1
- * steps for N tensors so that an engine can run each one inside its own exclusion
- * (kvt_save_opts.run_exclusive). Any failure before the rename removes the .tmp and leaves the
+ * file is fsynced, renamed into place and its directory fsynced. The work that reads engine
+ * memory is split into N + 1 steps for N tensors so that an engine can run each one inside
+ * its own exclusion (kvt_save_opts.run_exclusive); publishing runs after them. Any failure before the rename removes the .tmp and leaves the
  * final name untouched.
  */
 #include "format/format.h"
@@ -297,7 +297,7 @@ static int write_tensor(struct save_job *j, size_t k)
     return rc;
 }
 
-/* Header patch, size, fsync, rename, directory fsync. */
+/* Header patch and the size of an empty last tensor: the last gated step. */
 static int finish(struct save_job *j)
 {
     const struct kvt_io *io = kvt_io();
@@ -326,25 +326,33 @@ static int finish(struct save_job *j)
     if (j->file_end < j->file_size) {
         /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
         rc = io->ftruncate(j->fd, j->file_size);
-        if (rc < 0) {
+        if (rc < 0)
             rc = kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
-            goto out;
-        }
     }
+out:
+    kvt_sbuf_free(&json);
+    return rc;
+}
+
+/*
+ * fsync, rename, directory fsync. Runs after the last gated step, outside the engine's
+ * exclusion: it reads no engine memory, and an fsync can take tens of milliseconds that
+ * would otherwise stall a decode step.
+ */
+static int publish(struct save_job *j)
+{
+    const struct kvt_io *io = kvt_io();
+    int rc = 0;
     if (!j->opts.no_sync) {
         rc = io->fsync(j->fd);
-        if (rc < 0) {
-            rc = kvt_fail(rc, "%s: fsync: %s", j->tmp_path, kvt_strerror(rc));
-            goto out;
-        }
+        if (rc < 0)
+            return kvt_fail(rc, "%s: fsync: %s", j->tmp_path, kvt_strerror(rc));
     }
     if (j->opts.drop_cache)
         io->fadvise_dontneed(j->fd, 0, 0); /* advisory: the result does not matter */
     rc = io->renameat(AT_FDCWD, j->tmp_path, AT_FDCWD, j->path);
-    if (rc < 0) {
-        rc = kvt_fail(rc, "%s: rename to %s: %s", j->tmp_path, j->path, kvt_strerror(rc));
-        goto out;
-    }
+    if (rc < 0)
+        return kvt_fail(rc, "%s: rename to %s: %s", j->tmp_path, j->path, kvt_strerror(rc));
     /* published: from here on nothing is unlinked */
     io->close(j->fd);
     j->fd = -1;
@@ -354,8 +362,6 @@ static int finish(struct save_job *j)
             rc = kvt_fail(rc, "%s: fsync of the directory after the rename: %s", j->path,
                           kvt_strerror(rc));
     }
-out:
-    kvt_sbuf_free(&json);
     return rc;
 }
 
@@ -431,6 +437,8 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
             rc = save_step(&j);
         }
     } while (rc == 0 && j.step < j.steps);
+    if (rc == 0)
+        rc = publish(&j);
 
     if (rc == 0 && out_bytes)
         *out_bytes = j.file_size;
