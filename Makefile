@@ -50,6 +50,8 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 PROG_SRC := $(sort $(wildcard tests/progs/*.c))
 PROG_BIN := $(PROG_SRC:tests/progs/%.c=$(BUILD)/tests/progs/%)
+EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
+EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
@@ -97,7 +99,12 @@ $(BUILD)/bench/%: bench/%.c $(STATIC) $(CONFIG)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -o $@ $< $(STATIC) $(LIBS_ALL) -lm
 
-tests: $(TEST_BIN) $(PROG_BIN) $(CLI)
+# Examples build against the public header only, as an embedding program would.
+$(BUILD)/examples/%: examples/%.c $(STATIC) $(CONFIG)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(STATIC) $(LIBS_ALL) -lm
+
+tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN)
 progs: $(PROG_BIN)
 benches: $(BENCH_BIN)
 
