@@ -911,6 +911,10 @@ static void test_tmp_reaping(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        /* Only this end of each pipe: if the suite dies, read() sees EOF and we leave. */
+        close(hfd);
+        close(ready[0]);
+        close(go[1]);
         int fd = open(child, O_RDWR);
         char c = 0;
         if (fd < 0 || flock(fd, LOCK_EX) != 0)
@@ -919,6 +923,8 @@ static void test_tmp_reaping(void **state)
             _exit(2);
         _exit(0);
     }
+    close(ready[1]);
+    close(go[0]);
     char c;
     assert_int_equal(read(ready[0], &c, 1), 1);
 
@@ -953,8 +959,6 @@ static void test_tmp_reaping(void **state)
     assert_int_equal(st.entries, 1);
     kvt_store_close(s);
     close(ready[0]);
-    close(ready[1]);
-    close(go[0]);
     close(go[1]);
     free(dead);
     free(young);
