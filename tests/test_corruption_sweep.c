@@ -17,6 +17,13 @@
  * Truncations. Every length short of the file must fail as corrupt (and every 97th also
  * without hash checks). Under the address,undefined build the sweep also shows that no such
  * input makes a load read out of bounds.
+ *
+ * Hostile headers: crafted files whose header hash is right but whose content is not (huge
+ * headerLen, overlapping or misaligned slots, huge shapes, overflowing products, wrong tensor
+ * counts, duplicate keys, invalid UTF-8, trailing junk, ...) must fail load and verify with the
+ * expected category and check ID, and a store scan must act by category (delete what is
+ * corrupt, keep and skip the rest). Wrong arguments to the file and store API fail with
+ * -EINVAL (or the OS error) and leave the out-parameters NULL.
  */
 #include "support/support.h"
 
@@ -25,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/io.h"
@@ -317,11 +325,250 @@ static void test_every_truncation(void **state)
     print_message("sweep: %zu truncation lengths, %ld loads, all corrupt\n", img_len, loads);
 }
 
+/* ---- hostile headers ------------------------------------------------------------------- */
+
+#define META                                                                                     \
+    "\"modelId\":\"" SYNTH_MODEL "\",\"configFingerprint\":\"" SYNTH_FP                         \
+    "\",\"tokenizerHash\":\"" SYNTH_TOK "\",\"ns\":\"\""
+#define TOP(tokens, caches) "{\"formatVersion\":3," META ",\"tokens\":" tokens ",\"caches\":" caches "}"
+#define ZH "526ea6526105509e" /* Wyhash of 64 zero bytes */
+#define SLOT(off, bytes, shape) \
+    "{\"off\":" off ",\"bytes\":" bytes ",\"shape\":" shape ",\"dtype\":12,\"hash\":\"" ZH "\"}"
+#define KV1(k, v) "[{\"kind\":\"kv\",\"offset\":1,\"tensors\":[" k "," v "]}]"
+#define GOOD_K SLOT("0", "64", "[1,2,1,16]")
+#define GOOD_V SLOT("16384", "64", "[1,2,1,16]")
+
+struct hostile {
+    const char *name;
+    const char *json;  /* NULL: the valid header, with the prefix edit below */
+    uint64_t data;     /* bytes after dataStart (zeros) */
+    int prefix_field;  /* 0, or 10 (headerLen) / 14 (dataStart): overwrite with prefix_value */
+    uint32_t prefix_value;
+    int want;          /* load and verify result */
+    const char *check; /* in the message */
+};
+
+static const struct hostile HOSTILE[] = {
+    {"valid", TOP("[1]", KV1(GOOD_K, GOOD_V)), 16448, 0, 0, 0, ""},
+    {"trailing bytes after the last tensor", TOP("[1]", KV1(GOOD_K, GOOD_V)), 20000, 0, 0, 0, ""},
+    {"huge headerLen", NULL, 16448, 10, 0xFFFFFFF0u, KVT_E_CORRUPT, "V3"},
+    {"headerLen zero", NULL, 16448, 10, 0, KVT_E_CORRUPT, "V3"},
+    {"dataStart not alignUp(26 + headerLen)", NULL, 16448, 14, 4096, KVT_E_CORRUPT, "V5"},
+    {"dataStart beyond the file", NULL, 16448, 14, 1u << 30, KVT_E_CORRUPT, "V5"},
+    {"overlapping slots", TOP("[1]", KV1(GOOD_K, SLOT("0", "64", "[1,2,1,16]"))), 64, 0, 0,
+     KVT_E_CORRUPT, "V16"},
+    {"misaligned offset", TOP("[1]", KV1(GOOD_K, SLOT("16000", "64", "[1,2,1,16]"))), 16448, 0,
+     0, KVT_E_CORRUPT, "V15"},
+    {"slot beyond the end of the file", TOP("[1]", KV1(GOOD_K, SLOT("32768", "64", "[1,2,1,16]"))),
+     16448, 0, 0, KVT_E_CORRUPT, "V17"},
+    {"huge shape (product overflows)",
+     TOP("[1]", KV1(GOOD_K, SLOT("16384", "64", "[1,4294967296,1,4294967296]"))), 16448, 0, 0,
+     KVT_E_CORRUPT, "V14"},
+    {"bytes not shape x itemsize", TOP("[1]", KV1(GOOD_K, SLOT("16384", "62", "[1,2,1,16]"))),
+     16448, 0, 0, KVT_E_CORRUPT, "V14"},
+    {"off + bytes overflow", TOP("[1]", KV1(GOOD_K, SLOT("9007199254740992", "64", "[1,2,1,16]"))),
+     16448, 0, 0, KVT_E_CORRUPT, "V13"},
+    {"wrong tensor count", TOP("[1]", "[{\"kind\":\"kv\",\"offset\":1,\"tensors\":[" GOOD_K "]}]"),
+     16448, 0, 0, KVT_E_CORRUPT, "V12"},
+    {"duplicate key", "{\"formatVersion\":3,\"formatVersion\":3," META ",\"tokens\":[1],\"caches\":"
+     KV1(GOOD_K, GOOD_V) "}", 16448, 0, 0, KVT_E_CORRUPT, "V7"},
+    {"invalid UTF-8", "{\"formatVersion\":3,\"modelId\":\"\xc3\x28\",\"tokens\":[1],\"caches\":"
+     KV1(GOOD_K, GOOD_V) "}", 16448, 0, 0, KVT_E_CORRUPT, "V7"},
+    {"trailing junk after the JSON", TOP("[1]", KV1(GOOD_K, GOOD_V)) " x", 16448, 0, 0,
+     KVT_E_CORRUPT, "V7"},
+    {"not an object", "[1,2,3]", 16448, 0, 0, KVT_E_CORRUPT, "V7"},
+    {"token out of range", TOP("[2147483648]", KV1(GOOD_K, GOOD_V)), 16448, 0, 0, KVT_E_CORRUPT,
+     "V11"},
+    {"negative offset", TOP("[1]", "[{\"kind\":\"kv\",\"offset\":-1,\"tensors\":[" GOOD_K "," GOOD_V
+                        "]}]"),
+     16448, 0, 0, KVT_E_CORRUPT, "V11"},
+    {"fractional number", TOP("[1.5]", KV1(GOOD_K, GOOD_V)), 16448, 0, 0, KVT_E_CORRUPT, "V11"},
+    {"token axis differs from offset", TOP("[1]", KV1(SLOT("0", "128", "[1,2,2,16]"),
+                                                      SLOT("16384", "128", "[1,2,2,16]"))),
+     16512, 0, 0, KVT_E_CORRUPT, "V19"},
+    {"empty caches", TOP("[1]", "[]"), 0, 0, 0, KVT_E_CORRUPT, "V11"},
+    {"unknown kind (newer writer)", TOP("[1]", "[{\"kind\":\"mla\",\"offset\":1,\"tensors\":[]}]"),
+     0, 0, 0, KVT_E_UNSUPPORTED, "V10"},
+    {"formatVersion 4", "{\"formatVersion\":4," META ",\"tokens\":[1],\"caches\":"
+     KV1(GOOD_K, GOOD_V) "}", 16448, 0, 0, KVT_E_UNSUPPORTED, "V8"},
+};
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Write a file: prefix (right hash), @p json, zero padding, @p data zero bytes. */
+static void write_hostile(const char *file, const struct hostile *h)
+{
+    const char *json = h->json ? h->json : HOSTILE[0].json;
+    size_t hl = strlen(json);
+    uint64_t ds = (PREFIX + hl + 16383) / 16384 * 16384;
+    size_t total = (size_t)(ds + h->data);
+    if (h->data == 0 && ds > PREFIX + hl)
+        total = (size_t)ds;
+    uint8_t *b = calloc(1, total);
+    assert_non_null(b);
+    memcpy(b, "MLXBUNKV2\n", 10);
+    put_le32(b + 10, (uint32_t)hl);
+    put_le32(b + 14, (uint32_t)ds);
+    uint64_t hh = kvt_wyhash(0, json, hl);
+    for (int i = 0; i < 8; i++)
+        b[18 + i] = (uint8_t)(hh >> (8 * i));
+    memcpy(b + PREFIX, json, hl);
+    if (h->prefix_field)
+        put_le32(b + h->prefix_field, h->prefix_value);
+    assert_int_equal(write_file(file, b, total), 0);
+    free(b);
+}
+
+static void test_hostile_headers(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof(HOSTILE) / sizeof(HOSTILE[0]); k++) {
+        const struct hostile *h = &HOSTILE[k];
+        char *sdir = strf("%s/hostile-%zu", dir, k);
+        char *nsdir = strf("%s/%s/base", sdir, SYNTH_FP);
+        char *file = strf("%s/entry.mlxkv", nsdir);
+        char *fpdir = strf("%s/%s", sdir, SYNTH_FP);
+        assert_int_equal(mkdir(sdir, 0755), 0);
+        assert_int_equal(mkdir(fpdir, 0755), 0);
+        assert_int_equal(mkdir(nsdir, 0755), 0);
+        write_hostile(file, h);
+
+        struct kvt_entry *e = NULL;
+        struct kvt_header *hd = NULL;
+        int rc = kvt_file_load(file, NULL, &e, &hd);
+        if (rc != h->want || !strstr(kvt_last_error(), h->check))
+            fail_msg("%s: load returned %d (%s), expected %d %s", h->name, rc, kvt_last_error(),
+                     h->want, h->check);
+        assert_true(rc == 0 ? e && hd : !e && !hd);
+        kvt_entry_free(e);
+        kvt_header_free(hd);
+        rc = kvt_file_verify(file, NULL);
+        if (rc != h->want)
+            fail_msg("%s: verify returned %d (%s)", h->name, rc, kvt_last_error());
+
+        /* a store scan acts by category: corrupt files go, the others stay (skipped) */
+        struct kvt_store_opts o = {.model_id = SYNTH_MODEL,
+                                   .config_fingerprint = SYNTH_FP,
+                                   .tokenizer_hash = SYNTH_TOK,
+                                   .tmp_grace_ms = 0};
+        kvt_store *st;
+        assert_int_equal(kvt_store_open(sdir, &o, &st), 0);
+        struct kvt_store_stats ss;
+        kvt_store_get_stats(st, &ss);
+        kvt_store_close(st);
+        bool kept = access(file, F_OK) == 0;
+        if (h->want == KVT_E_CORRUPT) {
+            assert_false(kept);
+            assert_int_equal(ss.corrupt_files, 1);
+        } else {
+            assert_true(kept);
+            assert_int_equal(ss.entries + ss.skipped_files, 1);
+            assert_int_equal(ss.entries, h->want == 0);
+        }
+        print_message("hostile: %-40s load %d, store %s\n", h->name, h->want,
+                      h->want == KVT_E_CORRUPT ? "deleted" : h->want ? "skipped, kept" : "indexed");
+        rm_rf(sdir);
+        free(fpdir);
+        free(file);
+        free(nsdir);
+        free(sdir);
+    }
+}
+
+/* ---- wrong arguments ------------------------------------------------------------------- */
+
+static void test_wrong_arguments(void **state)
+{
+    (void)state;
+    struct kvt_entry *e = (struct kvt_entry *)1;
+    struct kvt_header *h = (struct kvt_header *)1;
+    assert_int_equal(kvt_file_load(NULL, NULL, &e, &h), -EINVAL);
+    assert_null(e);
+    assert_null(h);
+    assert_int_equal(kvt_file_load(path, NULL, NULL, NULL), -EINVAL);
+    e = (struct kvt_entry *)1;
+    char *missing = strf("%s/no-such-file.mlxkv", dir);
+    assert_int_equal(kvt_file_load(missing, NULL, &e, NULL), -ENOENT);
+    assert_null(e);
+    e = (struct kvt_entry *)1;
+    assert_true(kvt_file_load(dir, NULL, &e, NULL) < 0); /* a directory */
+    assert_null(e);
+    assert_int_equal(kvt_file_verify(NULL, NULL), -EINVAL);
+    assert_int_equal(kvt_file_verify(missing, NULL), -ENOENT);
+    h = (struct kvt_header *)1;
+    assert_int_equal(kvt_file_read_header(NULL, NULL, &h), -EINVAL);
+    assert_null(h);
+    assert_int_equal(kvt_file_save(NULL, ref, NULL, NULL), -EINVAL);
+    assert_int_equal(kvt_file_save(missing, NULL, NULL, NULL), -EINVAL);
+    char *nodir = strf("%s/no-such-dir/x.mlxkv", dir);
+    assert_int_equal(kvt_file_save(nodir, ref, NULL, NULL), -ENOENT);
+    assert_false(access(missing, F_OK) == 0);
+
+    kvt_store *s = (kvt_store *)1;
+    struct kvt_store_opts o = {.model_id = SYNTH_MODEL, .config_fingerprint = SYNTH_FP};
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL); /* no tokenizer hash */
+    assert_null(s);
+    o.tokenizer_hash = SYNTH_TOK;
+    s = (kvt_store *)1;
+    assert_int_equal(kvt_store_open(NULL, &o, &s), -EINVAL);
+    assert_null(s);
+    s = (kvt_store *)1;
+    assert_int_equal(kvt_store_open(dir, NULL, &s), -EINVAL);
+    assert_null(s);
+    o.config_fingerprint = "../escape";
+    s = (kvt_store *)1;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    assert_null(s);
+    o.config_fingerprint = SYNTH_FP;
+    s = (kvt_store *)1;
+    assert_true(kvt_store_open(path, &o, &s) < 0); /* a regular file, not a directory */
+    assert_null(s);
+
+    char *sdir = strf("%s/args-store", dir);
+    assert_int_equal(mkdir(sdir, 0755), 0);
+    assert_int_equal(kvt_store_open(sdir, &o, &s), 0);
+    struct kvt_hit hit;
+    int32_t tok[2] = {1, 2};
+    assert_int_equal(kvt_store_find(NULL, tok, 2, "", &hit), -EINVAL);
+    assert_int_equal(kvt_store_find(s, NULL, 2, "", &hit), -EINVAL);
+    assert_int_equal(kvt_store_find(s, tok, 2, "", NULL), -EINVAL);
+    assert_int_equal(kvt_store_find(s, tok, 2, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 0);
+    e = (struct kvt_entry *)1;
+    assert_int_equal(kvt_store_restore(s, NULL, &e), -EINVAL);
+    assert_null(e);
+    struct kvt_hit bogus = {.prefix_len = 1, .n_tokens = 2, .id = 987654};
+    e = (struct kvt_entry *)1;
+    assert_int_equal(kvt_store_restore(s, &bogus, &e), 0); /* an unknown record is a miss */
+    assert_null(e);
+    assert_int_equal(kvt_store_put(s, NULL, NULL, NULL), -EINVAL);
+    assert_int_equal(kvt_store_put(NULL, ref, NULL, NULL), -EINVAL);
+    struct kvt_entry empty = {0};
+    assert_int_equal(kvt_store_put(s, &empty, NULL, NULL), -EINVAL);
+    kvt_store_close(s);
+    rm_rf(sdir);
+
+    /* destructors accept NULL */
+    kvt_store_close(NULL);
+    kvt_entry_free(NULL);
+    kvt_header_free(NULL);
+    kvt_cache_free(NULL);
+    free(sdir);
+    free(nodir);
+    free(missing);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_byte_flipped),
         cmocka_unit_test(test_every_truncation),
+        cmocka_unit_test(test_hostile_headers),
+        cmocka_unit_test(test_wrong_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

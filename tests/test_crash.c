@@ -8,7 +8,8 @@
  * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here.
  *
  * Each store directory serves ten kills (later writers recover what earlier ones left), then a
- * new one starts, which keeps each check small. KVT_CRASH_SEED changes the kill moments.
+ * new one starts, which keeps each check small. KVT_CRASH_SEED changes the kill moments. A
+ * second test runs two writers on one directory and kills and restarts them in turn.
  */
 #include "support/support.h"
 
@@ -27,6 +28,8 @@
 
 #define KILLS_PER_DIR 10
 #define MAX_DELAY_US 60000
+/* Recovery next to a live writer needs a grace period for the create-to-lock instant. */
+#define TWO_WRITER_GRACE_MS 2000
 
 struct counts {
     long kills, acked, checks, tmp_seen, visible, corrupt, lost, tmp_left, mismatched, scan_corrupt;
@@ -155,25 +158,68 @@ static void check_acked(kvt_store *s, uint32_t id, struct counts *c)
     kvt_entry_free(want);
 }
 
-/* Start the writer, kill it after @p delay_us, and require that the kill is what ended it. */
-static void run_and_kill(const char *exe, const char *dir, const char *ack, uint32_t first,
-                         long delay_us)
+/* Writers still running, killed by the group teardown when a check fails mid-test. */
+static pid_t live[2] = {-1, -1};
+
+static void track(pid_t pid, pid_t gone)
 {
-    char first_s[16];
+    for (int i = 0; i < 2; i++)
+        if (live[i] == gone) {
+            live[i] = pid;
+            return;
+        }
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2; i++)
+        if (live[i] > 0) {
+            kill(live[i], SIGKILL);
+            waitpid(live[i], NULL, 0);
+            live[i] = -1;
+        }
+    return 0;
+}
+
+/* Start a writer; @p grace_ms is its store's tmp_grace_ms. */
+static pid_t start_writer(const char *exe, const char *dir, const char *ack, uint32_t first,
+                          long grace_ms)
+{
+    char first_s[16], grace_s[24];
     snprintf(first_s, sizeof(first_s), "%u", first);
+    snprintf(grace_s, sizeof(grace_s), "%ld", grace_ms);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        execl(exe, exe, dir, ack, first_s, (char *)NULL);
+        execl(exe, exe, dir, ack, first_s, grace_s, (char *)NULL);
         _exit(127);
     }
-    sleep_us(delay_us);
+    track(pid, -1);
+    return pid;
+}
+
+/* SIGKILL @p pid and require that the kill is what ended it. */
+static void kill_writer(pid_t pid)
+{
     assert_int_equal(kill(pid, SIGKILL), 0);
     int status;
     while (waitpid(pid, &status, 0) < 0)
         assert_int_equal(errno, EINTR);
+    track(-1, pid);
     if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-        fail_msg("crash_writer ended by itself before the kill (status 0x%x)", status);
+        fail_msg("crash_writer ended by itself before the kill (%s %d)",
+                 WIFEXITED(status) ? "exit" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+/* Start the writer, kill it after @p delay_us. */
+static void run_and_kill(const char *exe, const char *dir, const char *ack, uint32_t first,
+                         long delay_us)
+{
+    pid_t pid = start_writer(exe, dir, ack, first, 0);
+    sleep_us(delay_us);
+    kill_writer(pid);
 }
 
 static void test_kill_loop(void **state)
@@ -261,10 +307,98 @@ static void test_kill_loop(void **state)
     assert_int_equal(c.tmp_left, 0);
 }
 
+/*
+ * Two writers on one directory: each is killed and restarted in turn while the other keeps
+ * writing, so every restart runs recovery (and every put a refresh) next to a live writer's
+ * .tmp, with a short grace period. A recovery that reaped a file still being written would
+ * fail that writer's put, and the writer would exit by itself. At the end every published file verifies and every entry either
+ * writer acknowledged restores exactly.
+ */
+static void test_two_writers(void **state)
+{
+    (void)state;
+    long rounds = env_long("KVT_CRASH_KILLS", 200) / 5;
+    if (rounds < 20)
+        rounds = 20;
+    uint64_t rng = (uint64_t)env_long("KVT_CRASH_SEED", 20250701) ^ 0x5bd1e995;
+    char *exe = writer_path();
+    char *dir = scratch_dir("crash-two");
+    char *root = strf("%s/%s", dir, SYNTH_FP);
+    char *ack[2] = {strf("%s.ack0", dir), strf("%s.ack1", dir)};
+    pid_t pid[2];
+    uint32_t next = 1;
+    for (int w = 0; w < 2; w++) {
+        pid[w] = start_writer(exe, dir, ack[w], next, TWO_WRITER_GRACE_MS);
+        next += 100000;
+    }
+    struct counts c = {0};
+    for (long r = 0; r < rounds; r++) {
+        sleep_us((long)(xs64(&rng) % MAX_DELAY_US));
+        int w = (int)(r % 2);
+        int status;
+        if (waitpid(pid[1 - w], &status, WNOHANG) != 0) {
+            track(-1, pid[1 - w]);
+            fail_msg("the other writer ended by itself (status 0x%x)", status);
+        }
+        kill_writer(pid[w]);
+        c.kills++;
+        pid[w] = start_writer(exe, dir, ack[w], next, TWO_WRITER_GRACE_MS);
+        next += 100000;
+    }
+    sleep_us((long)(xs64(&rng) % MAX_DELAY_US));
+    for (int w = 0; w < 2; w++) {
+        kill_writer(pid[w]);
+        c.kills++;
+    }
+
+    for_each_file(root, ".mlxkv", verify_file, &c);
+    uint32_t *ids = NULL;
+    size_t n_ids = 0, cap_ids = 0;
+    for (int w = 0; w < 2; w++)
+        read_acks(ack[w], &ids, &n_ids, &cap_ids);
+    struct kvt_store_opts o = {
+        .model_id = SYNTH_MODEL,
+        .config_fingerprint = SYNTH_FP,
+        .tokenizer_hash = SYNTH_TOK,
+        .tmp_grace_ms = 0,
+    };
+    kvt_store *s;
+    if (kvt_store_open(dir, &o, &s) != 0)
+        fail_msg("reopen: %s", kvt_last_error());
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    c.scan_corrupt = (long)st.corrupt_files;
+    c.tmp_left = for_each_file(root, ".tmp", NULL, NULL);
+    for (size_t i = 0; i < n_ids; i++)
+        check_acked(s, ids[i], &c);
+    kvt_store_close(s);
+    printf("crash, two writers: %ld kills, %zu acknowledged puts, %ld visible files verified, "
+           "%ld corrupt, %ld corrupt at scan, %ld lost, %ld restored with different bytes, "
+           "%ld .tmp left\n",
+           c.kills, n_ids, c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched,
+           c.tmp_left);
+    rm_rf(dir);
+    for (int w = 0; w < 2; w++) {
+        unlink(ack[w]);
+        free(ack[w]);
+    }
+    free(ids);
+    free(root);
+    free(dir);
+    free(exe);
+    assert_true(n_ids > 0);
+    assert_int_equal(c.corrupt, 0);
+    assert_int_equal(c.scan_corrupt, 0);
+    assert_int_equal(c.lost, 0);
+    assert_int_equal(c.mismatched, 0);
+    assert_int_equal(c.tmp_left, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_loop),
+        cmocka_unit_test(test_two_writers),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -4,7 +4,11 @@
  * that returned success it appends the entry's id to an acknowledgement log with write +
  * fsync (O_APPEND), so the parent knows which entries the store promised to keep.
  *
- *   crash_writer DIR ACK_LOG FIRST_ID
+ *   crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS]
+ *
+ * TMP_GRACE_MS (default 0) is the store's tmp_grace_ms: 0 lets the writer's recovery reap
+ * whatever a killed predecessor left at once, which is right only while no other writer is
+ * live (a .tmp is unlocked between its creation and its lock, which the grace period covers).
  *
  * Entries alternate between trimmable kinds (kv, qkv, turboquant) and all six kinds, and
  * between two namespaces; every fifth put stores an earlier id again (same bytes), which
@@ -50,8 +54,8 @@ static int put_one(kvt_store *s, uint32_t id)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: crash_writer DIR ACK_LOG FIRST_ID\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS]\n");
         return 2;
     }
     uint32_t first = (uint32_t)strtoul(argv[3], NULL, 10);
@@ -64,7 +68,7 @@ int main(int argc, char **argv)
         .model_id = SYNTH_MODEL,
         .config_fingerprint = SYNTH_FP,
         .tokenizer_hash = SYNTH_TOK,
-        .tmp_grace_ms = 0,
+        .tmp_grace_ms = argc == 5 ? strtoll(argv[4], NULL, 10) : 0,
     };
     kvt_store *s;
     int rc = kvt_store_open(argv[1], &o, &s);
