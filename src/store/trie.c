@@ -442,7 +442,8 @@ static int append_kids(struct kvt_tnode ***v, size_t *len, size_t *cap,
         *v = nv;
         *cap = c;
     }
-    memcpy(*v + *len, u->kids, u->n_kids * sizeof(**v));
+    if (u->n_kids)
+        memcpy(*v + *len, u->kids, u->n_kids * sizeof(**v));
     *len += u->n_kids;
     return 0;
 }
