@@ -31,6 +31,8 @@
 #define MAX_CHUNK ((size_t)64 << 20)
 /* Streams smaller than this are read with plain calls: threads and rings would cost more. */
 #define FAST_MIN ((uint64_t)1 << 20)
+/* In-place pieces at least this large are read straight into their destination. */
+#define SMALL_PIECE ((size_t)64 << 10)
 /* Destinations at least this large get the prefault helper. */
 #define PREFAULT_MIN ((size_t)1 << 20)
 
@@ -58,7 +60,9 @@ struct kvt_rstream {
     struct kvt_aq q;
     void *staging;
     size_t staging_bytes;
-    void *bounce; /* for consuming in-place chunks without a destination */
+    uint8_t *bounce; /* small in-place pieces are served from it */
+    uint64_t pb_off; /* file bytes [pb_off, pb_off + pb_len) are in the bounce buffer */
+    size_t pb_len;
     struct kvt_prefault *pf;
     bool fast;
     int err;
@@ -70,6 +74,12 @@ bool kvt_stream_fast_ok(void)
 {
     return kvt_io() == kvt_io_posix();
 }
+
+/* cachestat(2) came with Linux 6.5; older C library headers do not name it yet. */
+#if !defined(__NR_cachestat) && (defined(__x86_64__) || defined(__aarch64__) || \
+                                 (defined(__riscv) && __riscv_xlen == 64))
+#define __NR_cachestat 451
+#endif
 
 /* Whether every page of [off, off + len) of @p fd is in the page cache (Linux 6.5+). */
 static bool range_cached(int fd, uint64_t off, uint64_t len)
@@ -283,11 +293,20 @@ static int read_in_place(struct kvt_rstream *s, void *dst, size_t len, uint64_t 
     return rc;
 }
 
-/* Deliver @p len bytes at file offset @p f of an in-place chunk (or of a plain stream). */
-static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uint64_t f,
-                            kvt_piece_fn fn, void *ud)
+static bool in_bounce(const struct kvt_rstream *s, uint64_t f)
 {
-    if (dst) {
+    return s->pb_len && f >= s->pb_off && f - s->pb_off < s->pb_len;
+}
+
+/*
+ * Deliver @p len bytes at file offset @p f without read-ahead (an in-place chunk, or a plain
+ * stream): a large piece straight into @p dst, small ones through the bounce buffer, which
+ * is filled up to @p limit so that short row blocks cost one call per bounce-full.
+ */
+static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uint64_t f,
+                            uint64_t limit, kvt_piece_fn fn, void *ud)
+{
+    if (dst && len >= SMALL_PIECE && !in_bounce(s, f)) {
         int rc = read_in_place(s, dst, len, f);
         if (rc == 0 && fn)
             fn(ud, dst, len);
@@ -296,14 +315,28 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
     size_t bn = s->chunk ? s->chunk : DEFAULT_CHUNK;
     if (!s->bounce && !(s->bounce = malloc(bn)))
         return -ENOMEM;
-    for (size_t done = 0; done < len;) {
-        size_t take = len - done < bn ? len - done : bn;
-        int rc = read_in_place(s, s->bounce, take, f + done);
-        if (rc < 0)
-            return rc;
+    while (len > 0) {
+        if (!in_bounce(s, f)) {
+            size_t m = limit - f < bn ? (size_t)(limit - f) : bn;
+            s->pb_len = 0;
+            int rc = read_in_place(s, s->bounce, m, f);
+            if (rc < 0)
+                return rc;
+            s->pb_off = f;
+            s->pb_len = m;
+        }
+        size_t take = (size_t)(s->pb_off + s->pb_len - f);
+        if (take > len)
+            take = len;
+        const uint8_t *src = s->bounce + (f - s->pb_off);
+        if (dst)
+            memcpy(dst, src, take);
         if (fn)
-            fn(ud, s->bounce, take);
-        done += take;
+            fn(ud, dst ? dst : src, take);
+        f += take;
+        len -= take;
+        if (dst)
+            dst += take;
     }
     return 0;
 }
@@ -330,8 +363,9 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
         size_t take = len;
         if (take > s->r[s->ri].len - s->pos)
             take = (size_t)(s->r[s->ri].len - s->pos);
+        uint64_t limit = range_end(&s->r[s->ri]);
         if (!s->fast) {
-            rc = consume_in_place(s, d, take, f, fn, ud);
+            rc = consume_in_place(s, d, take, f, limit, fn, ud);
         } else {
             if (s->count == 0)
                 top_up(s);
@@ -343,7 +377,7 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
             if (take > c->hi - f)
                 take = (size_t)(c->hi - f);
             if (c->state == C_INPLACE) {
-                rc = consume_in_place(s, d, take, f, fn, ud);
+                rc = consume_in_place(s, d, take, f, limit < c->hi ? limit : c->hi, fn, ud);
             } else {
                 while (c->state == C_INFLIGHT && rc == 0)
                     rc = reap(s);

@@ -8,7 +8,8 @@
  * the file cut back to its logical end at finish.
  *
  * When O_DIRECT is refused (tmpfs, some network file systems) or another io backend is
- * installed, every write is a plain positional write through the io vtable, hashed first.
+ * installed, writes are plain positional writes through the io vtable: pieces of 8 MiB
+ * straight from the caller's memory, smaller adjacent writes gathered into one buffer first.
  */
 #include "io/stream.h"
 
@@ -27,7 +28,7 @@
 #define DEFAULT_CHUNK ((size_t)2 << 20)
 #define DEFAULT_DEPTH 8u
 #define MAX_CHUNK ((size_t)64 << 20)
-/* Plain writes go out in pieces of this size, each hashed just before it is written. */
+/* Plain writes go out in pieces of at most this size, each hashed as it is taken. */
 #define PLAIN_PIECE ((size_t)8 << 20)
 
 struct wslot {
@@ -53,6 +54,9 @@ struct kvt_wstream {
     bool started;
     int err;
     uint64_t err_at;
+    uint8_t *pbuf; /* plain mode: adjacent small writes gathered into one call */
+    uint64_t poff;
+    size_t pfill;
 };
 
 static void wfail(struct kvt_wstream *w, int rc, uint64_t at)
@@ -171,19 +175,53 @@ static void flush_cur(struct kvt_wstream *w)
         s->busy = false;
 }
 
+static int plain_flush(struct kvt_wstream *w)
+{
+    if (w->pfill == 0)
+        return 0;
+    int rc = kvt_io_write_full(w->fd, w->pbuf, w->pfill, w->poff);
+    if (rc < 0)
+        wfail(w, rc, w->poff);
+    w->poff += w->pfill;
+    w->pfill = 0;
+    return rc;
+}
+
+/* Plain mode: large pieces straight from @p src, small ones gathered while they are adjacent. */
 static int write_plain(struct kvt_wstream *w, uint64_t off, const uint8_t *src, size_t len,
                        struct kvt_wyhash_state *h)
 {
-    for (size_t done = 0; done < len;) {
-        size_t n = len - done < PLAIN_PIECE ? len - done : PLAIN_PIECE;
-        if (h)
-            kvt_wyhash_update(h, src + done, n);
-        int rc = kvt_io_write_full(w->fd, src + done, n, off + done);
-        if (rc < 0) {
-            wfail(w, rc, off + done);
-            return rc;
+    if (w->pfill && off != w->poff + w->pfill && plain_flush(w) < 0)
+        return w->err;
+    while (len > 0) {
+        size_t n = len < PLAIN_PIECE ? len : PLAIN_PIECE;
+        if (w->pfill == 0 && n == PLAIN_PIECE) {
+            if (h)
+                kvt_wyhash_update(h, src, n);
+            int rc = kvt_io_write_full(w->fd, src, n, off);
+            if (rc < 0) {
+                wfail(w, rc, off);
+                return rc;
+            }
+        } else {
+            if (!w->pbuf && !(w->pbuf = malloc(PLAIN_PIECE))) {
+                wfail(w, -ENOMEM, off);
+                return -ENOMEM;
+            }
+            if (w->pfill == 0)
+                w->poff = off;
+            if (n > PLAIN_PIECE - w->pfill)
+                n = PLAIN_PIECE - w->pfill;
+            memcpy(w->pbuf + w->pfill, src, n);
+            if (h)
+                kvt_wyhash_update(h, src, n);
+            w->pfill += n;
+            if (w->pfill == PLAIN_PIECE && plain_flush(w) < 0)
+                return w->err;
         }
-        done += n;
+        off += n;
+        src += n;
+        len -= n;
     }
     return 0;
 }
@@ -248,6 +286,8 @@ out:
 
 int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at)
 {
+    if (!w->err)
+        plain_flush(w);
     if (w->dfd >= 0) {
         if (!w->err)
             flush_cur(w);
@@ -273,6 +313,7 @@ void kvt_wstream_free(struct kvt_wstream *w)
     if (w->dfd >= 0)
         close(w->dfd);
     kvt_staging_put(w->staging, w->staging_bytes);
+    free(w->pbuf);
     free(w->slot);
     free(w);
 }
