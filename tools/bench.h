@@ -38,11 +38,12 @@ const char *bench_raw_engine(void);
 int bench_raw_write(const char *path, const struct bench_span *s, size_t n, uint64_t file_size,
                     bool direct, double *secs);
 /*
- * Read the first @p len bytes of @p path into @p dst (which must hold bench_round_up(len)
- * bytes, 4096-aligned) with O_DIRECT and several reads in flight; buffered reads where the
- * filesystem refuses O_DIRECT (*@p was_direct tells which).
+ * Read each span's file range into its memory (4096-aligned, with room for the length
+ * rounded up to 4096) with O_DIRECT and several reads in flight; buffered reads where the
+ * filesystem refuses O_DIRECT (*@p was_direct tells which). *@p secs: open to close.
  */
-int bench_raw_read(const char *path, void *dst, uint64_t len, double *secs, bool *was_direct);
+int bench_raw_read(const char *path, const struct bench_span *s, size_t n, double *secs,
+                   bool *was_direct);
 /* Make @p path cold: fsync, then drop its pages from the page cache. */
 int bench_make_cold(const char *path);
 /* Make @p path warm: read it all through the page cache. */
@@ -144,12 +145,13 @@ enum bench_fig {
     BF_RAW_WRITE_DIRECT, /* O_DIRECT writes + fsync of the same bytes */
     BF_COLD,             /* kvt_file_load, cold, hash check on */
     BF_COLD_NOVERIFY,    /* kvt_file_load, cold, hash check off */
-    BF_RAW_READ,         /* O_DIRECT read into fresh memory */
+    BF_RAW_READ,         /* O_DIRECT read into freshly allocated buffers, one per tensor */
     BF_RAW_READ_HOT,     /* O_DIRECT read into memory already faulted in */
     BF_WARM,             /* kvt_file_load, page cache warm, hash check on */
     BF_WARM_NOVERIFY,    /* kvt_file_load, page cache warm, hash check off */
-    BF_MEMCPY,           /* memcpy of the same bytes into fresh memory */
+    BF_MEMCPY,           /* memcpy of the same bytes into freshly allocated buffers */
     BF_MEMCPY_HOT,       /* memcpy of the same bytes into memory already faulted in */
+    BF_COLD_CHILD,       /* kvt_file_load, cold, hash check on, in a fresh child process */
     BF_COUNT
 };
 

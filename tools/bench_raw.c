@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -280,30 +279,56 @@ out:
     return rc;
 }
 
+/* Cuts spans into requests of at most RAW_CHUNK bytes (the last of a span rounded up). */
+struct cursor {
+    const struct bench_span *s;
+    size_t n, i;
+    uint64_t pos;
+};
+
+static bool cursor_next(struct cursor *c, struct stage *req)
+{
+    while (c->i < c->n && c->pos >= c->s[c->i].len) {
+        c->i++;
+        c->pos = 0;
+    }
+    if (c->i >= c->n)
+        return false;
+    const struct bench_span *sp = &c->s[c->i];
+    uint64_t left = bench_round_up(sp->len) - c->pos;
+    req->buf = (char *)sp->data + c->pos;
+    req->off = sp->off + c->pos;
+    req->len = left < RAW_CHUNK ? (size_t)left : RAW_CHUNK;
+    c->pos += req->len;
+    return true;
+}
+
 #ifdef KVT_HAVE_URING
-static int read_chunks(int fd, char *dst, uint64_t len)
+static int read_spans(int fd, const struct bench_span *sp, size_t n)
 {
     struct io_uring ring;
     struct stage req[RAW_DEPTH];
+    struct cursor cur = {.s = sp, .n = n};
     unsigned free_slots[RAW_DEPTH], nfree = RAW_DEPTH, inflight = 0;
-    uint64_t total = bench_round_up(len), next = 0;
+    bool more = true;
     int rc = io_uring_queue_init(RAW_DEPTH, &ring, 0);
     if (rc < 0)
         return rc;
     for (unsigned i = 0; i < RAW_DEPTH; i++)
         free_slots[i] = i;
-    while (rc == 0 && (next < total || inflight > 0)) {
-        while (nfree > 0 && next < total) {
-            unsigned k = free_slots[--nfree];
-            req[k].off = next;
-            req[k].len = total - next < RAW_CHUNK ? (size_t)(total - next) : RAW_CHUNK;
-            req[k].buf = dst + next;
+    while (rc == 0 && (more || inflight > 0)) {
+        while (nfree > 0 && more) {
+            unsigned k = free_slots[nfree - 1];
+            if (!(more = cursor_next(&cur, &req[k])))
+                break;
+            nfree--;
             struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
             io_uring_prep_read(sqe, fd, req[k].buf, (unsigned)req[k].len, req[k].off);
             io_uring_sqe_set_data64(sqe, k);
-            next += req[k].len;
             inflight++;
         }
+        if (inflight == 0)
+            break;
         rc = io_uring_submit(&ring);
         if (rc < 0)
             break;
@@ -321,12 +346,11 @@ static int read_chunks(int fd, char *dst, uint64_t len)
         inflight--;
         if (res < 0) {
             rc = res;
-        } else if ((size_t)res < req[k].len && req[k].off + (uint64_t)res < len) {
-            /* a short read before the end of the file: finish the request synchronously */
-            size_t got, rest = req[k].len - (size_t)res;
-            rc = read_all(fd, (char *)req[k].buf + res, rest, req[k].off + (uint64_t)res, &got);
-            if (rc == 0 && req[k].off + (uint64_t)res + got < len)
-                rc = -EIO;
+        } else if ((size_t)res < req[k].len) {
+            /* short: the end of the file, or a request to finish synchronously */
+            size_t got;
+            rc = read_all(fd, (char *)req[k].buf + res, req[k].len - (size_t)res,
+                          req[k].off + (uint64_t)res, &got);
         }
     }
     if (inflight > 0)
@@ -344,35 +368,37 @@ static int read_chunks(int fd, char *dst, uint64_t len)
 #else
 struct reader {
     int fd;
-    char *dst;
-    uint64_t len, total;
-    atomic_uint_fast64_t next;
-    atomic_int rc;
+    struct cursor cur;
+    pthread_mutex_t mu;
+    int rc;
 };
 
 static void *reader_main(void *arg)
 {
     struct reader *r = arg;
     for (;;) {
-        uint64_t off = atomic_fetch_add(&r->next, RAW_CHUNK);
-        if (off >= r->total || atomic_load(&r->rc) != 0)
+        struct stage req;
+        pthread_mutex_lock(&r->mu);
+        bool more = r->rc == 0 && cursor_next(&r->cur, &req);
+        pthread_mutex_unlock(&r->mu);
+        if (!more)
             return NULL;
-        size_t n = r->total - off < RAW_CHUNK ? (size_t)(r->total - off) : RAW_CHUNK, got;
-        int rc = read_all(r->fd, r->dst + off, n, off, &got);
-        if (rc == 0 && got < n && off + got < r->len)
-            rc = -EIO;
-        if (rc < 0)
-            atomic_store(&r->rc, rc);
+        size_t got;
+        int rc = read_all(r->fd, req.buf, req.len, req.off, &got);
+        if (rc < 0) {
+            pthread_mutex_lock(&r->mu);
+            r->rc = r->rc ? r->rc : rc;
+            pthread_mutex_unlock(&r->mu);
+        }
     }
 }
 
-static int read_chunks(int fd, char *dst, uint64_t len)
+static int read_spans(int fd, const struct bench_span *sp, size_t n)
 {
-    struct reader r = {.fd = fd, .dst = dst, .len = len, .total = bench_round_up(len)};
+    struct reader r = {.fd = fd, .cur = {.s = sp, .n = n}};
     pthread_t th[RAW_DEPTH];
     unsigned started = 0;
-    atomic_init(&r.next, 0);
-    atomic_init(&r.rc, 0);
+    pthread_mutex_init(&r.mu, NULL);
     for (; started < RAW_DEPTH; started++)
         if (pthread_create(&th[started], NULL, reader_main, &r) != 0)
             break;
@@ -380,14 +406,19 @@ static int read_chunks(int fd, char *dst, uint64_t len)
         reader_main(&r);
     for (unsigned i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    return atomic_load(&r.rc);
+    pthread_mutex_destroy(&r.mu);
+    return r.rc;
 }
 #endif
 
-int bench_raw_read(const char *path, void *dst, uint64_t len, double *secs, bool *was_direct)
+int bench_raw_read(const char *path, const struct bench_span *s, size_t n, double *secs,
+                   bool *was_direct)
 {
     *secs = 0;
     *was_direct = true;
+    for (size_t i = 0; i < n; i++)
+        if ((uintptr_t)s[i].data % RAW_ALIGN || s[i].off % RAW_ALIGN)
+            return -EINVAL;
     double t0 = bench_now();
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     if (fd < 0 && errno == EINVAL) {
@@ -396,7 +427,7 @@ int bench_raw_read(const char *path, void *dst, uint64_t len, double *secs, bool
     }
     if (fd < 0)
         return -errno;
-    int rc = read_chunks(fd, dst, len);
+    int rc = read_spans(fd, s, n);
     close(fd);
     *secs = bench_now() - t0;
     return rc;

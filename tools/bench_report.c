@@ -31,6 +31,7 @@ static const char *const fig_key[BF_COUNT] = {
     [BF_WARM_NOVERIFY] = "restore_warm_noverify",
     [BF_MEMCPY] = "memcpy",
     [BF_MEMCPY_HOT] = "memcpy_prefaulted",
+    [BF_COLD_CHILD] = "restore_cold_fresh_process",
 };
 
 static double median_of(const double *v, int n)
@@ -149,8 +150,8 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
                 s.warm_ratio, 100 * s.verify_cost, 100 * s.verify_cost_warm,
                 s.rss_restore / MIB, (double)rows[i].restored_bytes / MIB);
     }
-    fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh /"
-               " prefaulted memory, memcpy into fresh / prefaulted memory\n");
+    fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh"
+               " buffers / prefaulted memory, memcpy into fresh buffers / prefaulted memory\n");
     for (size_t i = 0; i < n; i++) {
         struct bench_summary s;
         char label[32];
@@ -158,10 +159,12 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
         size_label(label, sizeof(label), rows[i].target_bytes);
         fprintf(f,
                 "%-8s write %5.2f / %5.2f   read %5.2f / %5.2f%s   memcpy %5.2f / %5.2f   "
-                "ratios vs prefaulted: cold %.2f, warm %.2f\n",
+                "ratios vs prefaulted: cold %.2f, warm %.2f   cold restore in a new process "
+                "%.2f\n",
                 label, s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT], s.gbps[BF_RAW_READ],
                 s.gbps[BF_RAW_READ_HOT], rows[i].direct_read ? "" : " (buffered)",
-                s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT], s.cold_ratio_hot, s.warm_ratio_hot);
+                s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT], s.cold_ratio_hot, s.warm_ratio_hot,
+                s.gbps[BF_COLD_CHILD]);
     }
     bool peers = false;
     for (size_t i = 0; i < n; i++)

@@ -1,9 +1,10 @@
 /*
  * `kvtier bench`: save and restore throughput of model-shaped entries against the device
  * limits measured in the same run on the same directory (raw writes and reads of the same
- * bytes, memcpy), the cost of the hash check, peak RSS against the entry size, and optionally
- * the numpy peer. Every kvtier figure runs in a fresh forked child (a restarted server's
- * first restore, with its own peak-RSS mark); the limits run in this process.
+ * bytes into buffers allocated the same way, memcpy), the cost of the hash check, peak RSS
+ * against the entry size, and optionally the numpy peer. Figures are taken in this process,
+ * as a long-running server would see them; peak RSS is taken in a fresh forked child per
+ * repetition (which also gives the first-restore-after-a-restart figure).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -164,114 +165,205 @@ static int fail(const char *what, int rc)
     return rc;
 }
 
-/* Save: kvtier with fsync against the raw writes of the same bytes. */
-static int measure_save(struct bench_ctx *c, struct bench_row *row, int i)
+/*
+ * One measured step. Within a repetition the steps of a phase run in an order rotated by the
+ * repetition number, so that no figure always runs first (right after a page-cache drop) or
+ * last (on memory the previous step just freed).
+ */
+typedef int (*step_fn)(struct bench_ctx *c, struct bench_row *row, int i);
+
+static int run_rotated(struct bench_ctx *c, struct bench_row *row, int i, const step_fn *steps,
+                       int n)
 {
-    struct bench_kvt_job job = {.path = c->kvt_path, .e = c->e};
-    bool kvt_first = i % 2 == 0;
-    int rc = 0;
-    for (int step = 0; step < 2 && rc == 0; step++) {
-        if ((step == 0) == kvt_first) {
-            unlink(c->kvt_path);
-            rc = child(bench_kvt_save, &job, &row->secs[BF_SAVE][i], &row->rss_save[i], NULL,
-                       "save");
-            continue;
-        }
-        for (int direct = 0; direct < 2 && rc == 0; direct++) {
-            double *secs = &row->secs[direct ? BF_RAW_WRITE_DIRECT : BF_RAW_WRITE][i];
-            unlink(c->raw_path);
-            rc = bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes,
-                                 direct, secs);
-            if (rc == -EINVAL && direct) { /* no O_DIRECT here: the buffered figure stands */
-                *secs = 0;
-                rc = 0;
-            }
-            if (rc < 0)
-                rc = fail("raw write", rc);
-        }
-        unlink(c->raw_path);
+    for (int k = 0; k < n; k++) {
+        int rc = steps[(k + i) % n](c, row, i);
+        if (rc < 0)
+            return rc;
     }
-    return rc;
+    return 0;
 }
 
-static int raw_read(struct bench_ctx *c, struct bench_row *row, int i, bool prefaulted)
+static int kvt_save_step(struct bench_ctx *c, struct bench_row *row, int i)
 {
-    uint64_t n = c->lay.file_bytes;
-    void *dst = prefaulted ? c->hot : bench_map(n, false);
-    if (!dst)
-        return fail("raw read", -ENOMEM);
-    int rc = bench_make_cold(c->kvt_path);
+    struct bench_kvt_job job = {.path = c->kvt_path, .e = c->e};
+    uint64_t bytes;
+    unlink(c->kvt_path);
+    int rc = bench_kvt_save(&job, &row->secs[BF_SAVE][i], &bytes);
+    return rc < 0 ? fail("save", rc) : 0;
+}
+
+static int raw_write_step(struct bench_ctx *c, struct bench_row *row, int i, bool direct)
+{
+    double *secs = &row->secs[direct ? BF_RAW_WRITE_DIRECT : BF_RAW_WRITE][i];
+    unlink(c->raw_path);
+    int rc = bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes,
+                             direct, secs);
+    unlink(c->raw_path);
+    if (rc == -EINVAL && direct) { /* no O_DIRECT here: the buffered figure stands */
+        *secs = 0;
+        return 0;
+    }
+    return rc < 0 ? fail("raw write", rc) : 0;
+}
+
+static int raw_write_buffered_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return raw_write_step(c, row, i, false);
+}
+
+static int raw_write_direct_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return raw_write_step(c, row, i, true);
+}
+
+static int kvt_load_step(struct bench_ctx *c, double *secs, bool verify, bool warm)
+{
+    struct bench_kvt_job job = {.path = c->kvt_path, .verify = verify, .keep_cache = warm};
+    uint64_t bytes;
+    int rc = warm ? 0 : bench_make_cold(c->kvt_path);
     if (rc == 0)
-        rc = bench_raw_read(c->kvt_path, dst, n,
-                            &row->secs[prefaulted ? BF_RAW_READ_HOT : BF_RAW_READ][i],
-                            &row->direct_read);
-    if (!prefaulted)
-        bench_unmap(dst, n);
+        rc = bench_kvt_load(&job, secs, &bytes);
+    return rc < 0 ? fail(warm ? "warm restore" : "cold restore", rc) : 0;
+}
+
+static int cold_verify_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return kvt_load_step(c, &row->secs[BF_COLD][i], true, false);
+}
+
+static int cold_noverify_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return kvt_load_step(c, &row->secs[BF_COLD_NOVERIFY][i], false, false);
+}
+
+static int warm_verify_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return kvt_load_step(c, &row->secs[BF_WARM][i], true, true);
+}
+
+static int warm_noverify_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return kvt_load_step(c, &row->secs[BF_WARM_NOVERIFY][i], false, true);
+}
+
+/* Fresh buffers, one per tensor (and one for the header block), as a restore allocates them. */
+static struct bench_span *fresh_spans(const struct bench_layout *l)
+{
+    struct bench_span *s = calloc(l->n_spans, sizeof(*s));
+    for (size_t k = 0; s && k < l->n_spans; k++) {
+        s[k].off = l->spans[k].off;
+        s[k].len = l->spans[k].len;
+        if (posix_memalign(&s[k].data, 4096, (size_t)bench_round_up(s[k].len ? s[k].len : 1))) {
+            while (k-- > 0)
+                free(s[k].data);
+            free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+static void free_spans(struct bench_span *s, size_t n)
+{
+    for (size_t k = 0; s && k < n; k++)
+        free(s[k].data);
+    free(s);
+}
+
+static int raw_read_step(struct bench_ctx *c, struct bench_row *row, int i, bool prefaulted)
+{
+    size_t n = c->lay.n_spans;
+    struct bench_span *s = prefaulted ? calloc(n, sizeof(*s)) : NULL;
+    int rc = bench_make_cold(c->kvt_path);
+    if (rc < 0)
+        return fail("dropping the page cache", rc);
+    double t0 = bench_now();
+    if (prefaulted) {
+        for (size_t k = 0; s && k < n; k++)
+            s[k] = (struct bench_span){(char *)c->hot + c->lay.spans[k].off, c->lay.spans[k].off,
+                                       c->lay.spans[k].len};
+    } else {
+        s = fresh_spans(&c->lay);
+    }
+    if (!s)
+        return fail("raw read", -ENOMEM);
+    double io;
+    rc = bench_raw_read(c->kvt_path, s, n, &io, &row->direct_read);
+    row->secs[prefaulted ? BF_RAW_READ_HOT : BF_RAW_READ][i] = bench_now() - t0;
+    if (prefaulted)
+        free(s);
+    else
+        free_spans(s, n);
     return rc < 0 ? fail("raw read", rc) : 0;
 }
 
-/* Cold restore with and without the hash check against the raw reads of the same file. */
-static int measure_cold(struct bench_ctx *c, struct bench_row *row, int i)
+static int raw_read_fresh_step(struct bench_ctx *c, struct bench_row *row, int i)
 {
-    struct bench_kvt_job ver = {.path = c->kvt_path, .verify = true};
-    struct bench_kvt_job nov = {.path = c->kvt_path, .verify = false};
-    bool kvt_first = i % 2 == 0;
-    int rc = 0;
-    for (int step = 0; step < 2 && rc == 0; step++) {
-        if ((step == 0) == kvt_first) {
-            rc = bench_make_cold(c->kvt_path);
-            if (rc == 0)
-                rc = child(bench_kvt_load, &ver, &row->secs[BF_COLD][i], &row->rss_restore[i],
-                           NULL, "cold restore");
-            if (rc == 0)
-                rc = bench_make_cold(c->kvt_path);
-            if (rc == 0)
-                rc = child(bench_kvt_load, &nov, &row->secs[BF_COLD_NOVERIFY][i], NULL, NULL,
-                           "cold restore without hash check");
-        } else {
-            rc = raw_read(c, row, i, false);
-            if (rc == 0)
-                rc = raw_read(c, row, i, true);
-        }
-    }
-    return rc;
+    return raw_read_step(c, row, i, false);
 }
 
-static double copy_spans(const struct bench_layout *l, void *dst)
+static int raw_read_hot_step(struct bench_ctx *c, struct bench_row *row, int i)
 {
+    return raw_read_step(c, row, i, true);
+}
+
+static int memcpy_step(struct bench_ctx *c, struct bench_row *row, int i, bool prefaulted)
+{
+    const struct bench_layout *l = &c->lay;
     double t0 = bench_now();
-    for (size_t k = 0; k < l->n_spans; k++)
-        memcpy((char *)dst + l->spans[k].off, l->spans[k].data, l->spans[k].len);
-    return bench_now() - t0;
+    if (prefaulted) {
+        for (size_t k = 0; k < l->n_spans; k++)
+            memcpy((char *)c->hot + l->spans[k].off, l->spans[k].data, l->spans[k].len);
+        row->secs[BF_MEMCPY_HOT][i] = bench_now() - t0;
+        return 0;
+    }
+    void **dst = calloc(l->n_spans, sizeof(*dst));
+    size_t k = 0;
+    for (; dst && k < l->n_spans; k++) {
+        if (!(dst[k] = malloc(l->spans[k].len ? l->spans[k].len : 1)))
+            break;
+        memcpy(dst[k], l->spans[k].data, l->spans[k].len);
+    }
+    row->secs[BF_MEMCPY][i] = bench_now() - t0;
+    bool ok = dst && k == l->n_spans;
+    while (dst && k-- > 0)
+        free(dst[k]);
+    free(dst);
+    return ok ? 0 : fail("memcpy", -ENOMEM);
 }
 
-/* Warm restore with and without the hash check against memcpy of the same bytes. */
-static int measure_warm(struct bench_ctx *c, struct bench_row *row, int i)
+static int memcpy_fresh_step(struct bench_ctx *c, struct bench_row *row, int i)
 {
-    struct bench_kvt_job ver = {.path = c->kvt_path, .verify = true, .keep_cache = true};
-    struct bench_kvt_job nov = {.path = c->kvt_path, .verify = false, .keep_cache = true};
-    bool kvt_first = i % 2 == 0;
-    int rc = bench_make_warm(c->kvt_path);
-    if (rc < 0)
-        return fail("warming the page cache", rc);
-    for (int step = 0; step < 2 && rc == 0; step++) {
-        if ((step == 0) == kvt_first) {
-            rc = child(bench_kvt_load, &ver, &row->secs[BF_WARM][i], NULL, NULL,
-                       "warm restore");
-            if (rc == 0)
-                rc = child(bench_kvt_load, &nov, &row->secs[BF_WARM_NOVERIFY][i], NULL, NULL,
-                           "warm restore without hash check");
-        } else {
-            void *dst = bench_map(c->lay.file_bytes, false);
-            if (!dst)
-                return fail("memcpy", -ENOMEM);
-            row->secs[BF_MEMCPY][i] = copy_spans(&c->lay, dst);
-            bench_unmap(dst, c->lay.file_bytes);
-            row->secs[BF_MEMCPY_HOT][i] = copy_spans(&c->lay, c->hot);
-        }
-    }
+    return memcpy_step(c, row, i, false);
+}
+
+static int memcpy_hot_step(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    return memcpy_step(c, row, i, true);
+}
+
+/* Peak RSS of a save and of a cold restore, each in a fresh child. */
+static int measure_rss(struct bench_ctx *c, struct bench_row *row, int i)
+{
+    struct bench_kvt_job save = {.path = c->kvt_path, .e = c->e};
+    struct bench_kvt_job load = {.path = c->kvt_path, .verify = true};
+    double secs;
+    unlink(c->kvt_path);
+    int rc = child(bench_kvt_save, &save, &secs, &row->rss_save[i], NULL, "save");
+    if (rc == 0)
+        rc = bench_make_cold(c->kvt_path);
+    if (rc == 0)
+        rc = child(bench_kvt_load, &load, &row->secs[BF_COLD_CHILD][i], &row->rss_restore[i],
+                   NULL, "cold restore");
     return rc;
 }
+
+static const step_fn save_steps[] = {kvt_save_step, raw_write_buffered_step,
+                                     raw_write_direct_step};
+static const step_fn cold_steps[] = {cold_verify_step, cold_noverify_step, raw_read_fresh_step,
+                                     raw_read_hot_step};
+static const step_fn warm_steps[] = {warm_verify_step, warm_noverify_step, memcpy_fresh_step,
+                                     memcpy_hot_step};
 
 /* Build the entry, save it once, check that a restore gives back the same bytes. */
 static int prepare(struct bench_ctx *c, struct bench_row *row, const struct bench_model *m)
@@ -327,14 +419,19 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
     for (int i = 0; rc == 0 && i < c->o->repeat; i++) {
         unsigned long long mib = (unsigned long long)(row->target_bytes >> 20);
         progress(c, "%llu MiB: repetition %d/%d: save", mib, i + 1, c->o->repeat);
-        rc = measure_save(c, row, i);
+        rc = run_rotated(c, row, i, save_steps, 3);
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: cold restore", mib, i + 1, c->o->repeat);
-            rc = measure_cold(c, row, i);
+            rc = run_rotated(c, row, i, cold_steps, 4);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: warm restore", mib, i + 1, c->o->repeat);
-            rc = measure_warm(c, row, i);
+            rc = bench_make_warm(c->kvt_path);
+            rc = rc < 0 ? fail("warming the page cache", rc) : run_rotated(c, row, i, warm_steps, 4);
+        }
+        if (rc == 0) {
+            progress(c, "%llu MiB: repetition %d/%d: peak RSS", mib, i + 1, c->o->repeat);
+            rc = measure_rss(c, row, i);
         }
         if (rc == 0)
             row->n = i + 1;
