@@ -153,7 +153,7 @@ static int serve_turn(struct demo *d, kvt_pcache *pc, int turn, size_t prompt, s
             rc = bench_cache_append_random(caches[l], d->m, end - prompt, &rng);
         if (rc < 0)
             goto out;
-        char what[64];
+        char what[96];
         snprintf(what, sizeof(what), "turn %d: layer %zu/%zu", turn + 1, l + 1, nl);
         bar(d, what, (double)(l + 1) / (double)nl);
     }
