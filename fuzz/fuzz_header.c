@@ -68,7 +68,8 @@ static bool str_eq(const char *a, const char *b)
 static bool same_header(const struct kvt_header *a, const struct kvt_header *b)
 {
     if (a->format_version != b->format_version || a->created_at != b->created_at ||
-        !str_eq(a->model_id, b->model_id) || !str_eq(a->config_fingerprint, b->config_fingerprint) ||
+        !str_eq(a->model_id, b->model_id) ||
+        !str_eq(a->config_fingerprint, b->config_fingerprint) ||
         !str_eq(a->tokenizer_hash, b->tokenizer_hash) || !str_eq(a->ns, b->ns) ||
         a->n_tokens != b->n_tokens || a->n_caches != b->n_caches)
         return false;
@@ -101,8 +102,8 @@ static void check_round_trip(const struct kvt_header *h)
     }
     size_t n;
     uint64_t fsize;
-    uint8_t *img = build_image((const uint8_t *)j1.data, j1.len, h->file_size - h->data_start, &n,
-                               &fsize);
+    uint8_t *img =
+        build_image((const uint8_t *)j1.data, j1.len, h->file_size - h->data_start, &n, &fsize);
     if (!img) {
         kvt_sbuf_free(&j1);
         return;

@@ -43,7 +43,7 @@
 #define UNVERIFIED_STRIDE 97
 
 static char *dir, *path;
-static uint8_t *img;           /* the intact file */
+static uint8_t *img; /* the intact file */
 static size_t img_len;
 static struct kvt_entry *ref;  /* its load */
 static struct kvt_header *hdr; /* its header */
@@ -195,8 +195,8 @@ static void expect_load(bool protected_, uint64_t off, struct flip_counts *c)
                    : rc == KVT_E_UNSUPPORTED ? 2
                                              : 3]++;
         if (!protected_)
-            fail_msg("flip at %llu (does not matter) failed the load: %s",
-                     (unsigned long long)off, kvt_last_error());
+            fail_msg("flip at %llu (does not matter) failed the load: %s", (unsigned long long)off,
+                     kvt_last_error());
         if (rc != KVT_E_CORRUPT && rc != KVT_E_FORMAT && rc != KVT_E_UNSUPPORTED)
             fail_msg("flip at %llu: unexpected error %d: %s", (unsigned long long)off, rc,
                      kvt_last_error());
@@ -327,12 +327,13 @@ static void test_every_truncation(void **state)
 
 /* ---- hostile headers ------------------------------------------------------------------- */
 
-#define META                                                                                     \
-    "\"modelId\":\"" SYNTH_MODEL "\",\"configFingerprint\":\"" SYNTH_FP                         \
+#define META                                                                                       \
+    "\"modelId\":\"" SYNTH_MODEL "\",\"configFingerprint\":\"" SYNTH_FP                            \
     "\",\"tokenizerHash\":\"" SYNTH_TOK "\",\"ns\":\"\""
-#define TOP(tokens, caches) "{\"formatVersion\":3," META ",\"tokens\":" tokens ",\"caches\":" caches "}"
+#define TOP(tokens, caches)                                                                        \
+    "{\"formatVersion\":3," META ",\"tokens\":" tokens ",\"caches\":" caches "}"
 #define ZH "526ea6526105509e" /* Wyhash of 64 zero bytes */
-#define SLOT(off, bytes, shape) \
+#define SLOT(off, bytes, shape)                                                                    \
     "{\"off\":" off ",\"bytes\":" bytes ",\"shape\":" shape ",\"dtype\":12,\"hash\":\"" ZH "\"}"
 #define KV1(k, v) "[{\"kind\":\"kv\",\"offset\":1,\"tensors\":[" k "," v "]}]"
 #define GOOD_K SLOT("0", "64", "[1,2,1,16]")
@@ -340,9 +341,9 @@ static void test_every_truncation(void **state)
 
 struct hostile {
     const char *name;
-    const char *json;  /* NULL: the valid header, with the prefix edit below */
-    uint64_t data;     /* bytes after dataStart (zeros) */
-    int prefix_field;  /* 0, or 10 (headerLen) / 14 (dataStart): overwrite with prefix_value */
+    const char *json; /* NULL: the valid header, with the prefix edit below */
+    uint64_t data;    /* bytes after dataStart (zeros) */
+    int prefix_field; /* 0, or 10 (headerLen) / 14 (dataStart): overwrite with prefix_value */
     uint32_t prefix_value;
     int want;          /* load and verify result */
     const char *check; /* in the message */
@@ -357,8 +358,8 @@ static const struct hostile HOSTILE[] = {
     {"dataStart beyond the file", NULL, 16448, 14, 1u << 30, KVT_E_CORRUPT, "V5"},
     {"overlapping slots", TOP("[1]", KV1(GOOD_K, SLOT("0", "64", "[1,2,1,16]"))), 64, 0, 0,
      KVT_E_CORRUPT, "V16"},
-    {"misaligned offset", TOP("[1]", KV1(GOOD_K, SLOT("16000", "64", "[1,2,1,16]"))), 16448, 0,
-     0, KVT_E_CORRUPT, "V15"},
+    {"misaligned offset", TOP("[1]", KV1(GOOD_K, SLOT("16000", "64", "[1,2,1,16]"))), 16448, 0, 0,
+     KVT_E_CORRUPT, "V15"},
     {"slot beyond the end of the file", TOP("[1]", KV1(GOOD_K, SLOT("32768", "64", "[1,2,1,16]"))),
      16448, 0, 0, KVT_E_CORRUPT, "V17"},
     {"huge shape (product overflows)",
@@ -370,27 +371,32 @@ static const struct hostile HOSTILE[] = {
      16448, 0, 0, KVT_E_CORRUPT, "V13"},
     {"wrong tensor count", TOP("[1]", "[{\"kind\":\"kv\",\"offset\":1,\"tensors\":[" GOOD_K "]}]"),
      16448, 0, 0, KVT_E_CORRUPT, "V12"},
-    {"duplicate key", "{\"formatVersion\":3,\"formatVersion\":3," META ",\"tokens\":[1],\"caches\":"
-     KV1(GOOD_K, GOOD_V) "}", 16448, 0, 0, KVT_E_CORRUPT, "V7"},
-    {"invalid UTF-8", "{\"formatVersion\":3,\"modelId\":\"\xc3\x28\",\"tokens\":[1],\"caches\":"
-     KV1(GOOD_K, GOOD_V) "}", 16448, 0, 0, KVT_E_CORRUPT, "V7"},
+    {"duplicate key",
+     "{\"formatVersion\":3,\"formatVersion\":3," META
+     ",\"tokens\":[1],\"caches\":" KV1(GOOD_K, GOOD_V) "}",
+     16448, 0, 0, KVT_E_CORRUPT, "V7"},
+    {"invalid UTF-8",
+     "{\"formatVersion\":3,\"modelId\":\"\xc3\x28\",\"tokens\":[1],\"caches\":" KV1(GOOD_K,
+                                                                                    GOOD_V) "}",
+     16448, 0, 0, KVT_E_CORRUPT, "V7"},
     {"trailing junk after the JSON", TOP("[1]", KV1(GOOD_K, GOOD_V)) " x", 16448, 0, 0,
      KVT_E_CORRUPT, "V7"},
     {"not an object", "[1,2,3]", 16448, 0, 0, KVT_E_CORRUPT, "V7"},
     {"token out of range", TOP("[2147483648]", KV1(GOOD_K, GOOD_V)), 16448, 0, 0, KVT_E_CORRUPT,
      "V11"},
-    {"negative offset", TOP("[1]", "[{\"kind\":\"kv\",\"offset\":-1,\"tensors\":[" GOOD_K "," GOOD_V
-                        "]}]"),
-     16448, 0, 0, KVT_E_CORRUPT, "V11"},
+    {"negative offset",
+     TOP("[1]", "[{\"kind\":\"kv\",\"offset\":-1,\"tensors\":[" GOOD_K "," GOOD_V "]}]"), 16448, 0,
+     0, KVT_E_CORRUPT, "V11"},
     {"fractional number", TOP("[1.5]", KV1(GOOD_K, GOOD_V)), 16448, 0, 0, KVT_E_CORRUPT, "V11"},
-    {"token axis differs from offset", TOP("[1]", KV1(SLOT("0", "128", "[1,2,2,16]"),
-                                                      SLOT("16384", "128", "[1,2,2,16]"))),
-     16512, 0, 0, KVT_E_CORRUPT, "V19"},
+    {"token axis differs from offset",
+     TOP("[1]", KV1(SLOT("0", "128", "[1,2,2,16]"), SLOT("16384", "128", "[1,2,2,16]"))), 16512, 0,
+     0, KVT_E_CORRUPT, "V19"},
     {"empty caches", TOP("[1]", "[]"), 0, 0, 0, KVT_E_CORRUPT, "V11"},
     {"unknown kind (newer writer)", TOP("[1]", "[{\"kind\":\"mla\",\"offset\":1,\"tensors\":[]}]"),
      0, 0, 0, KVT_E_UNSUPPORTED, "V10"},
-    {"formatVersion 4", "{\"formatVersion\":4," META ",\"tokens\":[1],\"caches\":"
-     KV1(GOOD_K, GOOD_V) "}", 16448, 0, 0, KVT_E_UNSUPPORTED, "V8"},
+    {"formatVersion 4",
+     "{\"formatVersion\":4," META ",\"tokens\":[1],\"caches\":" KV1(GOOD_K, GOOD_V) "}", 16448, 0,
+     0, KVT_E_UNSUPPORTED, "V8"},
 };
 
 static void put_le32(uint8_t *p, uint32_t v)
@@ -470,7 +476,9 @@ static void test_hostile_headers(void **state)
             assert_int_equal(ss.entries, h->want == 0);
         }
         print_message("hostile: %-40s load %d, store %s\n", h->name, h->want,
-                      h->want == KVT_E_CORRUPT ? "deleted" : h->want ? "skipped, kept" : "indexed");
+                      h->want == KVT_E_CORRUPT ? "deleted"
+                      : h->want                ? "skipped, kept"
+                                               : "indexed");
         rm_rf(sdir);
         free(fpdir);
         free(file);

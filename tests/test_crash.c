@@ -288,9 +288,10 @@ static void test_kill_loop(void **state)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     c.acked += (long)n_ids;
     printf("crash: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld restores checked), "
-           "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored with different "
-           "bytes, %ld .tmp left (%.1f s)\n",
-           c.kills, c.tmp_seen, c.acked, c.checks, c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
+           "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored "
+           "with different bytes, %ld .tmp left (%.1f s)\n",
+           c.kills, c.tmp_seen, c.acked, c.checks, c.visible, c.corrupt, c.scan_corrupt, c.lost,
+           c.mismatched, c.tmp_left,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
     if (dir)
         rm_rf(dir);
@@ -311,8 +312,8 @@ static void test_kill_loop(void **state)
  * Two writers on one directory: each is killed and restarted in turn while the other keeps
  * writing, so every restart runs recovery (and every put a refresh) next to a live writer's
  * .tmp, with a short grace period. A recovery that reaped a file still being written would
- * fail that writer's put, and the writer would exit by itself. At the end every published file verifies and every entry either
- * writer acknowledged restores exactly.
+ * fail that writer's put, and the writer would exit by itself. At the end every published file
+ * verifies and every entry either writer acknowledged restores exactly.
  */
 static void test_two_writers(void **state)
 {
@@ -375,8 +376,7 @@ static void test_two_writers(void **state)
     printf("crash, two writers: %ld kills, %zu acknowledged puts, %ld visible files verified, "
            "%ld corrupt, %ld corrupt at scan, %ld lost, %ld restored with different bytes, "
            "%ld .tmp left\n",
-           c.kills, n_ids, c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched,
-           c.tmp_left);
+           c.kills, n_ids, c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left);
     rm_rf(dir);
     for (int w = 0; w < 2; w++) {
         unlink(ack[w]);

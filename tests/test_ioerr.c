@@ -134,10 +134,10 @@ static bool disarm(struct shot *s)
 static char *tmpl; /* a store with the committed entries, copied for every attempt */
 static const uint32_t COMMITTED[] = {1, 2, 3}; /* six kinds, trimmable, another namespace */
 #define N_COMMITTED (sizeof(COMMITTED) / sizeof(COMMITTED[0]))
-#define NEW_ID 101   /* the entry a put writes (six kinds), in a namespace of its own */
+#define NEW_ID 101         /* the entry a put writes (six kinds), in a namespace of its own */
 #define NEW_NS "ioerr-new" /* not in the template: the put creates its directory */
-#define SAVE_ID 100  /* the entry kvt_file_save writes (plus a zero-byte last layer) */
-#define AFTER_ID 104 /* a put after a failed one: the store stays usable */
+#define SAVE_ID 100        /* the entry kvt_file_save writes (plus a zero-byte last layer) */
+#define AFTER_ID 104       /* a put after a failed one: the store stays usable */
 
 static int count_fds(void)
 {
@@ -410,8 +410,7 @@ static void attempt_restore(const char *dir, const struct fault *f, uint64_t nth
         fail_msg("restore under %s #%llu missed: %s", f->name, (unsigned long long)nth,
                  kvt_last_error());
     if (got && !synth_same_caches(got, want))
-        fail_msg("restore under %s #%llu gave different bytes", f->name,
-                 (unsigned long long)nth);
+        fail_msg("restore under %s #%llu gave different bytes", f->name, (unsigned long long)nth);
     kvt_entry_free(got);
     kvt_entry_free(want);
     kvt_store_close(st);

@@ -26,9 +26,8 @@
 #define SYNTH_RING 8 /* maxSize of the ring kinds */
 
 /* Kinds of a layer list; SYNTH_ALL_KINDS lists all six (the last is the untrimmable ssm). */
-static const int SYNTH_ALL_KINDS[] = {KVT_KIND_KV,         KVT_KIND_ROTATING,
-                                      KVT_KIND_QKV,        KVT_KIND_TURBOQUANT,
-                                      KVT_KIND_ROTATING_QKV, KVT_KIND_SSM};
+static const int SYNTH_ALL_KINDS[] = {KVT_KIND_KV,         KVT_KIND_ROTATING,     KVT_KIND_QKV,
+                                      KVT_KIND_TURBOQUANT, KVT_KIND_ROTATING_QKV, KVT_KIND_SSM};
 static const int SYNTH_TRIMMABLE_KINDS[] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_TURBOQUANT};
 
 /* Fill @p t (a new contiguous tensor) with bytes derived from @p tok and @p seed. */
@@ -64,13 +63,13 @@ static inline int synth_cache_heads(int kind, const int32_t *tok, size_t n, int 
     int64_t shapes[KVT_MAX_CACHE_TENSORS][4];
     int dtypes[KVT_MAX_CACHE_TENSORS], ranks[KVT_MAX_CACHE_TENSORS] = {4, 4, 4, 4, 4, 4};
     int nt = kvt_kind_tensor_count(kind);
-#define SHAPE(i, r, d, dt)                                                                       \
-    do {                                                                                         \
-        shapes[i][0] = 1;                                                                        \
-        shapes[i][1] = heads;                                                                    \
-        shapes[i][2] = (r);                                                                      \
-        shapes[i][3] = (d);                                                                      \
-        dtypes[i] = (dt);                                                                        \
+#define SHAPE(i, r, d, dt)                                                                         \
+    do {                                                                                           \
+        shapes[i][0] = 1;                                                                          \
+        shapes[i][1] = heads;                                                                      \
+        shapes[i][2] = (r);                                                                        \
+        shapes[i][3] = (d);                                                                        \
+        dtypes[i] = (dt);                                                                          \
     } while (0)
     switch (kind) {
     case KVT_KIND_KV: /* Dk 16, Dv 8 */
@@ -121,8 +120,7 @@ static inline int synth_cache_heads(int kind, const int32_t *tok, size_t n, int 
         dtypes[0] = KVT_BFLOAT16;
         SHAPE(1, 4, 4, KVT_FLOAT32);
         break;
-    default:
-        return -EINVAL;
+    default: return -EINVAL;
     }
 #undef SHAPE
     struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
@@ -147,8 +145,7 @@ static inline int synth_cache(int kind, const int32_t *tok, size_t n, int layer,
 static inline int synth_set_meta(struct kvt_entry *e)
 {
     const char *v[3] = {SYNTH_MODEL, SYNTH_FP, SYNTH_TOK};
-    const char **dst[3] = {&e->meta.model_id, &e->meta.config_fingerprint,
-                           &e->meta.tokenizer_hash};
+    const char **dst[3] = {&e->meta.model_id, &e->meta.config_fingerprint, &e->meta.tokenizer_hash};
     for (int i = 0; i < 3; i++) {
         free((char *)*dst[i]);
         *dst[i] = strdup(v[i]);
