@@ -298,12 +298,19 @@ static bool has_id(kvt_store *s, uint32_t id)
 
 /*
  * The state every attempt must leave: a clean open, every committed entry intact, @p new_id
- * present exactly when @p want_new, @p also (if non-zero) present, no .tmp after the open.
+ * present exactly when @p want_new, @p also (if non-zero) present, no .tmp after the open, and
+ * no partial file (the scan finds nothing corrupt; recovery work planted on purpose aside).
  */
-static void check_dir(const char *dir, uint32_t new_id, bool want_new, uint32_t also)
+static void check_dir(const char *dir, uint32_t new_id, bool want_new, uint32_t also, bool planted)
 {
     kvt_store *s = open_clean(dir);
     assert_int_equal(count_files(dir, ".tmp"), 0);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    if (!planted && st.corrupt_files != 0)
+        fail_msg("%llu corrupt file(s) left behind", (unsigned long long)st.corrupt_files);
+    if (!planted && st.entries + st.skipped_files != (uint64_t)count_files(dir, ".mlxkv"))
+        fail_msg("files on disk the store neither indexed nor skipped");
     for (size_t i = 0; i < N_COMMITTED; i++)
         if (!has_id(s, COMMITTED[i]))
             fail_msg("committed entry %u is gone", COMMITTED[i]);
@@ -354,7 +361,7 @@ static void attempt_save(const char *dir, const struct fault *f, uint64_t nth, b
         struct kvt_expect x = {.model_id = SYNTH_MODEL};
         assert_int_equal(kvt_file_verify(path, &x), 0);
     }
-    check_dir(dir, SAVE_ID, published, 0);
+    check_dir(dir, SAVE_ID, published, 0, false);
     free(path);
     free(tmp);
     free(nsdir);
@@ -384,7 +391,7 @@ static void attempt_put(const char *dir, const struct fault *f, uint64_t nth, bo
         fail_msg("put after a failed put: %s", kvt_last_error());
     kvt_entry_free(e);
     kvt_store_close(st);
-    check_dir(dir, NEW_ID, rc == 0, AFTER_ID);
+    check_dir(dir, NEW_ID, rc == 0, AFTER_ID, false);
 }
 
 static void attempt_restore(const char *dir, const struct fault *f, uint64_t nth, bool *hit,
@@ -414,7 +421,7 @@ static void attempt_restore(const char *dir, const struct fault *f, uint64_t nth
     kvt_entry_free(got);
     kvt_entry_free(want);
     kvt_store_close(st);
-    check_dir(dir, 0, false, 0); /* an I/O error never costs the file */
+    check_dir(dir, 0, false, 0, false); /* an I/O error never costs the file */
 }
 
 /* Recovery work for an open: an abandoned .tmp, a corrupt file, another model's file. */
@@ -469,7 +476,7 @@ static void attempt_open(const char *dir, const struct fault *f, uint64_t nth, b
     if (f->must_succeed && rc != 0)
         fail_msg("open under %s #%llu: %s", f->name, (unsigned long long)nth, kvt_last_error());
     kvt_store_close(st);
-    check_dir(dir, 0, false, 0);
+    check_dir(dir, 0, false, 0, true);
     if (exists(corrupt))
         fail_msg("a clean open after %s #%llu kept the corrupt file", f->name,
                  (unsigned long long)nth);
