@@ -68,9 +68,8 @@ static void test_aq_roundtrip(void **state)
         assert_string_equal(kvt_aq_name(&q), engines[e]);
         uint8_t *got = calloc(4, 65536);
         for (unsigned k = 0; k < 4; k++)
-            assert_int_equal(kvt_aq_submit(&q, fd, 0, got + k * 65536, 65536,
-                                           (uint64_t)(3 - k) * 65536, k),
-                             0);
+            assert_int_equal(
+                kvt_aq_submit(&q, fd, 0, got + k * 65536, 65536, (uint64_t)(3 - k) * 65536, k), 0);
         assert_int_equal(kvt_aq_submit(&q, fd, 0, got, 1, 0, 9), -EBUSY); /* full */
         unsigned seen = 0;
         for (int i = 0; i < 4; i++) {
@@ -134,9 +133,8 @@ struct read_case {
  * zero-length one, and the last reaching the end of the file exactly.
  */
 static const struct kvt_range ranges[] = {
-    {0, 16384},          {16384, 100000},     {116400, 3},     {116403, 0},
-    {120000, 2500000},   {2700000, 4096},     {4000000, 1},    {4001000, 2000000},
-    {6301000, 299},
+    {0, 16384},      {16384, 100000}, {116400, 3},        {116403, 0},    {120000, 2500000},
+    {2700000, 4096}, {4000000, 1},    {4001000, 2000000}, {6301000, 299},
 };
 #define FILE_BYTES 6301299u
 
@@ -153,8 +151,8 @@ static void run_read_case(const char *path, const uint8_t *want, const struct re
 {
     int fd = open(path, O_RDONLY);
     assert_true(fd >= 0);
-    struct kvt_stream_opts o = {.chunk = c->chunk, .depth = c->depth, .no_direct = c->no_direct,
-                                .engine = c->engine};
+    struct kvt_stream_opts o = {
+        .chunk = c->chunk, .depth = c->depth, .no_direct = c->no_direct, .engine = c->engine};
     struct kvt_rstream *s;
     size_t nr = sizeof(ranges) / sizeof(ranges[0]), total = 0;
     assert_int_equal(kvt_rstream_open(fd, ranges, nr, &o, &s), 0);
@@ -174,8 +172,7 @@ static void run_read_case(const char *path, const uint8_t *want, const struct re
     size_t done = 0, step = 1;
     while (done < total) {
         size_t n = total - done < step ? total - done : step;
-        assert_int_equal(kvt_rstream_read(s, c->no_dst ? NULL : dst + done, n, collect, &sk,
-                                          NULL),
+        assert_int_equal(kvt_rstream_read(s, c->no_dst ? NULL : dst + done, n, collect, &sk, NULL),
                          0);
         done += n;
         step = step * 7 + 13;
@@ -219,9 +216,12 @@ static void test_read_matrix(void **state)
     for (size_t e = 0; e < 2; e++)
         for (size_t k = 0; k < 3; k++)
             for (int mode = 0; mode < 4; mode++) {
-                struct read_case c = {.engine = engines[e], .chunk = chunks[k],
-                                      .depth = k == 1 ? 3 : 0, .no_direct = mode == 1,
-                                      .warm = mode == 2, .no_dst = mode == 3};
+                struct read_case c = {.engine = engines[e],
+                                      .chunk = chunks[k],
+                                      .depth = k == 1 ? 3 : 0,
+                                      .no_direct = mode == 1,
+                                      .warm = mode == 2,
+                                      .no_dst = mode == 3};
                 if (c.warm)
                     warm_cache(path);
                 else
@@ -286,9 +286,8 @@ static void test_read_short_file(void **state)
             kvt_io_set(kvt_io_fault()); /* the plain path */
         }
         struct kvt_rstream *s;
-        assert_int_equal(kvt_rstream_open(fd, r, 2, &(struct kvt_stream_opts){.no_direct = mode},
-                                          &s),
-                         0);
+        assert_int_equal(
+            kvt_rstream_open(fd, r, 2, &(struct kvt_stream_opts){.no_direct = mode}, &s), 0);
         uint8_t *dst = malloc(4 << 20);
         assert_int_equal(kvt_rstream_read(s, dst, 1 << 20, NULL, NULL, NULL), 0);
         assert_memory_equal(dst, want, 1 << 20);
@@ -321,8 +320,7 @@ static void test_read_fault_backend(void **state)
     struct kvt_fault_rule rule = {.op = KVT_FAULT_PREAD, .nth = 2, .err = EIO};
     assert_int_equal(kvt_fault_arm(&rule), 0);
     struct kvt_rstream *s;
-    assert_int_equal(kvt_rstream_open(fd, ranges, sizeof(ranges) / sizeof(ranges[0]), NULL, &s),
-                     0);
+    assert_int_equal(kvt_rstream_open(fd, ranges, sizeof(ranges) / sizeof(ranges[0]), NULL, &s), 0);
     uint8_t *dst = malloc(FILE_BYTES);
     uint64_t at = 0;
     assert_int_equal(kvt_rstream_read(s, dst, 16384, NULL, NULL, &at), 0);
@@ -344,7 +342,7 @@ struct wpiece {
 
 /* Pieces the way the format writes: slots at 16 KiB multiples, some split into runs. */
 static const struct wpiece wpieces[] = {
-    {16384, 5000},   {21384, 70000},  {98304, 1},       {114688, 3000000},
+    {16384, 5000},   {21384, 70000},   {98304, 1},       {114688, 3000000},
     {3129344, 4096}, {3145728, 12345}, {3158073, 77777}, {3276800, 1234567},
 };
 
@@ -369,15 +367,15 @@ static void run_write_case(const char *engine, size_t chunk, bool no_direct, boo
     assert_int_equal(kvt_io_write_full(fd, src, 16384, 0), 0);
     memcpy(want, src, 16384);
     struct kvt_wstream *w;
-    struct kvt_stream_opts o = {.chunk = chunk, .depth = 3, .no_direct = no_direct,
-                                .engine = engine};
+    struct kvt_stream_opts o = {
+        .chunk = chunk, .depth = 3, .no_direct = no_direct, .engine = engine};
     assert_int_equal(kvt_wstream_open(fd, &o, &w), 0);
     struct kvt_wyhash_state h;
     kvt_wyhash_init(&h, 0);
     for (size_t i = 0; i < np; i++)
-        assert_int_equal(kvt_wstream_write(w, wpieces[i].off, src + wpieces[i].off,
-                                           wpieces[i].len, &h, NULL),
-                         0);
+        assert_int_equal(
+            kvt_wstream_write(w, wpieces[i].off, src + wpieces[i].off, wpieces[i].len, &h, NULL),
+            0);
     assert_int_equal(kvt_wstream_write(w, 0, src, 1, NULL, NULL), -EINVAL); /* backwards */
     assert_int_equal(kvt_wstream_finish(w, NULL), 0);
     assert_int_equal(kvt_wstream_end(w), end);
@@ -424,10 +422,10 @@ static void test_write_errors(void **state)
         unlink(path);
         int fd = open(path, O_CREAT | O_WRONLY, 0644);
         struct kvt_wstream *w;
-        assert_int_equal(kvt_wstream_open(fd, &(struct kvt_stream_opts){.no_direct = !direct,
-                                                                        .chunk = 65536},
-                                          &w),
-                         0);
+        assert_int_equal(
+            kvt_wstream_open(fd, &(struct kvt_stream_opts){.no_direct = !direct, .chunk = 65536},
+                             &w),
+            0);
         lim = old;
         lim.rlim_cur = 1 << 20;
         assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
@@ -476,9 +474,8 @@ static void test_plain_gathers_small_pieces(void **state)
     assert_int_equal(kvt_wstream_open(fd, NULL, &w), 0);
     uint64_t before = kvt_fault_calls(KVT_FAULT_PWRITE);
     for (int i = 0; i < 1000; i++)
-        assert_int_equal(kvt_wstream_write(w, 16384 + (uint64_t)i * 100, want + i * 100, 100,
-                                           NULL, NULL),
-                         0);
+        assert_int_equal(
+            kvt_wstream_write(w, 16384 + (uint64_t)i * 100, want + i * 100, 100, NULL, NULL), 0);
     assert_int_equal(kvt_wstream_finish(w, NULL), 0);
     kvt_wstream_free(w);
     assert_int_equal(kvt_fault_calls(KVT_FAULT_PWRITE) - before, 1);

@@ -84,8 +84,7 @@ size_t bench_token_bytes(const struct bench_model *m);
 /* Fill @p n bytes with the xorshift64* stream of @p state (deterministic). */
 void bench_fill(void *dst, size_t n, uint64_t *state);
 /* Append @p len tokens of pseudo-random K and V (from @p rng) to the kv cache @p c. */
-int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len,
-                              uint64_t *rng);
+int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len, uint64_t *rng);
 /*
  * A library-owned entry of one kv cache per layer holding @p n_tokens tokens of pseudo-random
  * state (seeded by @p seed), appended in chunks of @p chunk tokens (0 = all at once) the way a

@@ -44,8 +44,7 @@ void bench_fill(void *dst, size_t n, uint64_t *state)
     *state = x;
 }
 
-int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len,
-                              uint64_t *rng)
+int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len, uint64_t *rng)
 {
     int64_t shape[4] = {1, m->kv_heads, (int64_t)len, m->head_dim};
     size_t bytes = (size_t)m->kv_heads * len * (size_t)m->head_dim * kvt_dtype_size(m->dtype);

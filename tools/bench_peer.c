@@ -136,7 +136,7 @@ int bench_peer_run(const char *python, const char *script, const char *src, cons
     char rep[16];
     snprintf(rep, sizeof(rep), "%d", repeat);
     char *argv[] = {(char *)python, (char *)script, "--src", (char *)src, "--dir",
-                    (char *)dir, "--repeat", rep, NULL};
+                    (char *)dir,    "--repeat",     rep,     NULL};
     char *text;
     memset(p, 0, sizeof(*p));
     int st = capture(argv, &text);

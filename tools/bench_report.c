@@ -128,14 +128,13 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
     const struct bench_model *m = ri->model;
     fprintf(f, "kvtier bench: %s, raw I/O engine %s, %d repetitions, medians\n", ri->dir,
             bench_raw_engine(), ri->repeat);
-    fprintf(f, "entry: %d layers x %d KV heads x %d head dim, %s, %zu KiB per token\n\n",
-            m->layers, m->kv_heads, m->head_dim, kvt_dtype_name(m->dtype),
-            bench_token_bytes(m) / 1024);
+    fprintf(f, "entry: %d layers x %d KV heads x %d head dim, %s, %zu KiB per token\n\n", m->layers,
+            m->kv_heads, m->head_dim, kvt_dtype_name(m->dtype), bench_token_bytes(m) / 1024);
     fprintf(f, "%-8s %6s | %-20s | %-20s | %-20s | %-12s | %s\n", "", "", "save (GB/s)",
             "cold restore (GB/s)", "warm restore (GB/s)", "hash check", "peak RSS (MiB)");
-    fprintf(f, "%-8s %6s | %6s %6s %6s | %6s %6s %6s | %6s %6s %6s | %5s %6s | %7s %7s\n",
-            "size", "tokens", "kvtier", "raw", "ratio", "kvtier", "raw", "ratio", "kvtier",
-            "memcpy", "ratio", "cold", "warm", "restore", "entry");
+    fprintf(f, "%-8s %6s | %6s %6s %6s | %6s %6s %6s | %6s %6s %6s | %5s %6s | %7s %7s\n", "size",
+            "tokens", "kvtier", "raw", "ratio", "kvtier", "raw", "ratio", "kvtier", "memcpy",
+            "ratio", "cold", "warm", "restore", "entry");
     for (size_t i = 0; i < n; i++) {
         struct bench_summary s;
         char label[32];
@@ -146,9 +145,9 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
                 "%-8s %6zu | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f |"
                 " %4.1f%% %5.1f%% | %7.0f %7.0f\n",
                 label, rows[i].tokens, s.gbps[BF_SAVE], raw_w, s.save_ratio, s.gbps[BF_COLD],
-                s.gbps[BF_RAW_READ], s.cold_ratio, s.gbps[BF_WARM], s.gbps[BF_MEMCPY],
-                s.warm_ratio, 100 * s.verify_cost, 100 * s.verify_cost_warm,
-                s.rss_restore / MIB, (double)rows[i].restored_bytes / MIB);
+                s.gbps[BF_RAW_READ], s.cold_ratio, s.gbps[BF_WARM], s.gbps[BF_MEMCPY], s.warm_ratio,
+                100 * s.verify_cost, 100 * s.verify_cost_warm, s.rss_restore / MIB,
+                (double)rows[i].restored_bytes / MIB);
     }
     fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh"
                " buffers / prefaulted memory, memcpy into fresh buffers / prefaulted memory\n");
@@ -178,14 +177,16 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
             size_label(label, sizeof(label), rows[i].target_bytes);
             if (!s.has_peer)
                 continue;
-            fprintf(f, "%-8s save %5.2f (x%.2f)   cold load %5.2f (x%.2f)   warm load %5.2f "
-                       "(x%.2f)\n",
-                    label, s.peer_save_gbps, s.peer_save_ratio, s.peer_cold_gbps,
-                    s.peer_cold_ratio, s.peer_warm_gbps, s.peer_warm_ratio);
+            fprintf(f,
+                    "%-8s save %5.2f (x%.2f)   cold load %5.2f (x%.2f)   warm load %5.2f "
+                    "(x%.2f)\n",
+                    label, s.peer_save_gbps, s.peer_save_ratio, s.peer_cold_gbps, s.peer_cold_ratio,
+                    s.peer_warm_gbps, s.peer_warm_ratio);
         }
     }
-    fprintf(f, "\nratio = kvtier / same-run limit; hash check = 1 - throughput with / without;"
-               " wall %.0f s\n",
+    fprintf(f,
+            "\nratio = kvtier / same-run limit; hash check = 1 - throughput with / without;"
+            " wall %.0f s\n",
             ri->wall_s);
 }
 
@@ -199,8 +200,9 @@ static void json_num(FILE *f, const char *key, double v, bool comma)
 
 static void json_summary(FILE *f, const struct bench_row *r, const struct bench_summary *s)
 {
-    fprintf(f, "\"entry_bytes\": %llu, \"file_bytes\": %llu, \"restored_bytes\": %llu, "
-               "\"tokens\": %zu, ",
+    fprintf(f,
+            "\"entry_bytes\": %llu, \"file_bytes\": %llu, \"restored_bytes\": %llu, "
+            "\"tokens\": %zu, ",
             (unsigned long long)r->entry_bytes, (unsigned long long)r->file_bytes,
             (unsigned long long)r->restored_bytes, r->tokens);
     json_num(f, "save_ratio", s->save_ratio, true);
@@ -212,8 +214,7 @@ static void json_summary(FILE *f, const struct bench_row *r, const struct bench_
     json_num(f, "restore_warm_ratio_prefaulted", s->warm_ratio_hot, true);
     fprintf(f, "\"peak_rss_extra_bytes\": %.0f, \"save_peak_rss_extra_bytes\": %.0f, ",
             s->rss_restore, s->rss_save);
-    json_num(f, "raw_write_gbps", fmax(s->gbps[BF_RAW_WRITE], s->gbps[BF_RAW_WRITE_DIRECT]),
-             true);
+    json_num(f, "raw_write_gbps", fmax(s->gbps[BF_RAW_WRITE], s->gbps[BF_RAW_WRITE_DIRECT]), true);
     for (int k = 0; k < BF_COUNT; k++) {
         char key[64];
         snprintf(key, sizeof(key), "%s_gbps", fig_key[k]);
@@ -254,13 +255,15 @@ void bench_print_json(FILE *f, const struct bench_run_info *ri, const struct ben
     for (size_t i = 1; i < n; i++)
         if (rows[i].target_bytes > rows[top].target_bytes)
             top = i;
-    fprintf(f, "{\"tool\": \"kvtier bench\", \"version\": \"%d.%d.%d\", \"dir\": ",
-            KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
+    fprintf(f,
+            "{\"tool\": \"kvtier bench\", \"version\": \"%d.%d.%d\", \"dir\": ", KVT_VERSION_MAJOR,
+            KVT_VERSION_MINOR, KVT_VERSION_PATCH);
     cli_json_string(f, ri->dir);
     fprintf(f, ", \"raw_engine\": \"%s\", \"repeat\": %d, \"cpus\": %ld, \"wall_s\": %.1f, ",
             bench_raw_engine(), ri->repeat, sysconf(_SC_NPROCESSORS_ONLN), ri->wall_s);
-    fprintf(f, "\"model\": {\"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": "
-               "\"%s\", \"token_bytes\": %zu}, ",
+    fprintf(f,
+            "\"model\": {\"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": "
+            "\"%s\", \"token_bytes\": %zu}, ",
             m->layers, m->kv_heads, m->head_dim, kvt_dtype_name(m->dtype), bench_token_bytes(m));
     if (n > 0) {
         struct bench_summary s;
@@ -293,8 +296,9 @@ void bench_print_json(FILE *f, const struct bench_run_info *ri, const struct ben
         json_num(f, "restore_warm_ratio_min", worst[2], true);
         json_num(f, "verify_cost_max", worst[3], true);
         json_num(f, "rss_over_entry_max_bytes", worst[4], true);
-        fprintf(f, "\"met\": {\"save\": %s, \"restore_cold\": %s, \"restore_warm\": %s, "
-                   "\"verify\": %s, \"rss\": %s}",
+        fprintf(f,
+                "\"met\": {\"save\": %s, \"restore_cold\": %s, \"restore_warm\": %s, "
+                "\"verify\": %s, \"rss\": %s}",
                 worst[0] >= 0.9 ? "true" : "false", worst[1] >= 0.9 ? "true" : "false",
                 worst[2] >= 0.8 ? "true" : "false", worst[3] <= 0.10 ? "true" : "false",
                 worst[4] <= 64 * MIB ? "true" : "false");
@@ -336,10 +340,9 @@ int bench_plot(const char *path, const struct bench_row *rows, size_t n)
     for (size_t i = 0; i < n; i++) {
         struct bench_summary s;
         bench_summarize(&rows[i], &s);
-        fprintf(df, "%.3f %.4f %.4f %.4f %.4f %.4f %.4f\n",
-                (double)rows[i].target_bytes / MIB, s.gbps[BF_SAVE],
-                fmax(s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT]), s.gbps[BF_COLD],
-                s.gbps[BF_RAW_READ], s.gbps[BF_WARM], s.gbps[BF_MEMCPY]);
+        fprintf(df, "%.3f %.4f %.4f %.4f %.4f %.4f %.4f\n", (double)rows[i].target_bytes / MIB,
+                s.gbps[BF_SAVE], fmax(s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT]),
+                s.gbps[BF_COLD], s.gbps[BF_RAW_READ], s.gbps[BF_WARM], s.gbps[BF_MEMCPY]);
     }
     fclose(df);
     int p[2];

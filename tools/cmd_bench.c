@@ -87,8 +87,8 @@ static int usage_error(const char *msg)
 
 static int parse_args(int argc, char **argv, struct bench_opts *o)
 {
-    static const uint64_t defaults[] = {64ull << 20, 128ull << 20, 256ull << 20,
-                                        512ull << 20, 1ull << 30,  2ull << 30};
+    static const uint64_t defaults[] = {64ull << 20,  128ull << 20, 256ull << 20,
+                                        512ull << 20, 1ull << 30,   2ull << 30};
     memset(o, 0, sizeof(*o));
     o->dir = ".";
     o->repeat = DEFAULT_REPEAT;
@@ -110,8 +110,8 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
                 return usage_error("--repeat must be 1..64");
             o->repeat = (int)v;
         } else if (!strcmp(a, "--json")) {
-            o->json_path = (next && next[0] != '-') || (next && !strcmp(next, "-")) ? argv[++i]
-                                                                                     : "-";
+            o->json_path =
+                (next && next[0] != '-') || (next && !strcmp(next, "-")) ? argv[++i] : "-";
         } else if (!strncmp(a, "--json=", 7)) {
             o->json_path = a + 7;
         } else if (!strcmp(a, "--plot") && next) {
@@ -137,8 +137,8 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
     return 0;
 }
 
-static int child(bench_child_fn fn, const struct bench_kvt_job *j, double *secs,
-                 double *rss, uint64_t *value, const char *what)
+static int child(bench_child_fn fn, const struct bench_kvt_job *j, double *secs, double *rss,
+                 uint64_t *value, const char *what)
 {
     struct bench_child_result r;
     int rc = bench_in_child(fn, (void *)j, &r);
@@ -196,8 +196,8 @@ static int raw_write_step(struct bench_ctx *c, struct bench_row *row, int i, boo
 {
     double *secs = &row->secs[direct ? BF_RAW_WRITE_DIRECT : BF_RAW_WRITE][i];
     unlink(c->raw_path);
-    int rc = bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes,
-                             direct, secs);
+    int rc =
+        bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes, direct, secs);
     unlink(c->raw_path);
     if (rc == -EINVAL && direct) { /* no O_DIRECT here: the buffered figure stands */
         *secs = 0;
@@ -353,13 +353,12 @@ static int measure_rss(struct bench_ctx *c, struct bench_row *row, int i)
     if (rc == 0)
         rc = bench_make_cold(c->kvt_path);
     if (rc == 0)
-        rc = child(bench_kvt_load, &load, &row->secs[BF_COLD_CHILD][i], &row->rss_restore[i],
-                   NULL, "cold restore");
+        rc = child(bench_kvt_load, &load, &row->secs[BF_COLD_CHILD][i], &row->rss_restore[i], NULL,
+                   "cold restore");
     return rc;
 }
 
-static const step_fn save_steps[] = {kvt_save_step, raw_write_buffered_step,
-                                     raw_write_direct_step};
+static const step_fn save_steps[] = {kvt_save_step, raw_write_buffered_step, raw_write_direct_step};
 static const step_fn cold_steps[] = {cold_verify_step, cold_noverify_step, raw_read_fresh_step,
                                      raw_read_hot_step};
 static const step_fn warm_steps[] = {warm_verify_step, warm_noverify_step, memcpy_fresh_step,
@@ -427,7 +426,8 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: warm restore", mib, i + 1, c->o->repeat);
             rc = bench_make_warm(c->kvt_path);
-            rc = rc < 0 ? fail("warming the page cache", rc) : run_rotated(c, row, i, warm_steps, 4);
+            rc =
+                rc < 0 ? fail("warming the page cache", rc) : run_rotated(c, row, i, warm_steps, 4);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: peak RSS", mib, i + 1, c->o->repeat);
@@ -441,8 +441,8 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
         int prc = bench_peer_run(c->o->python, peer_script, c->kvt_path, c->work, c->o->repeat,
                                  &row->peer);
         if (prc != 0)
-            fprintf(stderr, "\nkvtier bench: the numpy peer failed (%s %s): %s\n",
-                    c->o->python, peer_script, prc < 0 ? strerror(-prc) : "exit status");
+            fprintf(stderr, "\nkvtier bench: the numpy peer failed (%s %s): %s\n", c->o->python,
+                    peer_script, prc < 0 ? strerror(-prc) : "exit status");
     }
     release(c, row->file_bytes);
     return rc;

@@ -26,8 +26,7 @@ struct kvt_aq_ops {
     const char *name;
     int (*open)(unsigned depth, void **impl);
     void (*close)(void *impl); /* every request was reaped */
-    int (*submit)(void *impl, int fd, int write, void *buf, size_t len, uint64_t off,
-                  uint64_t tag);
+    int (*submit)(void *impl, int fd, int write, void *buf, size_t len, uint64_t off, uint64_t tag);
     int (*wait)(void *impl, uint64_t *tag, int64_t *res);
 };
 

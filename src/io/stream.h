@@ -48,8 +48,8 @@ typedef void (*kvt_piece_fn)(void *ud, const void *data, size_t len);
  * Reading ahead starts at once. @p fd stays the caller's (it must stay open until close).
  * @return 0, -EINVAL (bad ranges) or -ENOMEM.
  */
-int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n,
-                     const struct kvt_stream_opts *o, struct kvt_rstream **out);
+int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct kvt_stream_opts *o,
+                     struct kvt_rstream **out);
 /**
  * Deliver the next @p len bytes of the stream into @p dst (NULL: only pass them to @p fn),
  * calling @p fn (may be NULL) on every piece once it is in place, in order.

@@ -43,7 +43,7 @@ struct chunk {
     uint64_t hi;   /* end of the stream bytes the chunk holds (<= b) */
     uint64_t got;  /* bytes arrived, from a */
     int state;
-    void *buf;     /* its staging slot (direct chunks) */
+    void *buf; /* its staging slot (direct chunks) */
 };
 
 struct kvt_rstream {
@@ -76,8 +76,8 @@ bool kvt_stream_fast_ok(void)
 }
 
 /* cachestat(2) came with Linux 6.5; older C library headers do not name it yet. */
-#if !defined(__NR_cachestat) && (defined(__x86_64__) || defined(__aarch64__) || \
-                                 (defined(__riscv) && __riscv_xlen == 64))
+#if !defined(__NR_cachestat) &&                                                                    \
+    (defined(__x86_64__) || defined(__aarch64__) || (defined(__riscv) && __riscv_xlen == 64))
 #define __NR_cachestat 451
 #endif
 
@@ -215,8 +215,8 @@ static int reap(struct kvt_rstream *s)
     return 0;
 }
 
-int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n,
-                     const struct kvt_stream_opts *o, struct kvt_rstream **out)
+int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct kvt_stream_opts *o,
+                     struct kvt_rstream **out)
 {
     struct kvt_stream_opts def = {0};
     uint64_t total = 0;

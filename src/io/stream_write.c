@@ -45,12 +45,12 @@ struct kvt_wstream {
     size_t staging_bytes, chunk;
     unsigned depth;
     struct wslot *slot;
-    int cur;           /* slot being filled, or -1 */
-    uint64_t cur_off;  /* file offset of byte 0 of the slot being filled (block aligned) */
-    size_t cur_fill;   /* bytes of it filled */
-    uint64_t flushed;  /* end of the last request submitted (block aligned) */
-    uint64_t last;     /* end of the last write asked for */
-    uint64_t end;      /* the logical end of the file */
+    int cur;          /* slot being filled, or -1 */
+    uint64_t cur_off; /* file offset of byte 0 of the slot being filled (block aligned) */
+    size_t cur_fill;  /* bytes of it filled */
+    uint64_t flushed; /* end of the last request submitted (block aligned) */
+    uint64_t last;    /* end of the last write asked for */
+    uint64_t end;     /* the logical end of the file */
     bool started;
     int err;
     uint64_t err_at;
@@ -232,8 +232,7 @@ int kvt_wstream_write(struct kvt_wstream *w, uint64_t off, const void *src, size
     const uint8_t *p = src;
     if (w->err)
         goto out;
-    if (off > UINT64_MAX - len || off + len > (uint64_t)INT64_MAX ||
-        (w->started && off < w->last))
+    if (off > UINT64_MAX - len || off + len > (uint64_t)INT64_MAX || (w->started && off < w->last))
         return -EINVAL;
     if (len == 0)
         return 0;
