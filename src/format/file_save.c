@@ -1,12 +1,13 @@
 /*
  * The .mlxkv writer (STORE.md §5, FORMAT.md §3 and §6). A plan pass lays out every slot from
  * the caches' state views without touching tensor bytes; then `<path>.tmp` is created
- * exclusively and locked, each tensor is hashed and written straight from its view (strided
- * views through one bounded chunk buffer), the header is patched last at offset 0, and the
+ * exclusively and locked, each tensor is hashed and streamed from its view (strided views
+ * run by run) through the write stream (io/stream.h: staged O_DIRECT writes with several in
+ * flight where the file system takes them), the header is patched last at offset 0, and the
  * file is fsynced, renamed into place and its directory fsynced. The work that reads engine
  * memory is split into N + 1 steps for N tensors so that an engine can run each one inside
- * its own exclusion (kvt_save_opts.run_exclusive); publishing runs after them. Any failure before the rename removes the .tmp and leaves the
- * final name untouched.
+ * its own exclusion (kvt_save_opts.run_exclusive); publishing runs after them. Any failure before
+ * the rename removes the .tmp and leaves the final name untouched.
  */
 #include "format/format.h"
 
@@ -20,6 +21,7 @@
 
 #include "common/error.h"
 #include "io/io.h"
+#include "io/stream.h"
 #include "tensor/tensor.h"
 
 struct save_job {
@@ -35,9 +37,9 @@ struct save_job {
     uint64_t file_size;
     uint64_t file_end; /* bytes written so far reach this file offset */
     int fd;
-    size_t step;  /* next step: 0 = plan + open + first tensor, ... */
-    size_t steps; /* n_views + 1 once planned */
-    uint8_t *chunk;
+    size_t step;            /* next step: 0 = plan + open + first tensor, ... */
+    size_t steps;           /* n_views + 1 once planned */
+    struct kvt_wstream *ws; /* the tensor bytes go through it */
 };
 
 static int64_t now_ms(void)
@@ -61,7 +63,7 @@ static void job_free(struct save_job *j)
     free(j->h.caches);
     free(j->tmp_path);
     free(j->dir_path);
-    free(j->chunk);
+    kvt_wstream_free(j->ws);
 }
 
 /* Serialize the current header, checking it has the planned length when @p planned != 0. */
@@ -173,6 +175,9 @@ static int open_tmp(struct save_job *j)
     int rc = io->flock(fd, LOCK_EX);
     if (rc < 0)
         return kvt_fail(rc, "%s: lock: %s", j->tmp_path, kvt_strerror(rc));
+    rc = kvt_wstream_open(fd, NULL, &j->ws);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: out of memory for the write stream", j->tmp_path);
     return 0;
 }
 
@@ -187,89 +192,55 @@ static int write_at(struct save_job *j, const void *p, size_t n, uint64_t off)
     return 0;
 }
 
-/* Contiguous view: hash and write each chunk straight from the tensor's memory. */
+/* Hash and write @p n bytes of tensor memory at @p off through the write stream. */
+static int stream_write(struct save_job *j, const void *p, size_t n, uint64_t off,
+                        struct kvt_wyhash_state *st)
+{
+    uint64_t at = off;
+    int rc = kvt_wstream_write(j->ws, off, p, n, st, &at);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at,
+                        kvt_strerror(rc));
+    return 0;
+}
+
+/* Contiguous view: one run straight from the tensor's memory. */
 static int write_contiguous(struct save_job *j, const uint8_t *p, uint64_t n, uint64_t off,
                             uint64_t *hash)
 {
     struct kvt_wyhash_state st;
     kvt_wyhash_init(&st, 0);
-    for (uint64_t done = 0; done < n;) {
-        size_t len = n - done < KVT_IO_CHUNK ? (size_t)(n - done) : KVT_IO_CHUNK;
-        kvt_wyhash_update(&st, p + done, len);
-        int rc = write_at(j, p + done, len, off + done);
-        if (rc)
-            return rc;
-        done += len;
-    }
-    *hash = kvt_wyhash_final(&st);
-    return 0;
+    int rc = stream_write(j, p, (size_t)n, off, &st);
+    if (!rc)
+        *hash = kvt_wyhash_final(&st);
+    return rc;
 }
 
-/* Runs at least this large skip the chunk buffer. */
-#define DIRECT_RUN ((size_t)64 << 10)
-
-/* Gathering the runs of a strided view into the chunk buffer. */
+/* Writing the runs of a strided view one after another. */
 struct gather {
     struct save_job *j;
     struct kvt_wyhash_state st;
-    size_t fill;
-    uint64_t pos; /* file offset of chunk[0] */
+    uint64_t pos; /* file offset of the next run */
 };
-
-static int gather_flush(struct gather *g)
-{
-    kvt_wyhash_update(&g->st, g->j->chunk, g->fill);
-    int rc = write_at(g->j, g->j->chunk, g->fill, g->pos);
-    g->pos += g->fill;
-    g->fill = 0;
-    return rc;
-}
 
 static int gather_run(void *ud, const void *p, size_t n)
 {
     struct gather *g = ud;
-    const uint8_t *src = p;
-    if (n >= DIRECT_RUN) {
-        /* a large run is written from its own memory, chunk by chunk, without a copy */
-        int rc = g->fill ? gather_flush(g) : 0;
-        for (size_t done = 0; !rc && done < n;) {
-            size_t len = n - done < KVT_IO_CHUNK ? n - done : KVT_IO_CHUNK;
-            kvt_wyhash_update(&g->st, src + done, len);
-            rc = write_at(g->j, src + done, len, g->pos);
-            g->pos += len;
-            done += len;
-        }
-        return rc;
-    }
-    while (n > 0) {
-        size_t len = n < KVT_IO_CHUNK - g->fill ? n : KVT_IO_CHUNK - g->fill;
-        memcpy(g->j->chunk + g->fill, src, len);
-        g->fill += len;
-        src += len;
-        n -= len;
-        if (g->fill == KVT_IO_CHUNK) {
-            int rc = gather_flush(g);
-            if (rc)
-                return rc;
-        }
-    }
-    return 0;
+    int rc = stream_write(g->j, p, n, g->pos, &g->st);
+    g->pos += n;
+    return rc;
 }
 
 /*
  * Strided view (e.g. rows [0, offset) of a capacity buffer): its contiguous runs, in row-major
- * order, go through one bounded chunk buffer, hashed and written a chunk at a time.
+ * order, are adjacent in the file, and the stream gathers them into whole chunks.
  */
 static int write_strided(struct save_job *j, const struct kvt_tensor *t, uint64_t off,
                          uint64_t *hash)
 {
-    if (!j->chunk && !(j->chunk = malloc(KVT_IO_CHUNK)))
-        return kvt_fail(-ENOMEM, "%s: out of memory for the write buffer", j->path);
     struct gather g = {.j = j, .pos = off};
     kvt_wyhash_init(&g.st, 0);
     int rc = kvt_tensor_for_each_run(t, gather_run, &g);
-    if (!rc && g.fill)
-        rc = gather_flush(&g);
     if (!rc)
         *hash = kvt_wyhash_final(&g.st);
     return rc;
@@ -302,7 +273,15 @@ static int finish(struct save_job *j)
 {
     const struct kvt_io *io = kvt_io();
     struct kvt_sbuf json = {0};
-    int rc = render_header(j, &json, j->h.header_len);
+    uint64_t at = 0;
+    int rc = kvt_wstream_finish(j->ws, &at); /* every tensor byte written, tail cut to size */
+    if (rc < 0) {
+        rc = kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at, kvt_strerror(rc));
+        goto out;
+    }
+    if (kvt_wstream_end(j->ws) > j->file_end)
+        j->file_end = kvt_wstream_end(j->ws);
+    rc = render_header(j, &json, j->h.header_len);
     if (rc)
         goto out;
     uint8_t *head = calloc(1, j->h.data_start);
@@ -387,6 +366,8 @@ static int save_step(void *arg)
 
 static void abort_job(struct save_job *j)
 {
+    kvt_wstream_free(j->ws); /* no write may land after the unlink */
+    j->ws = NULL;
     if (j->fd >= 0) {
         const struct kvt_io *io = kvt_io();
         io->unlinkat(AT_FDCWD, j->tmp_path, 0); /* never leave a partial file behind */
