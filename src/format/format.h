@@ -150,14 +150,16 @@ static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info, const st
 int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
                             const char *name);
 
-/** Streams tensor ranges of one open file through a bounded buffer. */
+/** Streams the tensor ranges of one open file, reading ahead (io/stream.h). */
 struct kvt_tensor_reader {
     int fd;
     const char *name; /* prefixes messages */
     const struct kvt_header *h;
-    bool verify;     /* check slot hashes (L3) */
-    bool keep_cache; /* do not drop the ranges read from the page cache */
-    uint8_t *bounce; /* KVT_IO_CHUNK bytes, allocated on first use */
+    bool verify;            /* check slot hashes (L3) */
+    bool keep_cache;        /* do not drop the ranges read from the page cache */
+    struct kvt_rstream *rs; /* opened on the first read: the slots in header order */
+    size_t next_ci;         /* the slot the stream delivers next */
+    int next_sj;
 };
 
 /**

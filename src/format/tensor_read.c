@@ -1,9 +1,11 @@
 /*
- * Streaming reads of tensor bytes for the loader and the verifier. Large blocks are read
- * straight into the destination and hashed right after each chunk arrives (still hot in the
- * CPU cache); many small blocks (a capacity buffer with short rows) are read in large chunks
- * through one bounded buffer and scattered into place. Nothing is mapped, and nothing is
- * read outside the validated range of the slot (FORMAT.md V17).
+ * Streaming reads of tensor bytes for the loader and the verifier. One read-ahead stream
+ * (io/stream.h) covers every slot of the header in header order, so the device keeps
+ * reading the next tensors while this one is copied into place and hashed, and while the
+ * loader allocates the next buffer. Blocks land straight in their destination (row blocks
+ * of a capacity buffer one by one), each piece is hashed as soon as it is in place, and
+ * nothing is read outside the validated ranges of the slots (FORMAT.md V16, V17). Nothing is
+ * mapped. A caller that reads slots out of order gets a new stream from that slot on.
  */
 #include "format/format.h"
 
@@ -14,65 +16,61 @@
 
 #include "common/error.h"
 #include "io/io.h"
-
-/* Blocks at least this large are read in place; smaller ones go through the bounce buffer. */
-#define DIRECT_MIN ((uint64_t)64 << 10)
+#include "io/stream.h"
 
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 {
-    free(r->bounce);
-    r->bounce = NULL;
+    kvt_rstream_close(r->rs);
+    r->rs = NULL;
 }
 
-static int read_err(const struct kvt_tensor_reader *r, int rc, size_t n, uint64_t off)
+static int read_err(const struct kvt_tensor_reader *r, int rc, uint64_t off)
 {
-    return kvt_fail(rc, "%s: read of %zu bytes at offset %" PRIu64 ": %s", r->name, n, off,
-                    kvt_strerror(rc));
+    return kvt_fail(rc, "%s: read at offset %" PRIu64 ": %s", r->name, off, kvt_strerror(rc));
 }
 
-/* Read [off, off + n) into @p dst in chunks, hashing each chunk after it arrives. */
-static int read_direct(struct kvt_tensor_reader *r, uint8_t *dst, uint64_t n, uint64_t off,
-                       struct kvt_wyhash_state *st)
+static void hash_piece(void *ud, const void *p, size_t n)
 {
-    for (uint64_t done = 0; done < n;) {
-        size_t len = n - done < KVT_IO_CHUNK ? (size_t)(n - done) : KVT_IO_CHUNK;
-        int rc = kvt_io_read_full(r->fd, dst + done, len, off + done);
-        if (rc < 0)
-            return read_err(r, rc, len, off + done);
-        if (r->verify)
-            kvt_wyhash_update(st, dst + done, len);
-        done += len;
-    }
-    return 0;
+    kvt_wyhash_update(ud, p, n);
 }
 
-/* Read [off, off + n) through the bounce buffer, scattering blocks of @p blk bytes. */
-static int read_scatter(struct kvt_tensor_reader *r, uint8_t *dst, uint64_t n, uint64_t off,
-                        uint64_t blk, uint64_t stride, struct kvt_wyhash_state *st)
+/* A new stream over slot @p sj of cache @p ci and every slot after it, in header order. */
+static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj)
 {
-    if (!r->bounce && !(r->bounce = malloc(KVT_IO_CHUNK)))
-        return kvt_fail(-ENOMEM, "%s: out of memory for the read buffer", r->name);
-    for (uint64_t done = 0; done < n;) {
-        size_t len = n - done < KVT_IO_CHUNK ? (size_t)(n - done) : KVT_IO_CHUNK;
-        int rc = kvt_io_read_full(r->fd, r->bounce, len, off + done);
-        if (rc < 0)
-            return read_err(r, rc, len, off + done);
-        if (r->verify)
-            kvt_wyhash_update(st, r->bounce, len);
-        if (dst) {
-            /* bytes [done, done + len) of the tensor: whole or partial blocks */
-            for (uint64_t p = done; p < done + len;) {
-                uint64_t k = p / blk, in = p % blk;
-                uint64_t take = blk - in;
-                if (take > done + len - p)
-                    take = done + len - p;
-                memcpy(dst + k * stride + in, r->bounce + (p - done), (size_t)take);
-                p += take;
-            }
+    const struct kvt_header *h = r->h;
+    size_t n = 0;
+    kvt_rstream_close(r->rs);
+    r->rs = NULL;
+    for (size_t i = ci; i < h->n_caches; i++)
+        n += (size_t)h->caches[i].n_slots;
+    struct kvt_range *rg = malloc((n ? n : 1) * sizeof(*rg));
+    if (!rg)
+        return kvt_fail(-ENOMEM, "%s: out of memory for the read stream", r->name);
+    n = 0;
+    for (size_t i = ci; i < h->n_caches; i++)
+        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++) {
+            const struct kvt_slot *s = &h->caches[i].slots[j];
+            rg[n++] = (struct kvt_range){kvt_slot_abs(h, s), s->bytes};
         }
-        done += len;
-    }
+    int rc = kvt_rstream_open(r->fd, rg, n, NULL, &r->rs);
+    free(rg);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: cannot open the read stream: %s", r->name, kvt_strerror(rc));
+    r->next_ci = ci;
+    r->next_sj = sj;
     return 0;
+}
+
+/* The stream has delivered slot (ci, sj): the next one in header order is due. */
+static void advance(struct kvt_tensor_reader *r, size_t ci, int sj)
+{
+    if (sj + 1 < r->h->caches[ci].n_slots) {
+        r->next_ci = ci;
+        r->next_sj = sj + 1;
+    } else {
+        r->next_ci = ci + 1;
+        r->next_sj = 0;
+    }
 }
 
 int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
@@ -82,28 +80,39 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     uint64_t abs = kvt_slot_abs(r->h, s);
     uint64_t n = s->bytes;
     uint64_t blk = blocks ? n / blocks : 0;
-    if (blocks == 0 || blk * blocks != n || (dst && dst_stride < blk))
+    if (blocks == 0 || blk * blocks != n || (dst && dst_stride < blk) || n > SIZE_MAX)
         return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci, sj);
     if (dst && dst_stride > blk)
         for (uint64_t k = 0; k < blocks; k++)
             memset(dst + k * dst_stride + blk, 0, (size_t)(dst_stride - blk));
-    if (n == 0 && !r->verify)
-        return 0;
+    bool due = r->rs && r->next_ci == ci && r->next_sj == sj;
+    if (n == 0) {
+        if (due)
+            advance(r, ci, sj);
+        if (!r->verify)
+            return 0;
+    } else {
+        int rc = due ? 0 : open_stream(r, ci, sj);
+        if (rc)
+            return rc;
+    }
 
     struct kvt_wyhash_state st;
     kvt_wyhash_init(&st, 0);
+    kvt_piece_fn fn = r->verify ? hash_piece : NULL;
+    uint64_t at = abs;
     int rc = 0;
-    if (dst && (blocks == 1 || dst_stride == blk || blk >= DIRECT_MIN)) {
-        if (dst_stride == blk)
-            rc = read_direct(r, dst, n, abs, &st);
-        else
-            for (uint64_t k = 0; k < blocks && !rc; k++)
-                rc = read_direct(r, dst + k * dst_stride, blk, abs + k * blk, &st);
-    } else if (n > 0) {
-        rc = read_scatter(r, dst, n, abs, blk, dst_stride, &st);
-    }
+    if (n == 0)
+        rc = 0;
+    else if (!dst || dst_stride == blk)
+        rc = kvt_rstream_read(r->rs, dst, (size_t)n, fn, &st, &at);
+    else
+        for (uint64_t k = 0; k < blocks && !rc; k++)
+            rc = kvt_rstream_read(r->rs, dst + k * dst_stride, (size_t)blk, fn, &st, &at);
     if (rc)
-        return rc;
+        return read_err(r, rc, at);
+    if (n > 0)
+        advance(r, ci, sj);
     if (!r->keep_cache && n > 0) {
         uint64_t len = kvt_align_up(n);
         if (len > r->h->file_size - abs)
