@@ -408,6 +408,10 @@ KVT_API int kvt_file_verify(const char *path, const struct kvt_expect *x);
 
 /* ------------------------------------------------------------------------------------------
  * Store: one directory of entries with a prefix index (STORE.md).
+ *
+ * Threads: every kvt_store call is safe from any thread. find and has_durable_prefix never
+ * wait for file I/O; restore and put do theirs outside the store's lock. open and refresh
+ * read the headers of a large directory on up to 8 short-lived worker threads.
  */
 typedef struct kvt_store kvt_store;
 
@@ -423,7 +427,7 @@ struct kvt_store_opts {
     int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; <0 = 60000 */
     bool read_only; /* inspect only: no directory creation, reaping, removal, eviction, LRU
                        bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
-    kvt_log_fn log;
+    kvt_log_fn log; /* one call at a time, on the calling thread or a scan worker thread */
     void *log_ud;
 };
 

@@ -1220,6 +1220,58 @@ static void test_disk_full_tmpfs(void **state)
     free(mp);
 }
 
+/* A directory bigger than one scan batch: headers are read on several threads, yet the
+ * index order is the name order and every file is classified. */
+static void test_big_directory_scan(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("big");
+    char *ns = strf("%s/%s/base", dir, FP);
+    char *mid = strf("%s/%s", dir, FP);
+    assert_int_equal(mkdir(mid, 0755), 0);
+    assert_int_equal(mkdir(ns, 0755), 0);
+    free(mid);
+    enum { N = 300 };
+    char *bad = NULL;
+    for (int i = 0; i < N; i++) {
+        int32_t tok[3] = {i / 256, i % 256, 7};
+        struct kvt_entry *e = synth(tok, 3, "", i % 3 != 0);
+        e->meta.model_id = strdup(MODEL);
+        e->meta.config_fingerprint = strdup(FP);
+        e->meta.tokenizer_hash = strdup(TOK);
+        char *p = strf("%s/%08x-0000-4000-8000-%012x.mlxkv", ns, (unsigned)(N - i), i);
+        struct kvt_save_opts so = {.no_sync = true};
+        assert_int_equal(kvt_file_save(p, e, &so, NULL), 0);
+        kvt_entry_free(e);
+        if (i == 123)
+            bad = p;
+        else
+            free(p);
+    }
+    rewrite_byte(bad, 30, 1);
+    kvt_store *s = open_store(dir, 0, NULL);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, N - 1);
+    assert_int_equal(st.corrupt_files, 1);
+    assert_false(exists(bad));
+    struct kvt_store_record *v;
+    size_t n;
+    assert_int_equal(kvt_store_list(s, &v, &n), 0);
+    assert_int_equal(n, N - 1);
+    for (size_t i = 1; i < n; i++)
+        assert_true(strcmp(v[i - 1].path, v[i].path) < 0); /* ids ascend with names */
+    kvt_store_list_free(v);
+    const int32_t pr[] = {200 / 256, 200 % 256, 7, 1};
+    const int32_t want[] = {200 / 256, 200 % 256, 7};
+    expect_hit(s, pr, 4, "", 3, want, 3, 200 % 3 != 0);
+    kvt_store_close(s);
+    free(bad);
+    free(ns);
+    rm_rf(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1234,6 +1286,7 @@ int main(void)
         cmocka_unit_test(test_golden_files_at_open),
         cmocka_unit_test(test_golden_files_quarantined),
         cmocka_unit_test(test_synthesized_damage),
+        cmocka_unit_test(test_big_directory_scan),
         cmocka_unit_test(test_tmp_reaping),
         cmocka_unit_test(test_vanished_and_refresh),
         cmocka_unit_test(test_read_only),

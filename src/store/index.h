@@ -43,20 +43,34 @@ struct kvt_rec {
     void *owner;                 /* the caller's (the store: the record's directory) */
 };
 
-/** A radix-tree node: the edge label from its parent, its records, subtree aggregates. */
+/** A child link: the first token of the child's label, kept here so lookups skip the child. */
+struct kvt_kid {
+    int32_t first;
+    struct kvt_tnode *node;
+};
+
+#define KVT_INLINE_LABEL 8
+
+/**
+ * A radix-tree node: the edge label from its parent, its records, subtree aggregates. The
+ * first cache line holds what find() reads at every node; short labels live inline.
+ */
 struct kvt_tnode {
-    struct kvt_tnode *parent;
-    int32_t *label;
+    int32_t *label;        /* inl, or a heap array when longer than KVT_INLINE_LABEL */
+    struct kvt_kid *kids;  /* sorted by first token */
     size_t label_len;
+    size_t n_kids;
+    size_t own_n, own_trim;
+    uint64_t sub_trim;            /* trimmable records in the subtree, own included */
+    struct kvt_rec *sub_min_trim; /* trimmable record of smallest seq in the subtree */
+    int32_t inl[KVT_INLINE_LABEL];
     size_t depth; /* tokens from the root to the end of this node */
-    struct kvt_tnode **kids; /* sorted by label[0] */
-    size_t n_kids, cap_kids;
+    struct kvt_rec *head, *tail;
+    uint64_t sub_n; /* records in the subtree, own included */
+    struct kvt_tnode *parent;
+    size_t cap_kids;
     struct kvt_pheap kid_heap; /* the kids again, by their sub_min_trim seq (none = last) */
     size_t heap_pos;           /* position in the parent's kid_heap */
-    struct kvt_rec *head, *tail;
-    size_t own_n, own_trim;
-    uint64_t sub_n, sub_trim;     /* records / trimmable records in the subtree, own included */
-    struct kvt_rec *sub_min_trim; /* trimmable record of smallest seq in the subtree */
 };
 
 /** A namespace: its name and the root of its tree. */

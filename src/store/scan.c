@@ -13,17 +13,20 @@
  *   -errno                        skipped this time, retried at the next refresh
  * A `.tmp` is reaped only when a non-blocking exclusive flock on it succeeds (its writer is
  * gone) and it is older than tmp_grace_ms. Records whose files vanished are dropped, except
- * those added after the listing began. All file I/O runs outside the store lock.
+ * those added after the listing began. All file I/O runs outside the store lock. Headers of a
+ * large directory are read on several threads, batch by batch, and indexed in name order.
  */
 #include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "io/io.h"
@@ -31,6 +34,10 @@
 
 /* Changes within this many ms of a directory's mtime may share its timestamp. */
 #define MTIME_SETTLE_MS 2000
+/* Header reads run on up to this many threads, per batch of files, for big directories. */
+#define SCAN_MAX_THREADS 8
+#define SCAN_MIN_PARALLEL 16
+#define SCAN_BATCH 128
 
 static int name_cmp(const void *a, const void *b)
 {
@@ -155,29 +162,42 @@ static int check_identity(const struct kvt_store *s, const char *path, const str
     return 0;
 }
 
-/** Classify one .mlxkv file and act on it; true when it should be retried later. */
-static bool scan_file(struct kvt_store *s, struct kvt_sdir *d, const char *path)
+/** One .mlxkv file of a directory being scanned. */
+struct scan_item {
+    char *path;
+    struct kvt_header *h; /* compatible: to be indexed, in name order */
+    int64_t mtime_ms;
+    bool again; /* retry at the next refresh */
+};
+
+/**
+ * Classify one .mlxkv file (thread-safe, runs on scan workers): a compatible header is left in
+ * it->h; skipped and corrupt files are dealt with here.
+ */
+static void classify(struct kvt_store *s, struct kvt_sdir *d, struct scan_item *it)
 {
+    const char *path = it->path;
     pthread_mutex_lock(&s->lock);
     bool known = kvt_index_by_path(s->ix, path) || kvt_pending_has_locked(s, path);
     struct kvt_skip *k = known ? NULL : kvt_skip_get_locked(d, path);
     struct kvt_skip seen = k ? *k : (struct kvt_skip){0};
     pthread_mutex_unlock(&s->lock);
     if (known)
-        return false;
+        return;
 
     struct stat st;
     if (stat(path, &st) != 0) {
         if (errno == ENOENT)
-            return false;
+            return;
         pthread_mutex_lock(&s->lock);
         kvt_skip_set_locked(d, path, 0, &seen.mtime, true);
         pthread_mutex_unlock(&s->lock);
-        return true;
+        it->again = true;
+        return;
     }
     if (k && !seen.transient && seen.bytes == (uint64_t)st.st_size &&
         timespec_eq(&seen.mtime, &st.st_mtim))
-        return false; /* unchanged since it was skipped */
+        return; /* unchanged since it was skipped */
 
     struct kvt_read_opts ro = {.max_header_bytes = s->max_header_bytes};
     struct kvt_header *h = NULL;
@@ -185,17 +205,13 @@ static bool scan_file(struct kvt_store *s, struct kvt_sdir *d, const char *path)
     if (rc == 0)
         rc = check_identity(s, path, h);
     if (rc == 0) {
-        pthread_mutex_lock(&s->lock);
-        rc = kvt_store_add_locked(s, d, h, path, kvt_timespec_ms(&st.st_mtim));
-        pthread_mutex_unlock(&s->lock);
-        kvt_header_free(h);
-        if (rc == 0 || rc == -EEXIST)
-            return false;
-        kvt_fail(rc, "%s: cannot index: out of memory", path);
+        it->h = h;
+        it->mtime_ms = kvt_timespec_ms(&st.st_mtim);
+        return;
     }
     kvt_header_free(h);
     if (rc == -ENOENT)
-        return false;
+        return;
 
     bool transient = rc != KVT_E_FORMAT && rc != KVT_E_UNSUPPORTED && rc != KVT_E_MISMATCH &&
                      rc != KVT_E_CORRUPT;
@@ -204,7 +220,7 @@ static bool scan_file(struct kvt_store *s, struct kvt_sdir *d, const char *path)
         bool gone = kvt_store_dispose_corrupt(s, path, why ? why : kvt_strerror(rc));
         free(why);
         if (gone)
-            return false;
+            return;
     } else {
         kvt_store_logf(s, KVT_LOG_INFO, "[ssd-cache] not indexed, left in place: %s",
                        kvt_last_error());
@@ -214,7 +230,68 @@ static bool scan_file(struct kvt_store *s, struct kvt_sdir *d, const char *path)
         s->corrupt_files++;
     kvt_skip_set_locked(d, path, (uint64_t)st.st_size, &st.st_mtim, transient);
     pthread_mutex_unlock(&s->lock);
-    return transient;
+    it->again = transient;
+}
+
+/** Index a classified file (in name order, so index order does not depend on threads). */
+static void commit(struct kvt_store *s, struct kvt_sdir *d, struct scan_item *it)
+{
+    if (!it->h)
+        return;
+    pthread_mutex_lock(&s->lock);
+    int rc = kvt_store_add_locked(s, d, it->h, it->path, it->mtime_ms);
+    pthread_mutex_unlock(&s->lock);
+    kvt_header_free(it->h);
+    it->h = NULL;
+    if (rc < 0 && rc != -EEXIST)
+        it->again = true; /* out of memory: the next refresh tries again */
+}
+
+struct batch {
+    struct kvt_store *s;
+    struct kvt_sdir *d;
+    struct scan_item *items;
+    size_t n;
+    atomic_size_t next;
+};
+
+static void *batch_worker(void *arg)
+{
+    struct batch *b = arg;
+    size_t i;
+    while ((i = atomic_fetch_add(&b->next, 1)) < b->n)
+        classify(b->s, b->d, &b->items[i]);
+    return NULL;
+}
+
+static size_t scan_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > SCAN_MAX_THREADS ? SCAN_MAX_THREADS : (size_t)n;
+}
+
+/**
+ * Classify @p n files, on several threads when there are enough of them (header parsing
+ * dominates a scan and files are independent), then index them in order and free the
+ * items' paths. @return true when some file should be retried later.
+ */
+static bool scan_batch(struct kvt_store *s, struct kvt_sdir *d, struct scan_item *items, size_t n)
+{
+    struct batch b = {s, d, items, n, 0};
+    pthread_t th[SCAN_MAX_THREADS];
+    size_t started = 0, want = n >= SCAN_MIN_PARALLEL ? scan_threads() - 1 : 0;
+    while (started < want && pthread_create(&th[started], NULL, batch_worker, &b) == 0)
+        started++;
+    batch_worker(&b);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    bool again = false;
+    for (size_t i = 0; i < n; i++) {
+        commit(s, d, &items[i]);
+        again |= items[i].again;
+        free(items[i].path);
+    }
+    return again;
 }
 
 static bool name_eq(const void *val, const void *key)
@@ -289,7 +366,11 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
         if (kvt_hmap_put(&set, kvt_str_hash(names[i]), names[i]) < 0)
             complete = false;
 
-    for (size_t i = 0; i < n; i++) {
+    struct scan_item *items = calloc(SCAN_BATCH, sizeof(*items));
+    size_t n_items = 0;
+    if (!items)
+        again = true;
+    for (size_t i = 0; i < n && items; i++) {
         bool tmp = kvt_layout_has_suffix(names[i], KVT_TMP_EXT);
         if (!tmp && !kvt_layout_has_suffix(names[i], KVT_ENTRY_EXT))
             continue;
@@ -298,12 +379,20 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
             again = true;
             continue;
         }
-        if (tmp)
+        if (tmp) {
             again |= !s->read_only && reap_tmp(s, path);
-        else
-            again |= scan_file(s, d, path);
-        free(path);
+            free(path);
+            continue;
+        }
+        items[n_items++] = (struct scan_item){.path = path};
+        if (n_items == SCAN_BATCH) {
+            again |= scan_batch(s, d, items, n_items);
+            n_items = 0;
+        }
     }
+    if (n_items)
+        again |= scan_batch(s, d, items, n_items);
+    free(items);
 
     pthread_mutex_lock(&s->lock);
     if (complete)

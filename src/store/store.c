@@ -51,6 +51,7 @@ void kvt_store_close(kvt_store *s)
     kvt_hmap_free(&s->pending);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->scan_lock);
+    pthread_mutex_destroy(&s->log_lock);
     free(s->root);
     free(s->model_id);
     free(s->fingerprint);
@@ -87,6 +88,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     int rc = -ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->scan_lock, NULL);
+    pthread_mutex_init(&s->log_lock, NULL);
     s->root = kvt_path_join(dir, o->config_fingerprint);
     s->model_id = strdup(o->model_id);
     s->fingerprint = strdup(o->config_fingerprint);

@@ -50,6 +50,7 @@ struct kvt_store {
 
     pthread_mutex_t lock;
     pthread_mutex_t scan_lock;
+    pthread_mutex_t log_lock; /* log calls one at a time (scans log from worker threads) */
     struct kvt_index *ix;
     struct kvt_hmap dirs;    /* struct kvt_sdir * by name hash; kept until close */
     uint64_t scan_gen;

@@ -26,19 +26,15 @@ void kvt_store_logf(struct kvt_store *s, int level, const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         return;
-    if ((size_t)n < sizeof(small)) {
-        s->log(s->log_ud, level, small);
-        return;
+    char *big = (size_t)n < sizeof(small) ? NULL : malloc((size_t)n + 1);
+    if (big) {
+        va_start(ap, fmt);
+        vsnprintf(big, (size_t)n + 1, fmt, ap);
+        va_end(ap);
     }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        s->log(s->log_ud, level, small); /* truncated beats nothing */
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    s->log(s->log_ud, level, big);
+    pthread_mutex_lock(&s->log_lock);
+    s->log(s->log_ud, level, big ? big : small); /* truncated beats nothing */
+    pthread_mutex_unlock(&s->log_lock);
     free(big);
 }
 

@@ -52,14 +52,14 @@ static struct kvt_tnode *kid_find(const struct kvt_tnode *u, int32_t t, size_t *
     size_t lo = 0, hi = u->n_kids;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (u->kids[mid]->label[0] < t)
+        if (u->kids[mid].first < t)
             lo = mid + 1;
         else
             hi = mid;
     }
     if (pos)
         *pos = lo;
-    return lo < u->n_kids && u->kids[lo]->label[0] == t ? u->kids[lo] : NULL;
+    return lo < u->n_kids && u->kids[lo].first == t ? u->kids[lo].node : NULL;
 }
 
 static int kids_reserve(struct kvt_tnode *u, size_t n)
@@ -68,7 +68,7 @@ static int kids_reserve(struct kvt_tnode *u, size_t n)
         size_t cap = u->cap_kids ? u->cap_kids * 2 : 2;
         while (cap < n)
             cap *= 2;
-        struct kvt_tnode **k = realloc(u->kids, cap * sizeof(*k));
+        struct kvt_kid *k = realloc(u->kids, cap * sizeof(*k));
         if (!k)
             return -ENOMEM;
         u->kids = k;
@@ -81,7 +81,7 @@ static int kids_reserve(struct kvt_tnode *u, size_t n)
 static void kid_add(struct kvt_tnode *u, size_t pos, struct kvt_tnode *k)
 {
     memmove(u->kids + pos + 1, u->kids + pos, (u->n_kids - pos) * sizeof(*u->kids));
-    u->kids[pos] = k;
+    u->kids[pos] = (struct kvt_kid){k->label[0], k};
     u->n_kids++;
     k->parent = u;
     kvt_pheap_push(&u->kid_heap, &kid_ops, k);
@@ -101,14 +101,15 @@ static void kid_swap(struct kvt_tnode *u, struct kvt_tnode *old, struct kvt_tnod
 {
     size_t pos;
     kid_find(u, old->label[0], &pos);
-    u->kids[pos] = k;
+    u->kids[pos].node = k;
     k->parent = u;
     kvt_pheap_replace(&u->kid_heap, &kid_ops, old, k);
 }
 
 static void node_free(struct kvt_tnode *u)
 {
-    free(u->label);
+    if (u->label != u->inl)
+        free(u->label);
     free(u->kids);
     kvt_pheap_free(&u->kid_heap);
     free(u);
@@ -119,7 +120,7 @@ static struct kvt_tnode *node_new(const int32_t *label, size_t len, size_t depth
     struct kvt_tnode *u = calloc(1, sizeof(*u));
     if (!u)
         return NULL;
-    u->label = malloc(len * sizeof(*label));
+    u->label = len <= KVT_INLINE_LABEL ? u->inl : malloc(len * sizeof(*label));
     if (!u->label) {
         free(u);
         return NULL;
@@ -233,15 +234,22 @@ out_nomem:
 /** Merge node @p p (no records, one kid) into that kid; on ENOMEM p simply stays. */
 static void merge_down(struct kvt_tnode *p)
 {
-    struct kvt_tnode *c = p->kids[0];
-    int32_t *label = malloc((p->label_len + c->label_len) * sizeof(*label));
+    struct kvt_tnode *c = p->kids[0].node;
+    size_t len = p->label_len + c->label_len;
+    int32_t small[KVT_INLINE_LABEL];
+    int32_t *label = len <= KVT_INLINE_LABEL ? small : malloc(len * sizeof(*label));
     if (!label)
         return;
     memcpy(label, p->label, p->label_len * sizeof(*label));
     memcpy(label + p->label_len, c->label, c->label_len * sizeof(*label));
-    free(c->label);
+    if (c->label != c->inl)
+        free(c->label);
+    if (label == small) {
+        memcpy(c->inl, small, len * sizeof(*label));
+        label = c->inl;
+    }
     c->label = label;
-    c->label_len += p->label_len;
+    c->label_len = len;
     kid_swap(p->parent, p, c);
     node_free(p);
 }
@@ -442,9 +450,8 @@ static int append_kids(struct kvt_tnode ***v, size_t *len, size_t *cap,
         *v = nv;
         *cap = c;
     }
-    if (u->n_kids)
-        memcpy(*v + *len, u->kids, u->n_kids * sizeof(**v));
-    *len += u->n_kids;
+    for (size_t i = 0; i < u->n_kids; i++)
+        (*v)[(*len)++] = u->kids[i].node;
     return 0;
 }
 
@@ -482,7 +489,7 @@ void kvt_trie_clear(struct kvt_ns *ns)
         /* Out of memory for the list: free leaves one at a time instead. */
         struct kvt_tnode *u = root;
         while (u->n_kids)
-            u = u->kids[u->n_kids - 1];
+            u = u->kids[u->n_kids - 1].node;
         if (u == root)
             break;
         u->parent->n_kids--;
@@ -518,8 +525,9 @@ static int check_node(const struct kvt_tnode *u, bool is_root, uint64_t *n_recor
     uint64_t sub_n = own, sub_trim = own_trim;
     struct kvt_rec *min = own_min_trim(u);
     for (size_t i = 0; i < u->n_kids; i++) {
-        const struct kvt_tnode *k = u->kids[i];
-        if (k->parent != u || (i > 0 && u->kids[i - 1]->label[0] >= k->label[0]))
+        const struct kvt_tnode *k = u->kids[i].node;
+        if (k->parent != u || u->kids[i].first != k->label[0] ||
+            (i > 0 && u->kids[i - 1].first >= k->label[0]))
             return kvt_fail(-EINVAL, "trie: bad kid order at depth %zu", u->depth);
         sub_n += k->sub_n;
         sub_trim += k->sub_trim;
