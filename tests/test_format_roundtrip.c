@@ -483,6 +483,36 @@ static int count_files(void)
     return n;
 }
 
+/*
+ * A header may claim huge heads and head dims at offset 0 (zero bytes in the file): the
+ * restore slack is then bounded, so a 16 KiB file never makes a load allocate gigabytes.
+ */
+static void test_restore_slack_bounded_by_file(void **state)
+{
+    (void)state;
+    const char *path = KVT_TEST_DIR "/../fuzz/corpus/load/bug-empty-kv-restore-capacity-8gib";
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    uint64_t file_size = h->file_size;
+    kvt_header_free(h);
+    struct kvt_entry *e;
+    assert_int_equal(kvt_file_load(path, NULL, &e, NULL), 0);
+    assert_true(kvt_entry_bytes(e) <= file_size + (64u << 20));
+    kvt_entry_free(e);
+
+    /* ordinary empty layers still get the step capacity */
+    struct geom g = {.heads = 8, .head_dim = 128, .tokens = 0, .dtype = KVT_BFLOAT16};
+    const int kinds[1] = {KVT_KIND_KV};
+    struct owned_entry o;
+    make_entry(&o, kinds, 1, &g, 9);
+    char *saved = save(&o.e, "empty-layer.mlxkv");
+    assert_int_equal(kvt_file_load(saved, NULL, &e, NULL), 0);
+    assert_int_equal(kvt_cache_capacity(e->caches[0]), 256);
+    kvt_entry_free(e);
+    free(saved);
+    free_entry(&o);
+}
+
 static void test_save_errors(void **state)
 {
     (void)state;
@@ -579,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_restore_capacity),  cmocka_unit_test(test_empty_tensors),
         cmocka_unit_test(test_strided_and_large), cmocka_unit_test(test_gated_steps),
         cmocka_unit_test(test_save_errors),
+        cmocka_unit_test(test_restore_slack_bounded_by_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

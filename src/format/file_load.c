@@ -29,8 +29,36 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_mul_overflow(a, b, out);
 }
 
+/* Restore slack a cache may always take, whatever its file holds. */
+#define FREE_SLACK_BYTES (64ull << 20)
+
+/*
+ * Rows on the token axis for cache @p ci: ceil((offset + 1) / 256) * 256 for token-axis kinds,
+ * unless the zeroed slack would exceed both what the file holds for the cache and 64 MiB.
+ * The header sizes B, H and D freely even at offset 0, so without this bound a 16 KiB file
+ * could make a load allocate gigabytes; such a cache is restored with exactly offset rows.
+ */
+static uint64_t restore_rows(const struct kvt_cache_header *c)
+{
+    uint64_t offset = (uint64_t)c->info.offset;
+    if (!has_capacity(c->info.kind))
+        return offset;
+    uint64_t cap = (offset + KVT_STEP) / KVT_STEP * KVT_STEP, live = 0, slack = 0;
+    for (int i = 0; i < c->n_slots; i++) {
+        const struct kvt_slot *s = &c->slots[i];
+        uint64_t row = kvt_dtype_size(s->dtype), extra;
+        if (!mul_ok(row, (uint64_t)s->shape[0], &row) || !mul_ok(row, (uint64_t)s->shape[1], &row) ||
+            !mul_ok(row, (uint64_t)s->shape[3], &row) || !mul_ok(row, cap - offset, &extra) ||
+            __builtin_add_overflow(slack, extra, &slack))
+            return offset;
+        live += s->bytes; /* each term was bounded by the file size (V17) */
+    }
+    return slack <= FREE_SLACK_BYTES || slack <= live ? cap : offset;
+}
+
 /* Allocate the destination of slot @p sj and read it; @p t receives an owned tensor. */
-static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, struct kvt_tensor *t)
+static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t cap,
+                       struct kvt_tensor *t)
 {
     const struct kvt_cache_header *c = &r->h->caches[ci];
     const struct kvt_slot *s = &c->slots[sj];
@@ -39,7 +67,6 @@ static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, struct kv
     uint64_t blocks = 1, stride = s->bytes, total = s->bytes;
     if (has_capacity(c->info.kind)) {
         /* [B, H, offset, D] -> [B, H, cap, D] */
-        uint64_t cap = ((uint64_t)c->info.offset + KVT_STEP) / KVT_STEP * KVT_STEP;
         uint64_t row = kvt_dtype_size(s->dtype);
         if (!mul_ok(row, (uint64_t)s->shape[3], &row) || !mul_ok(row, cap, &stride) ||
             !mul_ok((uint64_t)s->shape[0], (uint64_t)s->shape[1], &blocks) ||
@@ -75,8 +102,9 @@ static int load_cache(struct kvt_tensor_reader *r, size_t ci, kvt_cache **out)
     struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
     memset(t, 0, sizeof(t));
     int n = 0, rc = 0;
+    uint64_t cap = restore_rows(c);
     for (; n < c->n_slots; n++) {
-        rc = load_tensor(r, ci, n, &t[n]);
+        rc = load_tensor(r, ci, n, cap, &t[n]);
         if (rc)
             goto out;
     }
