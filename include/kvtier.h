@@ -424,7 +424,9 @@ struct kvt_store_opts {
     bool no_verify;                 /* skip tensor hash checks on restore */
     bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
     size_t max_header_bytes;        /* 0 = 64 MiB */
-    int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; <0 = 60000 */
+    int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; <0 = 60000.
+                                       It covers the instant between a writer's create and
+                                       lock: 0 is safe only with no other live writer */
     bool read_only; /* inspect only: no directory creation, reaping, removal, eviction, LRU
                        bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
     kvt_log_fn log; /* one call at a time, on the calling thread or a scan worker thread */
