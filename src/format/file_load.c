@@ -29,31 +29,43 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_mul_overflow(a, b, out);
 }
 
-/* Restore slack a cache may always take, whatever its file holds. */
+/* Restore slack a whole entry may always take, whatever its file holds. */
 #define FREE_SLACK_BYTES (64ull << 20)
 
 /*
- * Rows on the token axis for cache @p ci: ceil((offset + 1) / 256) * 256 for token-axis kinds,
- * unless the zeroed slack would exceed both what the file holds for the cache and 64 MiB.
- * The header sizes B, H and D freely even at offset 0, so without this bound a 16 KiB file
- * could make a load allocate gigabytes; such a cache is restored with exactly offset rows.
+ * Rows on the token axis for cache @p c: ceil((offset + 1) / 256) * 256 for token-axis kinds
+ * while the entry's zeroed slack stays within @p budget (the file's tensor bytes or 64 MiB,
+ * whichever is larger), else exactly offset. The header sizes B, H and D freely even at
+ * offset 0, so without this bound a 16 KiB file could make a load allocate gigabytes.
  */
-static uint64_t restore_rows(const struct kvt_cache_header *c)
+static uint64_t restore_rows(const struct kvt_cache_header *c, uint64_t *budget)
 {
     uint64_t offset = (uint64_t)c->info.offset;
     if (!has_capacity(c->info.kind))
         return offset;
-    uint64_t cap = (offset + KVT_STEP) / KVT_STEP * KVT_STEP, live = 0, slack = 0;
+    uint64_t cap = (offset + KVT_STEP) / KVT_STEP * KVT_STEP, slack = 0;
     for (int i = 0; i < c->n_slots; i++) {
         const struct kvt_slot *s = &c->slots[i];
         uint64_t row = kvt_dtype_size(s->dtype), extra;
-        if (!mul_ok(row, (uint64_t)s->shape[0], &row) || !mul_ok(row, (uint64_t)s->shape[1], &row) ||
+        if (!mul_ok(row, (uint64_t)s->shape[0], &row) ||
+            !mul_ok(row, (uint64_t)s->shape[1], &row) ||
             !mul_ok(row, (uint64_t)s->shape[3], &row) || !mul_ok(row, cap - offset, &extra) ||
             __builtin_add_overflow(slack, extra, &slack))
             return offset;
-        live += s->bytes; /* each term was bounded by the file size (V17) */
     }
-    return slack <= FREE_SLACK_BYTES || slack <= live ? cap : offset;
+    if (slack > *budget)
+        return offset;
+    *budget -= slack;
+    return cap;
+}
+
+static uint64_t slack_budget(const struct kvt_header *h)
+{
+    uint64_t live = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++)
+            live += h->caches[i].slots[j].bytes; /* each bounded by the file size (V17) */
+    return live > FREE_SLACK_BYTES ? live : FREE_SLACK_BYTES;
 }
 
 /* Allocate the destination of slot @p sj and read it; @p t receives an owned tensor. */
@@ -96,13 +108,13 @@ static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t 
     return rc;
 }
 
-static int load_cache(struct kvt_tensor_reader *r, size_t ci, kvt_cache **out)
+static int load_cache(struct kvt_tensor_reader *r, size_t ci, uint64_t *budget, kvt_cache **out)
 {
     const struct kvt_cache_header *c = &r->h->caches[ci];
     struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
     memset(t, 0, sizeof(t));
     int n = 0, rc = 0;
-    uint64_t cap = restore_rows(c);
+    uint64_t cap = restore_rows(c, budget);
     for (; n < c->n_slots; n++) {
         rc = load_tensor(r, ci, n, cap, &t[n]);
         if (rc)
@@ -181,8 +193,9 @@ int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry
         .verify = !(x && x->no_verify),
         .keep_cache = x && x->keep_cache,
     };
+    uint64_t budget = slack_budget(h);
     for (; built < h->n_caches; built++) {
-        rc = load_cache(&r, built, &caches[built]);
+        rc = load_cache(&r, built, &budget, &caches[built]);
         if (rc)
             break;
     }
