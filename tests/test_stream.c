@@ -151,8 +151,11 @@ static void run_read_case(const char *path, const uint8_t *want, const struct re
 {
     int fd = open(path, O_RDONLY);
     assert_true(fd >= 0);
-    struct kvt_stream_opts o = {
-        .chunk = c->chunk, .depth = c->depth, .no_direct = c->no_direct, .engine = c->engine};
+    struct kvt_stream_opts o = {.chunk = c->chunk,
+                                .depth = c->depth,
+                                .no_direct = c->no_direct,
+                                .hugepage = c->hugepage,
+                                .engine = c->engine};
     struct kvt_rstream *s;
     size_t nr = sizeof(ranges) / sizeof(ranges[0]), total = 0;
     assert_int_equal(kvt_rstream_open(fd, ranges, nr, &o, &s), 0);
@@ -215,13 +218,14 @@ static void test_read_matrix(void **state)
     const size_t chunks[] = {0, 8192, 65536 + 4096};
     for (size_t e = 0; e < 2; e++)
         for (size_t k = 0; k < 3; k++)
-            for (int mode = 0; mode < 4; mode++) {
+            for (int mode = 0; mode < 5; mode++) {
                 struct read_case c = {.engine = engines[e],
                                       .chunk = chunks[k],
                                       .depth = k == 1 ? 3 : 0,
                                       .no_direct = mode == 1,
                                       .warm = mode == 2,
-                                      .no_dst = mode == 3};
+                                      .no_dst = mode == 3,
+                                      .hugepage = mode == 4};
                 if (c.warm)
                     warm_cache(path);
                 else

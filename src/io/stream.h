@@ -24,13 +24,23 @@ struct kvt_range {
     uint64_t len;
 };
 
+/*
+ * Stream options. The environment can change the defaults for a whole process (operators,
+ * experiments): KVT_IO_ENGINE=io_uring|threads, KVT_IO_DIRECT=0 (no O_DIRECT),
+ * KVT_IO_PREFAULT=0 (no prefault helper), KVT_IO_HUGEPAGE=1 (huge pages for destinations).
+ */
 struct kvt_stream_opts {
     size_t chunk;       /* bytes per request; 0 = 2 MiB (rounded up to 4096) */
     unsigned depth;     /* requests in flight; 0 = 8 */
     bool no_direct;     /* never use O_DIRECT */
     bool no_prefault;   /* do not fault destination pages in on a helper thread */
+    bool hugepage;      /* ask for transparent huge pages on large destinations: fewer
+                           faults when memory is recycled, slower first touch on some VMs */
     const char *engine; /* "io_uring", "threads" or NULL (best available) */
 };
+
+/** The boolean environment setting @p name ("0" or "1"), or @p dflt when unset or other. */
+bool kvt_stream_env(const char *name, bool dflt);
 
 /** Whether the streams may take the fast path (the io vtable is the POSIX backend). */
 bool kvt_stream_fast_ok(void);

@@ -79,7 +79,7 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
     w->fd = fd;
     w->dfd = -1;
     w->cur = -1;
-    if (kvt_stream_fast_ok() && !o->no_direct) {
+    if (kvt_stream_fast_ok() && kvt_stream_env("KVT_IO_DIRECT", !o->no_direct)) {
         w->chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
         w->chunk = w->chunk > MAX_CHUNK ? MAX_CHUNK : (w->chunk + BLK - 1) / BLK * BLK;
         w->depth = o->depth ? o->depth : DEFAULT_DEPTH;
