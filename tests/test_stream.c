@@ -125,7 +125,7 @@ struct read_case {
     const char *engine;
     size_t chunk;
     unsigned depth;
-    bool no_direct, warm, no_dst;
+    bool no_direct, warm, no_dst, hugepage;
 };
 
 /*
