@@ -512,11 +512,16 @@ int cmd_store_find(int argc, char **argv)
 
 static void print_stats_json(const struct kvt_store_stats *st)
 {
-    printf("\"entries\":%" PRIu64 ",\"total_bytes\":%" PRIu64 ",\"max_bytes\":%" PRIu64
-           ",\"skipped_files\":%" PRIu64 ",\"skipped_bytes\":%" PRIu64
+    printf("\"entries\":%" PRIu64 ",\"total_bytes\":%" PRIu64 ",\"max_bytes\":", st->entries,
+           st->total_bytes);
+    if (st->max_bytes == UINT64_MAX) /* inspected without --max-bytes: no cap */
+        printf("null");
+    else
+        printf("%" PRIu64, st->max_bytes);
+    printf(",\"skipped_files\":%" PRIu64 ",\"skipped_bytes\":%" PRIu64
            ",\"corrupt_files\":%" PRIu64 ",\"longest_durable_prefix_tokens\":%" PRIu64,
-           st->entries, st->total_bytes, st->max_bytes, st->skipped_files, st->skipped_bytes,
-           st->corrupt_files, st->longest_durable_prefix_tokens);
+           st->skipped_files, st->skipped_bytes, st->corrupt_files,
+           st->longest_durable_prefix_tokens);
 }
 
 /* Usage "stats DIR [--json] [identity flags]". */
