@@ -51,7 +51,10 @@ static void put(const char *dir, const char *model, const char *fp, const int32_
     kvt_store *s;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(tok, n, trimmable);
-    e->meta.ns = ns ? strdup(ns) : NULL;
+    if (ns) {
+        free((char *)e->meta.ns);
+        e->meta.ns = strdup(ns);
+    }
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);
     kvt_entry_free(e);
     kvt_store_close(s);
