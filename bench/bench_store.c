@@ -176,9 +176,9 @@ static void part_find(void)
             printf("  %-20s %6zu entries: median %8.2f us  (prefix %zu, index built in %.2f s)\n",
                    names[w], sizes[w][i], med[i], plen, build);
         }
-        printf("  %-20s flatness: %zuk/%zuk %.2f, %zuk/%zuk %.2f\n", names[w],
-               sizes[w][1] / 1000, sizes[w][0] / 1000, med[1] / med[0], sizes[w][2] / 1000,
-               sizes[w][1] / 1000, med[2] / med[1]);
+        printf("  %-20s flatness: %zuk/%zuk %.2f, %zuk/%zuk %.2f\n", names[w], sizes[w][1] / 1000,
+               sizes[w][0] / 1000, med[1] / med[0], sizes[w][2] / 1000, sizes[w][1] / 1000,
+               med[2] / med[1]);
     }
 }
 
@@ -291,10 +291,13 @@ static void part_open(const char *base)
     double header_ms = median(hr, OPEN_RUNS);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     printf("  kvt_file_read_header alone, one thread, all %d files: median %.1f ms (%.1f us per "
-           "header)\n", OPEN_ENTRIES, header_ms, header_ms * 1e3 / OPEN_ENTRIES);
+           "header)\n",
+           OPEN_ENTRIES, header_ms, header_ms * 1e3 / OPEN_ENTRIES);
 
-    struct kvt_store_opts o = {.model_id = "bench/model", .config_fingerprint = "fp-bench",
-                               .tokenizer_hash = "tk-bench", .tmp_grace_ms = -1};
+    struct kvt_store_opts o = {.model_id = "bench/model",
+                               .config_fingerprint = "fp-bench",
+                               .tokenizer_hash = "tk-bench",
+                               .tmp_grace_ms = -1};
     for (int cold = 0; cold < 2; cold++) {
         double t[OPEN_RUNS];
         uint64_t entries = 0;
@@ -318,8 +321,8 @@ static void part_open(const char *base)
         double med = median(t, OPEN_RUNS);
         printf("  %s page cache: median open %.1f ms for %llu entries (%.1f us per entry; "
                "open / 1 s target %.2f)\n",
-               cold ? "cold" : "warm", med, (unsigned long long)entries,
-               med * 1e3 / OPEN_ENTRIES, med / 1000.0);
+               cold ? "cold" : "warm", med, (unsigned long long)entries, med * 1e3 / OPEN_ENTRIES,
+               med / 1000.0);
         if (!cold)
             printf("  warm: open / one-thread header reads %.2f (scan on up to %ld threads)\n",
                    med / header_ms, cpus < 8 ? cpus : 8);

@@ -115,8 +115,8 @@ static void assert_same_state(const kvt_cache *a, const kvt_cache *b)
 }
 
 /* The restored entry is exactly the synthetic entry of these tokens. */
-static void assert_entry_is(const struct kvt_entry *e, const int32_t *tok, size_t n,
-                            const char *ns, bool trimmable)
+static void assert_entry_is(const struct kvt_entry *e, const int32_t *tok, size_t n, const char *ns,
+                            bool trimmable)
 {
     assert_non_null(e);
     assert_int_equal(e->n_tokens, n);
@@ -312,7 +312,7 @@ static void test_layout(void **state)
         else
             assert_non_null(strchr("0123456789abcdef", name[i]));
     }
-    assert_int_equal(name[14], '4');            /* version 4 */
+    assert_int_equal(name[14], '4');           /* version 4 */
     assert_non_null(strchr("89ab", name[19])); /* RFC 4122 variant */
     assert_string_equal(v[0].ns, "lora-a");
     assert_int_equal(v[0].n_tokens, 3);
@@ -322,8 +322,8 @@ static void test_layout(void **state)
     kvt_store_close(s);
 
     /* A fingerprint that is not one directory name is refused. */
-    struct kvt_store_opts o = {.model_id = MODEL, .config_fingerprint = "a/b",
-                               .tokenizer_hash = TOK};
+    struct kvt_store_opts o = {
+        .model_id = MODEL, .config_fingerprint = "a/b", .tokenizer_hash = TOK};
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
     assert_null(s);
     o.config_fingerprint = "..";
@@ -411,9 +411,9 @@ static void test_find_rules(void **state)
     (void)state;
     char *dir = scratch_dir("find");
     kvt_store *s = open_store(dir, 0, NULL);
-    const int32_t u[] = {1, 2, 3, 4};         /* untrimmable */
+    const int32_t u[] = {1, 2, 3, 4};        /* untrimmable */
     const int32_t tr[] = {1, 2, 3, 4, 5, 6}; /* trimmable, extends u */
-    const int32_t x[] = {1, 2, 3, 9};         /* trimmable, ties with tr below */
+    const int32_t x[] = {1, 2, 3, 9};        /* trimmable, ties with tr below */
     put_ok(s, u, 4, "", false);
 
     /* Prompts of length <= 1 always miss. */
@@ -661,7 +661,8 @@ static void golden_scan(bool quarantine)
     const char *name;
     json_t *f;
     uint64_t want_entries = 0, want_skipped = 0, want_corrupt = 0;
-    json_object_foreach(files, name, f) {
+    json_object_foreach(files, name, f)
+    {
         if (!strcmp(name, "kv.mlxkv"))
             continue; /* has the tokens of tensor-byte-flipped.mlxkv: added further down */
         char *to = strf("%s/%s", ns, name);
@@ -699,7 +700,8 @@ static void golden_scan(bool quarantine)
     assert_int_equal(st.entries, want_entries);
     assert_int_equal(st.corrupt_files, want_corrupt);
     assert_int_equal(st.skipped_files, want_skipped);
-    json_object_foreach(files, name, f) {
+    json_object_foreach(files, name, f)
+    {
         if (!strcmp(name, "kv.mlxkv"))
             continue;
         char *p = strf("%s/%s", ns, name), *q = strf("%s/%s.corrupt", ns, name);
@@ -826,8 +828,10 @@ static void test_synthesized_damage(void **state)
     char *pa = path_of(s, a, 3, ""), *pb = path_of(s, b, 3, ""), *pc = path_of(s, c, 3, "");
     kvt_store_close(s);
 
-    struct kvt_store_opts o = {.model_id = "test/other-model", .config_fingerprint = FP,
-                               .tokenizer_hash = TOK, .tmp_grace_ms = -1};
+    struct kvt_store_opts o = {.model_id = "test/other-model",
+                               .config_fingerprint = FP,
+                               .tokenizer_hash = TOK,
+                               .tmp_grace_ms = -1};
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(d, 3, "", true);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);
@@ -1141,8 +1145,7 @@ static void test_disk_full_fault(void **state)
     put_ok(s, a, 3, "", true);
     for (int round = 0; round < 2; round++) {
         kvt_fault_reset();
-        struct kvt_fault_rule r = {.op = KVT_FAULT_PWRITE, .nth = 2, .err = ENOSPC,
-                                   .sticky = true};
+        struct kvt_fault_rule r = {.op = KVT_FAULT_PWRITE, .nth = 2, .err = ENOSPC, .sticky = true};
         assert_int_equal(kvt_fault_arm(&r), 0);
         kvt_io_set(kvt_io_fault());
         struct kvt_entry *e = synth(b, 3, "", true);

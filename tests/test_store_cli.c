@@ -43,11 +43,13 @@ static struct kvt_entry *synth(const int32_t *tok, size_t n, bool trimmable)
     return e;
 }
 
-static void put(const char *dir, const char *model, const char *fp, const int32_t *tok,
-                size_t n, bool trimmable, const char *ns)
+static void put(const char *dir, const char *model, const char *fp, const int32_t *tok, size_t n,
+                bool trimmable, const char *ns)
 {
-    struct kvt_store_opts o = {.model_id = model, .config_fingerprint = fp,
-                               .tokenizer_hash = "tk-test", .tmp_grace_ms = -1};
+    struct kvt_store_opts o = {.model_id = model,
+                               .config_fingerprint = fp,
+                               .tokenizer_hash = "tk-test",
+                               .tmp_grace_ms = -1};
     kvt_store *s;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(tok, n, trimmable);
@@ -122,7 +124,8 @@ static json_t *store_of(json_t *arr, const char *fp, const char *model)
 {
     size_t i;
     json_t *v;
-    json_array_foreach(arr, i, v) {
+    json_array_foreach(arr, i, v)
+    {
         if (!strcmp(json_string_value(json_object_get(v, "config_fingerprint")), fp) &&
             !strcmp(json_string_value(json_object_get(v, "model_id")), model))
             return v;
@@ -194,7 +197,8 @@ static void test_ls_and_stats(void **state)
     size_t i;
     json_t *e;
     int trimmable = 0, lora = 0;
-    json_array_foreach(ents, i, e) {
+    json_array_foreach(ents, i, e)
+    {
         assert_true(exists(json_string_value(json_object_get(e, "path"))));
         trimmable += json_is_true(json_object_get(e, "trimmable"));
         lora += !strcmp(json_string_value(json_object_get(e, "ns")), "lora-a");
@@ -203,17 +207,15 @@ static void test_ls_and_stats(void **state)
     assert_int_equal(lora, 1);
     /* Everything this identity cannot index is left alone and counted as skipped. */
     assert_int_equal(json_integer_value(json_object_get(m, "skipped_files")), 3);
-    assert_int_equal(json_array_size(json_object_get(store_of(j, "fp-test", "test/other"),
-                                                     "entries")),
-                     1);
-    assert_int_equal(json_array_size(json_object_get(store_of(j, "fp-other", "test/model"),
-                                                     "entries")),
-                     1);
+    assert_int_equal(
+        json_array_size(json_object_get(store_of(j, "fp-test", "test/other"), "entries")), 1);
+    assert_int_equal(
+        json_array_size(json_object_get(store_of(j, "fp-other", "test/model"), "entries")), 1);
     json_decref(j);
 
     /* A fingerprint directory, with --ns and explicit identity. */
-    args = strf("ls '%s' --json --ns lora-a --model-id test/model --tokenizer-hash tk-test",
-                f.fp_dir);
+    args =
+        strf("ls '%s' --json --ns lora-a --model-id test/model --tokenizer-hash tk-test", f.fp_dir);
     j = cli_json(args, 0);
     free(args);
     assert_int_equal(json_array_size(j), 1);
@@ -248,7 +250,8 @@ static void test_find(void **state)
     struct fixture f;
     make_fixture(&f);
     char *args = strf("find '%s' --tokens 1,2,3,4,5 --json --model-id test/model "
-                      "--tokenizer-hash tk-test --config-fingerprint fp-test", f.dir);
+                      "--tokenizer-hash tk-test --config-fingerprint fp-test",
+                      f.dir);
     json_t *j = cli_json(args, 0);
     free(args);
     assert_int_equal(json_array_size(j), 1);
@@ -257,8 +260,7 @@ static void test_find(void **state)
     assert_int_equal(json_integer_value(json_object_get(h, "n_tokens")), 4);
     assert_int_equal(json_integer_value(json_object_get(h, "trim")), 0);
     struct kvt_header *hd;
-    assert_int_equal(kvt_file_read_header(json_string_value(json_object_get(h, "path")), NULL,
-                                          &hd),
+    assert_int_equal(kvt_file_read_header(json_string_value(json_object_get(h, "path")), NULL, &hd),
                      0);
     assert_int_equal(hd->n_tokens, 4);
     kvt_header_free(hd);
@@ -274,8 +276,8 @@ static void test_find(void **state)
     json_decref(j);
 
     /* Namespaces: only lora-a holds 5,6,7,8,9. */
-    args = strf("find '%s' --tokens 5,6,7,8,9,1 --ns lora-a --json --model-id test/model",
-                f.fp_dir);
+    args =
+        strf("find '%s' --tokens 5,6,7,8,9,1 --ns lora-a --json --model-id test/model", f.fp_dir);
     j = cli_json(args, 0);
     free(args);
     assert_int_equal(json_integer_value(json_object_get(json_array_get(j, 0), "prefix_len")), 5);
@@ -324,8 +326,10 @@ static void test_gc(void **state)
     assert_int_equal(count_tree(f.fp_dir), files - 2);
 
     /* A cap: each identity evicted to it, oldest first; the newer format file stays. */
-    struct kvt_store_opts o = {.model_id = "test/model", .config_fingerprint = "fp-test",
-                               .tokenizer_hash = "tk-test", .read_only = true};
+    struct kvt_store_opts o = {.model_id = "test/model",
+                               .config_fingerprint = "fp-test",
+                               .tokenizer_hash = "tk-test",
+                               .read_only = true};
     kvt_store *s;
     assert_int_equal(kvt_store_open(f.dir, &o, &s), 0);
     struct kvt_store_stats st;

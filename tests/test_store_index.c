@@ -145,9 +145,9 @@ static size_t gen_tokens(struct model *m, int32_t *tok, const char **ns)
             *ns = base->ns;
         size_t keep = base->n;
         switch (rnd(m, 4)) {
-        case 0: break;                                 /* equal */
-        case 1: keep = base->n ? rnd(m, base->n) : 0; break; /* prefix (maybe empty) */
-        case 2: break;                                 /* extension below */
+        case 0: break;                                            /* equal */
+        case 1: keep = base->n ? rnd(m, base->n) : 0; break;      /* prefix (maybe empty) */
+        case 2: break;                                            /* extension below */
         default: keep = base->n ? rnd(m, base->n + 1) : 0; break; /* divergent tail */
         }
         memcpy(tok, base->tok, keep * sizeof(*tok));
@@ -155,7 +155,8 @@ static size_t gen_tokens(struct model *m, int32_t *tok, const char **ns)
     }
     size_t extra = rnd(m, 4) ? rnd(m, 4) : rnd(m, m->maxlen + 1);
     while (extra-- && n < m->maxlen)
-        tok[n++] = rnd(m, 20) ? (int32_t)rnd(m, (size_t)m->alphabet) : (int32_t)(xs64(&m->rng) >> 33);
+        tok[n++] =
+            rnd(m, 20) ? (int32_t)rnd(m, (size_t)m->alphabet) : (int32_t)(xs64(&m->rng) >> 33);
     return n;
 }
 
@@ -171,8 +172,7 @@ static void do_insert(struct model *m, const char *ns, const int32_t *tok, size_
     l->mtime = (int64_t)rnd(m, 50);
     char path[64];
     snprintf(path, sizeof(path), "/x/%zu.mlxkv", m->n_recs);
-    assert_int_equal(kvt_index_insert(m->ix, ns, tok, n, trim, l->bytes, l->mtime, path, &l->r),
-                     0);
+    assert_int_equal(kvt_index_insert(m->ix, ns, tok, n, trim, l->bytes, l->mtime, path, &l->r), 0);
     l->seq = l->r->seq;
     l->live = true;
     assert_ptr_equal(kvt_index_by_path(m->ix, path), l->r);
@@ -462,12 +462,9 @@ static void test_empty_and_short(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rules_by_hand),
-        cmocka_unit_test(test_empty_and_short),
-        cmocka_unit_test(test_random_binary_alphabet),
-        cmocka_unit_test(test_random_small_alphabet),
-        cmocka_unit_test(test_random_wide_nodes),
-        cmocka_unit_test(test_random_long_labels),
+        cmocka_unit_test(test_rules_by_hand),          cmocka_unit_test(test_empty_and_short),
+        cmocka_unit_test(test_random_binary_alphabet), cmocka_unit_test(test_random_small_alphabet),
+        cmocka_unit_test(test_random_wide_nodes),      cmocka_unit_test(test_random_long_labels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -131,8 +131,8 @@ static int check_files(const char *dir)
             size_t l = strlen(fe->d_name);
             assert_false(l > 4 && !strcmp(fe->d_name + l - 4, ".tmp"));
             char *p = strf("%s/%s", ns, fe->d_name);
-            struct kvt_expect x = {.model_id = MODEL, .config_fingerprint = FP,
-                                   .tokenizer_hash = TOKH, .ns = ""};
+            struct kvt_expect x = {
+                .model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOKH, .ns = ""};
             int rc = kvt_file_verify(p, &x);
             if (rc)
                 fail_msg("%s: %s", p, kvt_last_error());
@@ -260,8 +260,8 @@ static void test_inflight_tmp_survives(void **state)
         close(ready[0]);
         close(go[1]);
         struct hold h = {ready[1], go[0], 0};
-        struct kvt_store_opts o = {.model_id = MODEL, .config_fingerprint = FP,
-                                   .tokenizer_hash = TOKH, .tmp_grace_ms = 0};
+        struct kvt_store_opts o = {
+            .model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOKH, .tmp_grace_ms = 0};
         kvt_store *s;
         if (kvt_store_open(dir, &o, &s))
             _exit(2);

@@ -192,9 +192,8 @@ static bool find_identities(struct target *t, const struct args *a)
                 continue;
             char *f = join(p, files[j]);
             struct kvt_header *h = NULL;
-            if (f && kvt_file_read_header(f, NULL, &h) == 0 && h->model_id &&
-                h->tokenizer_hash && h->config_fingerprint &&
-                !strcmp(h->config_fingerprint, t->fp) &&
+            if (f && kvt_file_read_header(f, NULL, &h) == 0 && h->model_id && h->tokenizer_hash &&
+                h->config_fingerprint && !strcmp(h->config_fingerprint, t->fp) &&
                 (!a->model_id || !strcmp(a->model_id, h->model_id)) &&
                 (!a->tokenizer_hash || !strcmp(a->tokenizer_hash, h->tokenizer_hash)))
                 ok = add_identity(t, h->model_id, h->tokenizer_hash);
@@ -226,8 +225,8 @@ static int resolve(const struct args *a, struct target **out, size_t *n_out)
     }
     char *slash = strrchr(dir, '/');
     const char *base = slash ? slash + 1 : dir;
-    char *parent = slash ? (slash == dir ? strdup("/") : strndup(dir, (size_t)(slash - dir)))
-                         : strdup(".");
+    char *parent =
+        slash ? (slash == dir ? strdup("/") : strndup(dir, (size_t)(slash - dir))) : strdup(".");
     if (a->fingerprint) {
         char *sub = join(dir, a->fingerprint);
         if (sub && is_dir(sub))
@@ -235,8 +234,7 @@ static int resolve(const struct args *a, struct target **out, size_t *n_out)
         else if (!strcmp(base, a->fingerprint))
             ok = add_target(&t, &n, parent, base);
         else
-            fprintf(stderr, "kvtier: %s holds no fingerprint directory %s\n", dir,
-                    a->fingerprint);
+            fprintf(stderr, "kvtier: %s holds no fingerprint directory %s\n", dir, a->fingerprint);
         free(sub);
     } else if (looks_like_fingerprint_dir(dir)) {
         ok = add_target(&t, &n, parent, base);
@@ -410,8 +408,7 @@ int cmd_store_ls(int argc, char **argv)
                 printf("%s%s  model %s  tokenizer %s: %" PRIu64 " entries, %" PRIu64
                        " bytes, %" PRIu64 " skipped files\n",
                        first ? "" : "\n", t[i].path, t[i].ids[j].model_id,
-                       t[i].ids[j].tokenizer_hash, st.entries, st.total_bytes,
-                       st.skipped_files);
+                       t[i].ids[j].tokenizer_hash, st.entries, st.total_bytes, st.skipped_files);
                 for (size_t k = 0; k < n; k++) {
                     if (a.ns && strcmp(a.ns, v[k].ns))
                         continue;
@@ -482,9 +479,9 @@ int cmd_store_find(int argc, char **argv)
                 print_id_json(&t[i], &t[i].ids[j]);
                 printf(",\"prefix_len\":%zu", hit.prefix_len);
                 if (hit.prefix_len) {
-                    printf(",\"n_tokens\":%zu,\"trimmable\":%s,\"trim\":%zu,\"path\":",
-                           hit.n_tokens, hit.trimmable ? "true" : "false",
-                           hit.n_tokens - hit.prefix_len);
+                    printf(
+                        ",\"n_tokens\":%zu,\"trimmable\":%s,\"trim\":%zu,\"path\":", hit.n_tokens,
+                        hit.trimmable ? "true" : "false", hit.n_tokens - hit.prefix_len);
                     cli_json_string(stdout, path ? path : "");
                 }
                 printf("}");
@@ -492,8 +489,8 @@ int cmd_store_find(int argc, char **argv)
                 printf("%s  model %s: hit, prefix %zu of %zu prompt tokens from an entry of %zu "
                        "(%s, trim %zu): %s\n",
                        t[i].path, t[i].ids[j].model_id, hit.prefix_len, n_tok, hit.n_tokens,
-                       hit.trimmable ? "trimmable" : "not trimmable",
-                       hit.n_tokens - hit.prefix_len, path ? path : "?");
+                       hit.trimmable ? "trimmable" : "not trimmable", hit.n_tokens - hit.prefix_len,
+                       path ? path : "?");
             } else {
                 printf("%s  model %s: miss\n", t[i].path, t[i].ids[j].model_id);
             }
@@ -518,8 +515,8 @@ static void print_stats_json(const struct kvt_store_stats *st)
         printf("null");
     else
         printf("%" PRIu64, st->max_bytes);
-    printf(",\"skipped_files\":%" PRIu64 ",\"skipped_bytes\":%" PRIu64
-           ",\"corrupt_files\":%" PRIu64 ",\"longest_durable_prefix_tokens\":%" PRIu64,
+    printf(",\"skipped_files\":%" PRIu64 ",\"skipped_bytes\":%" PRIu64 ",\"corrupt_files\":%" PRIu64
+           ",\"longest_durable_prefix_tokens\":%" PRIu64,
            st->skipped_files, st->skipped_bytes, st->corrupt_files,
            st->longest_durable_prefix_tokens);
 }
@@ -666,8 +663,8 @@ static void gc_files(const struct target *t, const struct args *a, struct gc_cou
                     const char *why = NULL;
                     if (rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED)
                         why = kvt_last_error();
-                    else if (rc == 0 && (!h->config_fingerprint ||
-                                         strcmp(h->config_fingerprint, t->fp)))
+                    else if (rc == 0 &&
+                             (!h->config_fingerprint || strcmp(h->config_fingerprint, t->fp)))
                         why = "another config fingerprint";
                     else if (rc == 0 && !identity_known(t, h))
                         why = "another model or tokenizer";

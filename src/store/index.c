@@ -199,8 +199,8 @@ bool kvt_index_has_durable_prefix(const struct kvt_index *ix, const char *ns, co
     return t && kvt_trie_has_durable_prefix(t, tok, n);
 }
 
-int kvt_index_superseded(const struct kvt_index *ix, const char *ns, const int32_t *tok,
-                         size_t n, bool trimmable, struct kvt_rec ***out, size_t *n_out)
+int kvt_index_superseded(const struct kvt_index *ix, const char *ns, const int32_t *tok, size_t n,
+                         bool trimmable, struct kvt_rec ***out, size_t *n_out)
 {
     *out = NULL;
     *n_out = 0;

@@ -56,8 +56,8 @@ struct kvt_kid {
  * first cache line holds what find() reads at every node; short labels live inline.
  */
 struct kvt_tnode {
-    int32_t *label;        /* inl, or a heap array when longer than KVT_INLINE_LABEL */
-    struct kvt_kid *kids;  /* sorted by first token */
+    int32_t *label;       /* inl, or a heap array when longer than KVT_INLINE_LABEL */
+    struct kvt_kid *kids; /* sorted by first token */
     size_t label_len;
     size_t n_kids;
     size_t own_n, own_trim;
@@ -94,8 +94,7 @@ int kvt_trie_insert(struct kvt_ns *ns, const int32_t *tok, size_t n, struct kvt_
 /** Unlink @p r from its tree and restore the tree's invariants. */
 void kvt_trie_remove(struct kvt_ns *ns, struct kvt_rec *r);
 /** STORE.md §7 over one namespace: the record and *plen, or NULL (a miss). */
-struct kvt_rec *kvt_trie_find(const struct kvt_ns *ns, const int32_t *tok, size_t n,
-                              size_t *plen);
+struct kvt_rec *kvt_trie_find(const struct kvt_ns *ns, const int32_t *tok, size_t n, size_t *plen);
 /** Some record starts with @p tok and is exactly that long or trimmable (STORE.md §4). */
 bool kvt_trie_has_durable_prefix(const struct kvt_ns *ns, const int32_t *tok, size_t n);
 /** Records on the path of @p tok: exact duplicates, and with @p ancestors strict prefixes. */
@@ -130,8 +129,8 @@ bool kvt_index_has_durable_prefix(const struct kvt_index *ix, const char *ns, co
  * The records a new entry @p tok in @p ns replaces (STORE.md §9 steps 3-4): identical tokens,
  * and when @p trimmable also strict prefixes. *out (caller frees) lists them in path order.
  */
-int kvt_index_superseded(const struct kvt_index *ix, const char *ns, const int32_t *tok,
-                         size_t n, bool trimmable, struct kvt_rec ***out, size_t *n_out);
+int kvt_index_superseded(const struct kvt_index *ix, const char *ns, const int32_t *tok, size_t n,
+                         bool trimmable, struct kvt_rec ***out, size_t *n_out);
 
 struct kvt_rec *kvt_index_by_seq(const struct kvt_index *ix, uint64_t seq);
 struct kvt_rec *kvt_index_by_path(const struct kvt_index *ix, const char *path);

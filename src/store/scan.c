@@ -153,12 +153,12 @@ static int check_identity(const struct kvt_store *s, const char *path, const str
     const char *want[] = {s->model_id, s->fingerprint, s->tokenizer_hash};
     for (int i = 0; i < 3; i++)
         if (!streq(got[i], want[i]))
-            return kvt_fail(KVT_E_MISMATCH, "%s: %s mismatch (file %s, expected %s)", path,
-                            keys[i], got[i] ? got[i] : "(absent)", want[i]);
+            return kvt_fail(KVT_E_MISMATCH, "%s: %s mismatch (file %s, expected %s)", path, keys[i],
+                            got[i] ? got[i] : "(absent)", want[i]);
     if (!kvt_header_is_indexable(h))
         return kvt_fail(KVT_E_MISMATCH,
-                        "%s: V21: a cache's offset differs from the %zu tokens; not indexed",
-                        path, h->n_tokens);
+                        "%s: V21: a cache's offset differs from the %zu tokens; not indexed", path,
+                        h->n_tokens);
     return 0;
 }
 
@@ -399,8 +399,8 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
         forget_missing(s, d, &set, start_seq);
     d->mtime = dst.st_mtim;
     d->scanned = true;
-    d->recheck = again || !complete || kvt_now_ms() - kvt_timespec_ms(&dst.st_mtim) <
-                                                        MTIME_SETTLE_MS;
+    d->recheck =
+        again || !complete || kvt_now_ms() - kvt_timespec_ms(&dst.st_mtim) < MTIME_SETTLE_MS;
     pthread_mutex_unlock(&s->lock);
     kvt_hmap_free(&set);
     free_names(names, n);

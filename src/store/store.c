@@ -80,8 +80,10 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
         return kvt_fail(-EINVAL, "kvt_store_open: model_id, config_fingerprint and "
                                  "tokenizer_hash are required");
     if (!kvt_layout_valid_name(o->config_fingerprint))
-        return kvt_fail(-EINVAL, "kvt_store_open: config_fingerprint \"%s\" is not a directory "
-                                 "name", o->config_fingerprint);
+        return kvt_fail(-EINVAL,
+                        "kvt_store_open: config_fingerprint \"%s\" is not a directory "
+                        "name",
+                        o->config_fingerprint);
     struct kvt_store *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
@@ -109,8 +111,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     if (!s->read_only) {
         rc = kvt_mkdir_durable(s->root);
         if (rc < 0) {
-            kvt_fail(rc, "%s: cannot create the store directory: %s", s->root,
-                     kvt_strerror(rc));
+            kvt_fail(rc, "%s: cannot create the store directory: %s", s->root, kvt_strerror(rc));
             goto out_free;
         }
     }
@@ -135,8 +136,7 @@ int kvt_store_refresh(kvt_store *s)
     return rc;
 }
 
-int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const char *ns,
-                   struct kvt_hit *hit)
+int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit)
 {
     if (!hit)
         return kvt_fail(-EINVAL, "kvt_store_find: no hit");
@@ -314,8 +314,10 @@ static int check_indexable(const struct kvt_entry *e)
             return kvt_fail(-EINVAL, "kvt_store_put: cache %zu is NULL", i);
         kvt_cache_get_info(e->caches[i], &info);
         if (info.kind != KVT_KIND_SSM && (info.offset < 0 || (uint64_t)info.offset != e->n_tokens))
-            return kvt_fail(-EINVAL, "kvt_store_put: cache %zu covers %lld tokens, the entry has "
-                                     "%zu (V21)", i, (long long)info.offset, e->n_tokens);
+            return kvt_fail(-EINVAL,
+                            "kvt_store_put: cache %zu covers %lld tokens, the entry has "
+                            "%zu (V21)",
+                            i, (long long)info.offset, e->n_tokens);
     }
     return 0;
 }
@@ -345,7 +347,8 @@ static int put_failed(struct kvt_store *s, int rc, const char *path)
     if (warn)
         kvt_store_logf(s, KVT_LOG_WARN,
                        "[ssd-cache] store failed (disk full or unwritable?) — cold tier disabled "
-                       "for this entry: %s", why ? why : kvt_strerror(rc));
+                       "for this entry: %s",
+                       why ? why : kvt_strerror(rc));
     if (why) {
         kvt_fail(rc, "%s", why);
         free(why);
@@ -366,8 +369,7 @@ static int too_large(struct kvt_store *s, uint64_t bytes)
 }
 
 /** <root>/<nsHash>/<uuid>.mlxkv, registered as pending; the directory exists on return. */
-static int new_entry_path(struct kvt_store *s, const char *ns, struct kvt_sdir **dir,
-                          char **out)
+static int new_entry_path(struct kvt_store *s, const char *ns, struct kvt_sdir **dir, char **out)
 {
     char nsdir[17], uuid[KVT_UUID_LEN + 1], name[KVT_UUID_LEN + sizeof(KVT_ENTRY_EXT)];
     kvt_ns_hash(ns, nsdir);
@@ -540,9 +542,13 @@ int kvt_store_list(kvt_store *s, struct kvt_store_record **out, size_t *n)
     for (size_t i = 0; i < count; i++) {
         const struct kvt_rec *r = recs[i];
         size_t lp = strlen(r->path) + 1, ln = strlen(kvt_rec_ns(r)) + 1;
-        v[i] = (struct kvt_store_record){r->seq, memcpy(str, r->path, lp),
-                                         memcpy(str + lp, kvt_rec_ns(r), ln), r->n_tokens,
-                                         r->bytes, r->mtime_ms, r->trimmable};
+        v[i] = (struct kvt_store_record){r->seq,
+                                         memcpy(str, r->path, lp),
+                                         memcpy(str + lp, kvt_rec_ns(r), ln),
+                                         r->n_tokens,
+                                         r->bytes,
+                                         r->mtime_ms,
+                                         r->trimmable};
         str += lp + ln;
     }
     *out = v;

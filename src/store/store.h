@@ -34,7 +34,7 @@ struct kvt_sdir {
     char *name, *path;
     struct timespec mtime; /* as seen before the last listing */
     bool scanned, recheck;
-    uint64_t seen_gen; /* the last scan that found it under the root */
+    uint64_t seen_gen;     /* the last scan that found it under the root */
     struct kvt_hmap recs;  /* struct kvt_rec * by path hash */
     struct kvt_hmap skips; /* struct kvt_skip * by path hash */
 };
@@ -52,7 +52,7 @@ struct kvt_store {
     pthread_mutex_t scan_lock;
     pthread_mutex_t log_lock; /* log calls one at a time (scans log from worker threads) */
     struct kvt_index *ix;
-    struct kvt_hmap dirs;    /* struct kvt_sdir * by name hash; kept until close */
+    struct kvt_hmap dirs; /* struct kvt_sdir * by name hash; kept until close */
     uint64_t scan_gen;
     struct kvt_hmap pending; /* char * paths this process is writing */
     uint64_t restores, spills, store_failures, evictions, corrupt_files, restore_misses;

@@ -326,8 +326,7 @@ static struct kvt_rec *min_trim_except(const struct kvt_tnode *u, const struct k
  *    below u outside v.
  * Mid-edge depths before D have no records leaving the path, so they never qualify.
  */
-struct kvt_rec *kvt_trie_find(const struct kvt_ns *ns, const int32_t *tok, size_t n,
-                              size_t *plen)
+struct kvt_rec *kvt_trie_find(const struct kvt_ns *ns, const int32_t *tok, size_t n, size_t *plen)
 {
     *plen = 0;
     if (n <= 1)
@@ -437,8 +436,7 @@ int kvt_trie_on_path(const struct kvt_ns *ns, const int32_t *tok, size_t n, bool
     }
 }
 
-static int append_kids(struct kvt_tnode ***v, size_t *len, size_t *cap,
-                       const struct kvt_tnode *u)
+static int append_kids(struct kvt_tnode ***v, size_t *len, size_t *cap, const struct kvt_tnode *u)
 {
     if (*len + u->n_kids > *cap) {
         size_t c = *cap;

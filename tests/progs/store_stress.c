@@ -222,8 +222,7 @@ static void check_restore(kvt_store *s, const int32_t *prompt, size_t n, struct 
         return;
     }
     t->restores++;
-    bool ok = e->n_tokens == hit.n_tokens && hit.prefix_len < n &&
-              hit.prefix_len <= e->n_tokens &&
+    bool ok = e->n_tokens == hit.n_tokens && hit.prefix_len < n && hit.prefix_len <= e->n_tokens &&
               !memcmp(e->tokens, prompt, hit.prefix_len * sizeof(*prompt));
     struct kvt_entry *want = ok ? synth(e->tokens, e->n_tokens, e->n_caches == 1) : NULL;
     ok = ok && want && want->n_caches == e->n_caches;
