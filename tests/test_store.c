@@ -130,7 +130,7 @@ static void assert_entry_is(const struct kvt_entry *e, const int32_t *tok, size_
     kvt_entry_free(want);
 }
 
-/* ---- store helpers -------------------------------------------------------------------- */
+/* ---- opening, storing, looking ------------------------------------------------------- */
 
 struct logcap {
     int warns, infos;

@@ -1,6 +1,6 @@
 /*
  * Internals of the store (STORE.md): the handle, its per-directory bookkeeping, and the
- * helpers shared by the scan (scan.c), the bookkeeping (store_dirs.c) and the public calls
+ * functions shared by the scan (scan.c), the bookkeeping (store_dirs.c) and the public calls
  * (store.c).
  *
  * Locks: `lock` guards the index, the directory table, the pending set and the counters and
