@@ -89,6 +89,14 @@ int kvt_prefix_check(const uint8_t *buf, size_t n, uint64_t file_size, size_t ma
  * prefix passed kvt_prefix_check(). @return 0 with *out set, KVT_E_UNSUPPORTED, KVT_E_CORRUPT
  * or -ENOMEM.
  */
+/**
+ * Fast path for the top-level "tokens" array (header_tokens.c): 1 with *tok (n_tok values)
+ * and *blanked (a copy of the @p n JSON bytes with the array's contents turned to spaces) when
+ * it is a plain array of integers in [0, 2^31); 0 when the general parser must read it;
+ * -ENOMEM. The caller frees both.
+ */
+int kvt_header_split_tokens(const uint8_t *json, size_t n, uint8_t **blanked, int32_t **tok,
+                            size_t *n_tok);
 int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint64_t file_size,
                           const char *name, struct kvt_header **out);
 

@@ -354,8 +354,11 @@ static char *dup_meta(const json_t *root, const char *key, bool *oom)
     return s;
 }
 
-/* Decode a header that passed V7-V13; fails only with -ENOMEM. */
-static int extract(const json_t *root, struct kvt_header *h)
+/*
+ * Decode a header that passed V7-V13; fails only with -ENOMEM. @p fast_tok (may be NULL) holds
+ * the tokens when the fast path read them; it is moved into @p h.
+ */
+static int extract(const json_t *root, int32_t **fast_tok, size_t n_fast, struct kvt_header *h)
 {
     bool oom = false;
     const json_t *ca = json_object_get(root, "createdAt");
@@ -366,8 +369,15 @@ static int extract(const json_t *root, struct kvt_header *h)
     h->tokenizer_hash = dup_meta(root, "tokenizerHash", &oom);
     h->ns = dup_meta(root, "ns", &oom);
     const json_t *tokens = json_object_get(root, "tokens");
-    h->n_tokens = json_array_size(tokens);
-    h->tokens = malloc(h->n_tokens ? h->n_tokens * sizeof(int32_t) : 1);
+    bool fast = *fast_tok != NULL;
+    if (fast) {
+        h->n_tokens = n_fast;
+        h->tokens = *fast_tok;
+        *fast_tok = NULL;
+    } else {
+        h->n_tokens = json_array_size(tokens);
+        h->tokens = malloc(h->n_tokens ? h->n_tokens * sizeof(int32_t) : 1);
+    }
     const json_t *caches = json_object_get(root, "caches");
     h->n_caches = json_array_size(caches);
     h->caches = calloc(h->n_caches, sizeof(*h->caches));
@@ -375,7 +385,8 @@ static int extract(const json_t *root, struct kvt_header *h)
         return -ENOMEM;
     size_t i, j;
     const json_t *v, *s;
-    json_array_foreach(tokens, i, v) h->tokens[i] = (int32_t)u53(v);
+    if (!fast)
+        json_array_foreach(tokens, i, v) h->tokens[i] = (int32_t)u53(v);
     json_array_foreach(caches, i, v)
     {
         struct kvt_cache_header *c = &h->caches[i];
@@ -414,11 +425,18 @@ int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint6
                         ")",
                         nm(name), p->header_hash, hh);
 
+    uint8_t *blanked;
+    int32_t *fast_tok;
+    size_t n_fast;
+    if (kvt_header_split_tokens(json, p->header_len, &blanked, &fast_tok, &n_fast) < 0)
+        return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
     json_error_t jerr;
     json_t *root =
-        json_loadb((const char *)json, p->header_len,
+        json_loadb((const char *)(blanked ? blanked : json), p->header_len,
                    JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
+    free(blanked);
     if (!root) {
+        free(fast_tok);
         if (json_error_code(&jerr) == json_error_out_of_memory)
             return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
         return kvt_fail(KVT_E_CORRUPT, "%s: V7: invalid header JSON at byte %d: %s", nm(name),
@@ -439,7 +457,7 @@ int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint6
         rc = kvt_fail(-ENOMEM, "%s: out of memory", nm(name));
         goto out;
     }
-    rc = extract(root, h);
+    rc = extract(root, &fast_tok, n_fast, h);
     h->header_len = p->header_len;
     h->data_start = p->data_start;
     h->header_hash = p->header_hash;
@@ -454,6 +472,7 @@ int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint6
     }
     *out = h;
 out:
+    free(fast_tok);
     json_decref(root);
     return rc;
 }
