@@ -48,6 +48,13 @@ int bench_raw_read(const char *path, const struct bench_span *s, size_t n, doubl
 int bench_make_cold(const char *path);
 /* Make @p path warm: read it all through the page cache. */
 int bench_make_warm(const char *path);
+/*
+ * Touch and free @p bytes of anonymous memory, so that the next step finds recently used
+ * memory to allocate from, whatever the step before it did. On a VM that backs guest memory
+ * lazily, memory freed a while ago costs a host fault per page on its next use, and without
+ * this whichever step follows a large free would win.
+ */
+void bench_level_memory(uint64_t bytes);
 /* @p len rounded up to the 4096-byte direct-I/O granule. */
 uint64_t bench_round_up(uint64_t len);
 /* An anonymous mapping of bench_round_up(@p len) bytes, touched first when @p prefault. */

@@ -81,6 +81,16 @@ void *bench_map(uint64_t len, bool prefault)
     return p;
 }
 
+void bench_level_memory(uint64_t bytes)
+{
+    void *p = bench_map(bytes, false);
+    if (!p)
+        return;
+    if (madvise(p, (size_t)bench_round_up(bytes), MADV_POPULATE_WRITE) != 0)
+        memset(p, 0, (size_t)bytes);
+    bench_unmap(p, bytes);
+}
+
 void bench_unmap(void *p, uint64_t len)
 {
     if (p)

@@ -173,9 +173,11 @@ static int fail(const char *what, int rc)
 typedef int (*step_fn)(struct bench_ctx *c, struct bench_row *row, int i);
 
 static int run_rotated(struct bench_ctx *c, struct bench_row *row, int i, const step_fn *steps,
-                       int n)
+                       int n, bool level)
 {
     for (int k = 0; k < n; k++) {
+        if (level)
+            bench_level_memory(row->restored_bytes);
         int rc = steps[(k + i) % n](c, row, i);
         if (rc < 0)
             return rc;
@@ -352,6 +354,7 @@ static int measure_rss(struct bench_ctx *c, struct bench_row *row, int i)
     int rc = child(bench_kvt_save, &save, &secs, &row->rss_save[i], NULL, "save");
     if (rc == 0)
         rc = bench_make_cold(c->kvt_path);
+    bench_level_memory(row->restored_bytes);
     if (rc == 0)
         rc = child(bench_kvt_load, &load, &row->secs[BF_COLD_CHILD][i], &row->rss_restore[i], NULL,
                    "cold restore");
@@ -418,16 +421,16 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
     for (int i = 0; rc == 0 && i < c->o->repeat; i++) {
         unsigned long long mib = (unsigned long long)(row->target_bytes >> 20);
         progress(c, "%llu MiB: repetition %d/%d: save", mib, i + 1, c->o->repeat);
-        rc = run_rotated(c, row, i, save_steps, 3);
+        rc = run_rotated(c, row, i, save_steps, 3, false);
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: cold restore", mib, i + 1, c->o->repeat);
-            rc = run_rotated(c, row, i, cold_steps, 4);
+            rc = run_rotated(c, row, i, cold_steps, 4, true);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: warm restore", mib, i + 1, c->o->repeat);
             rc = bench_make_warm(c->kvt_path);
-            rc =
-                rc < 0 ? fail("warming the page cache", rc) : run_rotated(c, row, i, warm_steps, 4);
+            rc = rc < 0 ? fail("warming the page cache", rc)
+                        : run_rotated(c, row, i, warm_steps, 4, true);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: peak RSS", mib, i + 1, c->o->repeat);

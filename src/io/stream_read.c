@@ -220,8 +220,9 @@ static int reap(struct kvt_rstream *s)
     c->got += (uint64_t)res;
     if (c->a + c->got >= c->hi) {
         c->state = C_DONE;
-    } else if (res == 0) {
-        fail_at(s, -EIO, c->a + c->got); /* the file ends inside the ranges */
+    } else if (res == 0 || c->got % 512) {
+        /* the file ends inside the ranges (a direct read stops short only at the end) */
+        fail_at(s, -EIO, c->a + c->got);
         c->state = C_DONE;
     } else if ((rc = submit_chunk(s, (unsigned)(tag % s->depth))) < 0) {
         fail_at(s, rc, c->a + c->got);
