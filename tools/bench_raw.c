@@ -26,8 +26,10 @@
 #endif
 
 #define RAW_ALIGN 4096u
-#define RAW_CHUNK ((size_t)4 << 20) /* bytes per request */
-#define RAW_DEPTH 8u                /* requests in flight */
+#define RAW_CHUNK ((size_t)4 << 20)   /* bytes per read request */
+#define RAW_DEPTH 8u                  /* read requests in flight */
+#define RAW_WCHUNK ((size_t)16 << 20) /* bytes per direct write request */
+#define RAW_WDEPTH 4u                 /* direct write requests in flight */
 #define RAW_BUFFERED_PIECE ((size_t)64 << 20)
 
 double bench_now(void)
@@ -164,7 +166,7 @@ struct stage {
 /* Fill @p st with the piece of @p s starting at @p pos; zero padding to the granule. */
 static void stage_fill(struct stage *st, const struct bench_span *s, size_t pos)
 {
-    size_t n = s->len - pos < RAW_CHUNK ? s->len - pos : RAW_CHUNK;
+    size_t n = s->len - pos < RAW_WCHUNK ? s->len - pos : RAW_WCHUNK;
     memcpy(st->buf, (const char *)s->data + pos, n);
     size_t padded = (size_t)bench_round_up(n);
     memset((char *)st->buf + n, 0, padded - n);
@@ -176,13 +178,13 @@ static void stage_fill(struct stage *st, const struct bench_span *s, size_t pos)
 static int direct_write_spans(int fd, const struct bench_span *s, size_t n, void *staging)
 {
     struct io_uring ring;
-    struct stage st[RAW_DEPTH];
-    unsigned free_slots[RAW_DEPTH], nfree = RAW_DEPTH, inflight = 0;
-    int rc = io_uring_queue_init(RAW_DEPTH, &ring, 0);
+    struct stage st[RAW_WDEPTH];
+    unsigned free_slots[RAW_WDEPTH], nfree = RAW_WDEPTH, inflight = 0;
+    int rc = io_uring_queue_init(RAW_WDEPTH, &ring, 0);
     if (rc < 0)
         return rc;
-    for (unsigned i = 0; i < RAW_DEPTH; i++) {
-        st[i].buf = (char *)staging + (size_t)i * RAW_CHUNK;
+    for (unsigned i = 0; i < RAW_WDEPTH; i++) {
+        st[i].buf = (char *)staging + (size_t)i * RAW_WCHUNK;
         free_slots[i] = i;
     }
     size_t si = 0, pos = 0;
@@ -195,7 +197,7 @@ static int direct_write_spans(int fd, const struct bench_span *s, size_t n, void
             }
             unsigned k = free_slots[--nfree];
             stage_fill(&st[k], &s[si], pos);
-            pos += RAW_CHUNK;
+            pos += RAW_WCHUNK;
             struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
             io_uring_prep_write(sqe, fd, st[k].buf, (unsigned)st[k].len, st[k].off);
             io_uring_sqe_set_data64(sqe, k);
@@ -239,7 +241,7 @@ static int direct_write_spans(int fd, const struct bench_span *s, size_t n, void
 {
     struct stage st = {.buf = staging};
     for (size_t i = 0; i < n; i++) {
-        for (size_t pos = 0; pos < s[i].len; pos += RAW_CHUNK) {
+        for (size_t pos = 0; pos < s[i].len; pos += RAW_WCHUNK) {
             stage_fill(&st, &s[i], pos);
             int rc = write_all(fd, st.buf, st.len, st.off);
             if (rc < 0)
@@ -260,7 +262,7 @@ int bench_raw_write(const char *path, const struct bench_span *s, size_t n, uint
         for (size_t i = 0; i < n; i++)
             if (s[i].off % RAW_ALIGN)
                 return -EINVAL;
-        staging = bench_map((uint64_t)RAW_CHUNK * RAW_DEPTH, true);
+        staging = bench_map((uint64_t)RAW_WCHUNK * RAW_WDEPTH, true);
         if (!staging)
             return -ENOMEM;
     }
@@ -285,7 +287,7 @@ int bench_raw_write(const char *path, const struct bench_span *s, size_t n, uint
         rc = fsync_parent(path);
     *secs = bench_now() - t0;
 out:
-    bench_unmap(staging, (uint64_t)RAW_CHUNK * RAW_DEPTH);
+    bench_unmap(staging, (uint64_t)RAW_WCHUNK * RAW_WDEPTH);
     return rc;
 }
 

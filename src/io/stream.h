@@ -3,7 +3,8 @@
  * device's pace: reads are issued ahead with several in flight (O_DIRECT where the file system
  * takes it) while the caller copies and hashes what has already arrived; writes are staged in
  * aligned buffers and go out with several in flight while the caller hashes and stages the
- * next chunk. Memory stays bounded: depth x chunk bytes of staging (16 MiB by default).
+ * next chunk. Memory stays bounded: depth x chunk bytes of staging (by default 16 MiB for a
+ * read stream, 64 MiB for a write stream).
  *
  * The fast path goes to the OS directly, so it is used only while the io vtable is the plain
  * POSIX backend; with any other backend installed (fault injection in tests) both streams
@@ -30,8 +31,9 @@ struct kvt_range {
  * KVT_IO_PREFAULT=0 (no prefault helper), KVT_IO_HUGEPAGE=1 (huge pages for destinations).
  */
 struct kvt_stream_opts {
-    size_t chunk;       /* bytes per request; 0 = 2 MiB (rounded up to 4096) */
-    unsigned depth;     /* requests in flight; 0 = 8 */
+    size_t chunk;       /* bytes per request; 0 = 2 MiB reading, 16 MiB writing (rounded up
+                           to 4096) */
+    unsigned depth;     /* requests in flight; 0 = 8 reading, 4 writing */
     bool no_direct;     /* never use O_DIRECT */
     bool no_prefault;   /* do not fault destination pages in on a helper thread */
     bool hugepage;      /* ask for transparent huge pages on large destinations: fewer

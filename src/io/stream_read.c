@@ -33,6 +33,8 @@
 #define MAX_CHUNK ((size_t)64 << 20)
 /* Streams smaller than this are read with plain calls: threads and rings would cost more. */
 #define FAST_MIN ((uint64_t)1 << 20)
+/* Staged bytes are copied and hashed in pieces of this size. */
+#define CACHE_PIECE ((size_t)256 << 10)
 /* In-place pieces at least this large are read straight into their destination. */
 #define SMALL_PIECE ((size_t)64 << 10)
 /* Destinations with at least one whole huge page get MADV_HUGEPAGE. */
@@ -415,10 +417,14 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
                     rc = reap(s);
                 if (rc == 0 && !s->err) {
                     const uint8_t *src = (const uint8_t *)c->buf + (f - c->a);
-                    if (d)
-                        memcpy(d, src, take);
-                    if (fn)
-                        fn(ud, d ? d : src, take);
+                    for (size_t k = 0; k < take; k += CACHE_PIECE) {
+                        /* hash each piece right after its copy, while it is in L2 */
+                        size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
+                        if (d)
+                            memcpy(d + k, src + k, m);
+                        if (fn)
+                            fn(ud, d ? d + k : src + k, m);
+                    }
                 }
             }
             if (f + take == c->hi) { /* chunk used up: recycle its slot, read further ahead */
