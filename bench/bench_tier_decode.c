@@ -7,15 +7,17 @@
  * clones, the N + 1 write steps of every entry), so a write step and a decode step never
  * overlap. Run 1 keeps write-behind on while the writer thread flushes ENTRIES entries of
  * 64 MiB (1 GiB) to a store directory; run 2 is the same loop, for the same number of steps,
- * with write-behind off. The program prints the p50/p99 step latency (lock wait + work) of
- * both and their ratio.
+ * with write-behind off. The pair repeats (--repeat, default 5: the machine may be shared and
+ * noisy); the program prints the p50/p99 step latency (lock wait + work) of both runs of every
+ * pair, their ratios, and the medians over the pairs. --control keeps write-behind off in both
+ * runs of a pair (CONTROL_STEPS steps each): the spread of its ratios is the machine's noise.
  *
  * Grant policy (TIER.md §6: "engines should grant a step between decode steps at a bounded
  * rate"): by default run_exclusive waits for the end of the next decode step, then runs the
  * write step in the idle gap that follows; --naive grants on the plain mutex, whenever the
  * writer asks.
  *
- * usage: bench_tier_decode [--dir DIR] [--entries N] [--naive]
+ * usage: bench_tier_decode [--dir DIR] [--entries N] [--repeat N] [--naive] [--control]
  */
 #include <errno.h>
 #include <pthread.h>
@@ -34,7 +36,8 @@
 #define LAYERS 8
 #define HEADS 8
 #define HEAD_DIM 128
-#define TOKENS 2048 /* 8 layers x K,V x [1, 8, 2048, 128] f16 = 16 tensors of 4 MiB */
+#define TOKENS 2048       /* 8 layers x K,V x [1, 8, 2048, 128] f16 = 16 tensors of 4 MiB */
+#define CONTROL_STEPS 280 /* about as many steps as a flush of 1 GiB takes here */
 
 struct engine {
     pthread_mutex_t excl;
@@ -139,6 +142,8 @@ struct lat {
 
 static struct lat summarize(int64_t *v, size_t n)
 {
+    if (n == 0)
+        return (struct lat){0};
     qsort(v, n, sizeof(*v), cmp_i64);
     double sum = 0;
     for (size_t i = 0; i < n; i++)
@@ -264,63 +269,48 @@ static bool flushed(kvt_pcache *pc, int entries)
            st.pending_spills == 0;
 }
 
-int main(int argc, char **argv)
+static int cmp_double(const void *a, const void *b)
 {
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    const char *dir_arg = NULL;
-    int entries = 16;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir_arg = argv[++i];
-        else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
-            entries = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--naive"))
-            E.naive = true;
-        else {
-            fprintf(stderr, "usage: bench_tier_decode [--dir DIR] [--entries N] [--naive]\n");
-            return 2;
-        }
-    }
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s/kvt-bench-decode-%d", dir_arg ? dir_arg : base, (int)getpid());
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
-    calibrate();
-    double entry_mib = (double)LAYERS * 2 * HEADS * TOKENS * HEAD_DIM * 2 / (1 << 20);
-    printf("decode step: %d x %zu-byte memcpy (~1 ms) every %lld ms; %d entries x %.0f MiB "
-           "(%d tensors of %.0f MiB each); grant: %s\n",
-           work_reps, work_bytes, PERIOD_NS / 1000000, entries, entry_mib, 2 * LAYERS,
-           entry_mib / (2 * LAYERS), E.naive ? "plain mutex" : "between decode steps");
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
-    struct kvt_entry **src = calloc((size_t)entries, sizeof(*src));
-    for (int i = 0; i < entries; i++)
-        src[i] = make_entry(1000000 * (i + 1));
-    E.cap_steps = 1 << 20;
-    E.step_ns = malloc(E.cap_steps * sizeof(*E.step_ns));
-
-    /* Run 1: write-behind on; decode while the writer flushes every entry. */
+/* One pair of runs: decode while the writer flushes every entry, then the same number of
+ * steps with write-behind off. Returns the flush time; *on and *off get the latencies. */
+static double run_pair(bool control, const char *dir, struct kvt_entry **src, int entries,
+                       struct lat *on_lat, struct lat *off_lat, struct lat *gated, size_t *n_steps,
+                       struct kvt_pcache_stats *st)
+{
     size_t cap = 1 << 20, n_on = 0;
     int64_t *on = malloc(cap * sizeof(*on));
-    kvt_pcache *pc = open_tier(dir, true);
+    pthread_mutex_lock(&E.excl);
+    E.n_steps = 0;
+    E.granted = 0;
+    pthread_mutex_unlock(&E.excl);
+    kvt_pcache *pc = open_tier(dir, !control);
     pthread_mutex_lock(&E.mu);
     E.decoding = true;
     pthread_mutex_unlock(&E.mu);
     fill_tier(pc, src, entries);
     int64_t t0 = now_ns(), next = t0;
-    while (!flushed(pc, entries) && n_on < cap)
+    while ((control ? n_on < CONTROL_STEPS : !flushed(pc, entries)) && n_on < cap)
         on[n_on++] = decode_step(&next);
     double flush_s = (double)(now_ns() - t0) / 1e9;
     pthread_mutex_lock(&E.mu);
     E.decoding = false;
     pthread_mutex_unlock(&E.mu);
     pthread_mutex_lock(&E.excl);
-    uint64_t granted = E.granted;
-    struct lat steps = summarize(E.step_ns, E.n_steps);
+    *gated = summarize(E.step_ns, E.n_steps);
     pthread_mutex_unlock(&E.excl);
-    struct kvt_pcache_stats st;
-    kvt_pcache_get_stats(pc, &st);
+    kvt_pcache_get_stats(pc, st);
     kvt_pcache_close(pc);
 
-    /* Run 2: write-behind off; the same number of steps, the same entries in RAM. */
     char dir2[4200];
     snprintf(dir2, sizeof(dir2), "%s-off", dir);
     int64_t *off = malloc(n_on * sizeof(*off));
@@ -331,29 +321,99 @@ int main(int argc, char **argv)
         off[i] = decode_step(&next);
     kvt_pcache_close(pc);
 
-    struct lat a = summarize(on, n_on), b = summarize(off, n_on);
-    printf("write-behind flushed %d entries (%.2f GiB) in %.2f s (%.0f MiB/s), %llu gated "
-           "steps, %llu stored, %llu failed\n",
-           entries, entries * entry_mib / 1024, flush_s, entries * entry_mib / flush_s,
-           (unsigned long long)granted, (unsigned long long)st.cold.spills,
-           (unsigned long long)st.failed_spills);
-    printf("gated steps (exclusion held): p50 %.0f us, p99 %.0f us, max %.0f us\n", steps.p50,
-           steps.p99, steps.max);
-    printf("%-18s %10s %10s %10s %10s  (us, %zu steps)\n", "", "p50", "p99", "max", "mean", n_on);
-    printf("%-18s %10.0f %10.0f %10.0f %10.0f\n", "write-behind on", a.p50, a.p99, a.max, a.mean);
-    printf("%-18s %10.0f %10.0f %10.0f %10.0f\n", "write-behind off", b.p50, b.p99, b.max, b.mean);
-    printf("ratio on/off: p50 %.3f  p99 %.3f  (target p99 <= 1.05)\n", a.p50 / b.p50,
-           a.p99 / b.p99);
-
+    *on_lat = summarize(on, n_on);
+    *off_lat = summarize(off, n_on);
+    *n_steps = n_on;
     char cmd[9000];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, dir2);
     if (system(cmd) != 0)
         fprintf(stderr, "bench_tier_decode: could not remove %s\n", dir);
+    free(on);
+    free(off);
+    return flush_s;
+}
+
+int main(int argc, char **argv)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    const char *dir_arg = NULL;
+    int entries = 16, repeat = 5;
+    bool control = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+            dir_arg = argv[++i];
+        else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
+            entries = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+            repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--naive"))
+            E.naive = true;
+        else if (!strcmp(argv[i], "--control"))
+            control = true;
+        else {
+            fprintf(stderr, "usage: bench_tier_decode [--dir DIR] [--entries N] [--repeat N] "
+                            "[--naive] [--control]\n");
+            return 2;
+        }
+    }
+    if (entries < 1 || repeat < 1 || repeat > 100) {
+        fprintf(stderr, "bench_tier_decode: --entries and --repeat take 1 or more (repeat <= "
+                        "100)\n");
+        return 2;
+    }
+
+    calibrate();
+    double entry_mib = (double)LAYERS * 2 * HEADS * TOKENS * HEAD_DIM * 2 / (1 << 20);
+    printf("decode step: %d x %zu-byte memcpy (~1 ms) every %lld ms; %d entries x %.0f MiB "
+           "(%d tensors of %.0f MiB each); grant: %s; %d repetitions%s\n",
+           work_reps, work_bytes, PERIOD_NS / 1000000, entries, entry_mib, 2 * LAYERS,
+           entry_mib / (2 * LAYERS), E.naive ? "plain mutex" : "between decode steps", repeat,
+           control ? "; control: write-behind off in both runs" : "");
+
+    struct kvt_entry **src = calloc((size_t)entries, sizeof(*src));
+    for (int i = 0; i < entries; i++)
+        src[i] = make_entry(1000000 * (i + 1));
+    E.cap_steps = 1 << 20;
+    E.step_ns = malloc(E.cap_steps * sizeof(*E.step_ns));
+
+    double m[8]
+            [100]; /* per repetition: on p50, p99, off p50, p99, ratios p50, p99, gated p99, max */
+    printf("%4s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "rep", "flush_s", "steps", "on_p50",
+           "on_p99", "off_p50", "off_p99", "r_p50", "r_p99", "gate_p99", "gate_max");
+    for (int r = 0; r < repeat; r++) {
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s/kvt-bench-decode-%d-%d", dir_arg ? dir_arg : base,
+                 (int)getpid(), r);
+        struct lat a, b, g;
+        struct kvt_pcache_stats st;
+        size_t n;
+        double flush_s = run_pair(control, dir, src, entries, &a, &b, &g, &n, &st);
+        if (!control && (st.cold.spills < (uint64_t)entries || st.failed_spills)) {
+            fprintf(stderr, "bench_tier_decode: %llu of %d entries stored, %llu failed\n",
+                    (unsigned long long)st.cold.spills, entries,
+                    (unsigned long long)st.failed_spills);
+            return 1;
+        }
+        double v[8] = {a.p50, a.p99, b.p50, b.p99, a.p50 / b.p50, a.p99 / b.p99, g.p99, g.max};
+        for (int k = 0; k < 8; k++)
+            m[k][r] = v[k];
+        printf("%4d %9.2f %8zu %8.0f %8.0f %8.0f %8.0f %8.3f %8.3f %8.0f %8.0f\n", r + 1, flush_s,
+               n, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        fflush(stdout);
+    }
+    double med[8];
+    for (int k = 0; k < 8; k++)
+        med[k] = median(m[k], repeat);
+    printf("medians (us): write-behind on p50 %.0f p99 %.0f; off p50 %.0f p99 %.0f; gated steps "
+           "p99 %.0f, max %.0f\n",
+           med[0], med[1], med[2], med[3], med[6], med[7]);
+    printf("ratio on/off (median of the per-repetition ratios): p50 %.3f  p99 %.3f  (target p99 "
+           "<= 1.05)\n",
+           med[4], med[5]);
+
     for (int i = 0; i < entries; i++)
         kvt_entry_free(src[i]);
     free(src);
     free(E.step_ns);
-    free(on);
-    free(off);
     return 0;
 }

@@ -350,7 +350,9 @@ static const struct wpiece wpieces[] = {
     {3129344, 4096}, {3145728, 12345}, {3158073, 77777}, {3276800, 1234567},
 };
 
-static void run_write_case(const char *engine, size_t chunk, bool no_direct, bool plain)
+/* @p gated: the way a gated save writes: room made before each write, the tail flushed
+ * before the wait for the device. */
+static void run_write_case(const char *engine, size_t chunk, bool no_direct, bool plain, bool gated)
 {
     char *path = strf("%s/write.bin", dir);
     unlink(path);
@@ -376,11 +378,16 @@ static void run_write_case(const char *engine, size_t chunk, bool no_direct, boo
     assert_int_equal(kvt_wstream_open(fd, &o, &w), 0);
     struct kvt_wyhash_state h;
     kvt_wyhash_init(&h, 0);
-    for (size_t i = 0; i < np; i++)
+    for (size_t i = 0; i < np; i++) {
+        if (gated)
+            assert_int_equal(kvt_wstream_room(w, wpieces[i].len), 0);
         assert_int_equal(
             kvt_wstream_write(w, wpieces[i].off, src + wpieces[i].off, wpieces[i].len, &h, NULL),
             0);
+    }
     assert_int_equal(kvt_wstream_write(w, 0, src, 1, NULL, NULL), -EINVAL); /* backwards */
+    if (gated)
+        assert_int_equal(kvt_wstream_flush(w, NULL), 0);
     assert_int_equal(kvt_wstream_finish(w, NULL), 0);
     assert_int_equal(kvt_wstream_end(w), end);
     kvt_wstream_free(w);
@@ -409,9 +416,12 @@ static void test_write_matrix(void **state)
     const size_t chunks[] = {0, 8192, 65536 + 4096};
     for (size_t e = 0; e < 2; e++)
         for (size_t k = 0; k < 3; k++)
-            run_write_case(engines[e], chunks[k], false, false);
-    run_write_case(NULL, 0, true, false);
-    run_write_case(NULL, 0, false, true);
+            for (int gated = 0; gated < 2; gated++)
+                run_write_case(engines[e], chunks[k], false, false, gated);
+    for (int gated = 0; gated < 2; gated++) {
+        run_write_case(NULL, 0, true, false, gated);
+        run_write_case(NULL, 0, false, true, gated);
+    }
 }
 
 static void test_write_errors(void **state)

@@ -181,6 +181,19 @@ static int open_tmp(struct save_job *j)
     return 0;
 }
 
+/*
+ * Size the .tmp to F before any tensor byte goes out: direct writes that extend a file hold
+ * its inode lock until they complete (ext4), which would stall the header write of the last
+ * gated step behind tens of megabytes of writes.
+ */
+static int size_tmp(struct save_job *j)
+{
+    int rc = kvt_io()->ftruncate(j->fd, j->file_size);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
+    return 0;
+}
+
 static int write_at(struct save_job *j, const void *p, size_t n, uint64_t off)
 {
     int rc = kvt_io_write_full(j->fd, p, n, off);
@@ -268,19 +281,20 @@ static int write_tensor(struct save_job *j, size_t k)
     return rc;
 }
 
-/* Header patch and the size of an empty last tensor: the last gated step. */
-static int finish(struct save_job *j)
+/*
+ * The last gated step: send the staged tail and patch the header at offset 0 (the header is
+ * the only part of the file outside the stream, so the two never touch the same block).
+ * Waiting for the device is left to publish(), outside the engine's exclusion.
+ */
+static int seal(struct save_job *j)
 {
-    const struct kvt_io *io = kvt_io();
     struct kvt_sbuf json = {0};
     uint64_t at = 0;
-    int rc = kvt_wstream_finish(j->ws, &at); /* every tensor byte written, tail cut to size */
+    int rc = kvt_wstream_flush(j->ws, &at);
     if (rc < 0) {
         rc = kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at, kvt_strerror(rc));
         goto out;
     }
-    if (kvt_wstream_end(j->ws) > j->file_end)
-        j->file_end = kvt_wstream_end(j->ws);
     rc = render_header(j, &json, j->h.header_len);
     if (rc)
         goto out;
@@ -300,28 +314,41 @@ static int finish(struct save_job *j)
     memcpy(head + KVT_PREFIX_LEN, json.data, json.len);
     rc = write_at(j, head, j->h.data_start, 0);
     free(head);
-    if (rc)
-        goto out;
-    if (j->file_end < j->file_size) {
-        /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
-        rc = io->ftruncate(j->fd, j->file_size);
-        if (rc < 0)
-            rc = kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
-    }
 out:
     kvt_sbuf_free(&json);
     return rc;
 }
 
+/* Wait for every tensor write, cut the padded tail, extend to F after an empty last tensor. */
+static int complete(struct save_job *j)
+{
+    uint64_t at = 0;
+    int rc = kvt_wstream_finish(j->ws, &at);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at,
+                        kvt_strerror(rc));
+    if (kvt_wstream_end(j->ws) > j->file_end)
+        j->file_end = kvt_wstream_end(j->ws);
+    if (j->file_end < j->file_size) {
+        /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
+        rc = kvt_io()->ftruncate(j->fd, j->file_size);
+        if (rc < 0)
+            return kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
+    }
+    return 0;
+}
+
 /*
- * fsync, rename, directory fsync. Runs after the last gated step, outside the engine's
- * exclusion: it reads no engine memory, and an fsync can take tens of milliseconds that
- * would otherwise stall a decode step.
+ * The device waits, fsync, rename, directory fsync. Runs after the last gated step, outside
+ * the engine's exclusion: it reads no engine memory, and waiting for tens of megabytes of
+ * writes or an fsync takes tens of milliseconds that would otherwise stall a decode step.
  */
 static int publish(struct save_job *j)
 {
     const struct kvt_io *io = kvt_io();
-    int rc = 0;
+    int rc = complete(j);
+    if (rc)
+        return rc;
     if (!j->opts.no_sync) {
         rc = io->fsync(j->fd);
         if (rc < 0)
@@ -352,13 +379,13 @@ static int save_step(void *arg)
     if (j->step == 0) {
         rc = plan(j);
         if (!rc)
-            rc = open_tmp(j);
+            rc = size_tmp(j);
         if (!rc && j->n_views > 0)
             rc = write_tensor(j, 0);
     } else if (j->step < j->steps - 1) {
         rc = write_tensor(j, j->step);
     } else {
-        rc = finish(j);
+        rc = seal(j);
     }
     j->step++;
     return rc;
@@ -399,9 +426,13 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
     memcpy(j.tmp_path, path, plen);
     memcpy(j.tmp_path + plen, ".tmp", 5);
 
-    int rc = 0;
-    do {
+    /* Creating the .tmp and the stream (its staging memory) needs no engine memory: it runs
+     * before the gated steps, outside the engine's exclusion. */
+    int rc = open_tmp(&j);
+    while (rc == 0 && (j.step == 0 || j.step < j.steps)) {
         size_t step = j.step;
+        if (step > 0 && step < j.steps - 1)
+            kvt_wstream_room(j.ws, (size_t)kvt_tensor_nbytes(&j.views[step])); /* errors: below */
         if (j.opts.run_exclusive) {
             kvt_clear_error();
             rc = j.opts.run_exclusive(j.opts.engine, save_step, &j);
@@ -417,7 +448,7 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
         } else {
             rc = save_step(&j);
         }
-    } while (rc == 0 && j.step < j.steps);
+    }
     if (rc == 0)
         rc = publish(&j);
 

@@ -13,6 +13,7 @@
 #endif
 
 #define SLOTS 2
+#define POPULATE_PIECE ((size_t)2 << 20)
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -35,8 +36,14 @@ void *kvt_staging_get(size_t bytes)
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
-        memset(p, 0, bytes);
+    /* Fault the pages in now, 2 MiB at a time: populating holds the process's mmap lock, and
+     * one call over tens of megabytes would stall every other thread's mmap and page fault
+     * (an engine's decode step among them) for as long as it takes. */
+    for (size_t at = 0; at < bytes; at += POPULATE_PIECE) {
+        size_t n = bytes - at < POPULATE_PIECE ? bytes - at : POPULATE_PIECE;
+        if (madvise((char *)p + at, n, MADV_POPULATE_WRITE) != 0)
+            memset((char *)p + at, 0, n);
+    }
     return p;
 }
 

@@ -87,6 +87,12 @@ struct kvt_wstream;
  */
 int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream **out);
 /**
+ * Allocate and fault in the staging memory of a direct write stream with options @p o (NULL:
+ * the defaults) and keep it for the next stream, so that a process about to serve pays for
+ * tens of megabytes of fresh memory up front, not while another thread is busy. Best effort.
+ */
+void kvt_wstream_warm(const struct kvt_stream_opts *o);
+/**
  * Write @p len bytes of @p src at @p off, hashing them into @p h (may be NULL) in order. When
  * this returns, @p src is no longer needed (the bytes are staged or written); errors of
  * earlier writes may surface here. @return 0, -EINVAL (offset order) or -errno (sticky).
@@ -94,6 +100,17 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
  */
 int kvt_wstream_write(struct kvt_wstream *w, uint64_t off, const void *src, size_t len,
                       struct kvt_wyhash_state *h, uint64_t *at);
+/**
+ * Wait for the device until staging has room for @p len more bytes (as much as the stream
+ * holds at most), so that the kvt_wstream_write() of those bytes only copies: a caller that
+ * writes inside someone else's exclusion waits here, outside it. @return 0 or the sticky error.
+ */
+int kvt_wstream_room(struct kvt_wstream *w, size_t len);
+/**
+ * Send what is staged (the last chunk padded to a whole block) without waiting for the
+ * device; no write may follow. @return 0 or the sticky error; *@p at as below.
+ */
+int kvt_wstream_flush(struct kvt_wstream *w, uint64_t *at);
 /**
  * Write out what is staged, wait for every write and cut the file at the end of the last
  * byte written (direct writes are padded to whole blocks). No fsync: the caller syncs.

@@ -70,6 +70,29 @@ static void wfail(struct kvt_wstream *w, int rc, uint64_t at)
     }
 }
 
+/* Bytes per direct write and writes in flight for options @p o. */
+static void staging_shape(const struct kvt_stream_opts *o, size_t *chunk, unsigned *depth)
+{
+    *chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
+    *chunk = *chunk > MAX_CHUNK ? MAX_CHUNK : (*chunk + BLK - 1) / BLK * BLK;
+    *depth = o->depth ? o->depth : DEFAULT_DEPTH;
+    if (*depth > KVT_AQ_MAX_DEPTH)
+        *depth = KVT_AQ_MAX_DEPTH;
+}
+
+void kvt_wstream_warm(const struct kvt_stream_opts *o)
+{
+    struct kvt_stream_opts def = {0};
+    size_t chunk;
+    unsigned depth;
+    if (!o)
+        o = &def;
+    if (!kvt_stream_fast_ok() || !kvt_stream_env("KVT_IO_DIRECT", !o->no_direct))
+        return;
+    staging_shape(o, &chunk, &depth);
+    kvt_staging_put(kvt_staging_get(chunk * depth), chunk * depth);
+}
+
 int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream **out)
 {
     struct kvt_stream_opts def = {0};
@@ -83,11 +106,7 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
     w->dfd = -1;
     w->cur = -1;
     if (kvt_stream_fast_ok() && kvt_stream_env("KVT_IO_DIRECT", !o->no_direct)) {
-        w->chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
-        w->chunk = w->chunk > MAX_CHUNK ? MAX_CHUNK : (w->chunk + BLK - 1) / BLK * BLK;
-        w->depth = o->depth ? o->depth : DEFAULT_DEPTH;
-        if (w->depth > KVT_AQ_MAX_DEPTH)
-            w->depth = KVT_AQ_MAX_DEPTH;
+        staging_shape(o, &w->chunk, &w->depth);
         char proc[64];
         snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
         w->dfd = open(proc, O_WRONLY | O_DIRECT | O_CLOEXEC);
@@ -290,13 +309,38 @@ out:
     return w->err;
 }
 
-int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at)
+int kvt_wstream_room(struct kvt_wstream *w, size_t len)
+{
+    if (w->dfd < 0 || w->err)
+        return w->err;
+    size_t fill = w->cur >= 0 ? w->cur_fill : 0;
+    size_t need = (fill + len + w->chunk - 1) / w->chunk - (w->cur >= 0 ? 1 : 0);
+    if (need > w->depth - (w->cur >= 0 ? 1u : 0u))
+        need = w->depth - (w->cur >= 0 ? 1u : 0u);
+    for (;;) {
+        size_t free_slots = 0;
+        for (unsigned k = 0; k < w->depth; k++)
+            free_slots += !w->slot[k].busy && (int)k != w->cur;
+        if (free_slots >= need || w->err || reap(w) < 0)
+            return w->err;
+    }
+}
+
+int kvt_wstream_flush(struct kvt_wstream *w, uint64_t *at)
 {
     if (!w->err)
         plain_flush(w);
+    if (w->dfd >= 0 && !w->err)
+        flush_cur(w);
+    if (w->err && at)
+        *at = w->err_at;
+    return w->err;
+}
+
+int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at)
+{
+    kvt_wstream_flush(w, NULL);
     if (w->dfd >= 0) {
-        if (!w->err)
-            flush_cur(w);
         while (w->q.inflight > 0)
             if (reap(w) < 0)
                 break;

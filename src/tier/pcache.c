@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "io/stream.h"
 #include "tier/tier.h"
 
 static size_t cache_bytes(void *ud, const kvt_cache *c)
@@ -179,6 +180,9 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
                  (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
                  (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
 
+    /* The writer's staging memory, faulted in now rather than during the first write-behind
+     * while the engine decodes (populating fresh memory holds the process's mmap lock). */
+    kvt_wstream_warm(NULL);
     cfg.cold = &real_cold_ops;
     cfg.cold_ud = store;
     cfg.store = store;
