@@ -41,14 +41,14 @@ extern "C" {
  * Errors. Library codes are stable and never renumbered; they lie below -1000 so they never
  * collide with -errno.
  */
-#define KVT_E_FORMAT (-1001)      /* not an .mlxkv file (unknown magic) */
-#define KVT_E_CORRUPT (-1002)     /* integrity or structural failure */
-#define KVT_E_MISMATCH (-1003)    /* intact, but for another model/tokenizer/ns/layout */
+#define KVT_E_FORMAT      (-1001) /* not an .mlxkv file (unknown magic) */
+#define KVT_E_CORRUPT     (-1002) /* integrity or structural failure */
+#define KVT_E_MISMATCH    (-1003) /* intact, but for another model/tokenizer/ns/layout */
 #define KVT_E_UNSUPPORTED (-1004) /* other format version, kind, dtype or feature */
-#define KVT_E_TOO_LARGE (-1005)   /* the entry exceeds a configured byte cap */
-#define KVT_E_STATE (-1006)       /* operation not allowed in the object's state */
-#define KVT_E_REFUSED (-1007)     /* the engine's exclusion callback refused a step */
-#define KVT_E_TIMEOUT (-1008)     /* a bounded wait ran out */
+#define KVT_E_TOO_LARGE   (-1005) /* the entry exceeds a configured byte cap */
+#define KVT_E_STATE       (-1006) /* operation not allowed in the object's state */
+#define KVT_E_REFUSED     (-1007) /* the engine's exclusion callback refused a step */
+#define KVT_E_TIMEOUT     (-1008) /* a bounded wait ran out */
 
 /** A static description of @p code (any value); never NULL. */
 KVT_API const char *kvt_strerror(int code);
@@ -84,20 +84,9 @@ KVT_API uint64_t kvt_wyhash_final(const struct kvt_wyhash_state *st);
  * Tensors: dtypes with mlx-c codes, refcounted buffers, strided views.
  */
 enum kvt_dtype {
-    KVT_BOOL = 0,
-    KVT_UINT8 = 1,
-    KVT_UINT16 = 2,
-    KVT_UINT32 = 3,
-    KVT_UINT64 = 4,
-    KVT_INT8 = 5,
-    KVT_INT16 = 6,
-    KVT_INT32 = 7,
-    KVT_INT64 = 8,
-    KVT_FLOAT16 = 9,
-    KVT_FLOAT32 = 10,
-    KVT_FLOAT64 = 11,
-    KVT_BFLOAT16 = 12,
-    KVT_COMPLEX64 = 13,
+    KVT_BOOL = 0, KVT_UINT8 = 1, KVT_UINT16 = 2, KVT_UINT32 = 3, KVT_UINT64 = 4,
+    KVT_INT8 = 5, KVT_INT16 = 6, KVT_INT32 = 7, KVT_INT64 = 8, KVT_FLOAT16 = 9,
+    KVT_FLOAT32 = 10, KVT_FLOAT64 = 11, KVT_BFLOAT16 = 12, KVT_COMPLEX64 = 13,
 };
 #define KVT_DTYPE_COUNT 14
 
@@ -125,7 +114,8 @@ KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
  * that drops the last reference, including when this call itself fails (-ENOMEM, -EINVAL).
  * Caches never write into wrapped memory: a cache built over it copies on its first write.
  */
-KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud, kvt_buf **out);
+KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud,
+                         kvt_buf **out);
 /** Take another reference; returns @p b. */
 KVT_API kvt_buf *kvt_buf_ref(kvt_buf *b);
 /** Drop a reference; the last one frees the buffer (or calls its release). */
@@ -154,8 +144,8 @@ struct kvt_tensor {
  * Describe a C-contiguous tensor of @p shape over @p buf at byte @p offset; takes a new
  * reference on @p buf. Fails with -EINVAL if the view does not fit in the buffer.
  */
-KVT_API int kvt_tensor_init(struct kvt_tensor *t, kvt_buf *buf, size_t offset, int dtype, int rank,
-                            const int64_t *shape);
+KVT_API int kvt_tensor_init(struct kvt_tensor *t, kvt_buf *buf, size_t offset, int dtype,
+                            int rank, const int64_t *shape);
 /** A new zero-filled contiguous tensor of its own buffer. */
 KVT_API int kvt_tensor_zeros(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape);
 /** Drop the reference held by @p t and clear it. */
@@ -298,8 +288,8 @@ struct kvt_entry {
  * On failure (-EINVAL, -ENOMEM) the caches stay the caller's. meta other than ns is NULL and
  * created_at is -1; the caller may set them (owned, malloc'd strings).
  */
-KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches, size_t n_caches,
-                          const char *ns, struct kvt_entry **out);
+KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches,
+                          size_t n_caches, const char *ns, struct kvt_entry **out);
 /** Free a library-made entry and everything it owns. */
 KVT_API void kvt_entry_free(struct kvt_entry *e);
 /** Clone every cache of @p e into a new library-owned entry (tokens and meta copied). */
@@ -317,12 +307,12 @@ typedef int (*kvt_step_fn)(void *arg);
 typedef int (*kvt_run_exclusive_fn)(void *engine, kvt_step_fn step, void *arg);
 
 struct kvt_save_opts {
-    int64_t created_at;                 /* ms since the epoch; 0 = now */
-    uint64_t max_file_bytes;            /* refuse (KVT_E_TOO_LARGE) from the plan; 0 = no limit */
+    int64_t created_at;          /* ms since the epoch; 0 = now */
+    uint64_t max_file_bytes;     /* refuse (KVT_E_TOO_LARGE) from the plan; 0 = no limit */
     kvt_run_exclusive_fn run_exclusive; /* optional: each of the N + 1 write steps inside it */
-    void *engine;                       /* passed to run_exclusive */
-    bool no_sync;                       /* skip fsync of file and directory (tests, benchmarks) */
-    bool drop_cache;                    /* after fsync, drop the file's pages from the page cache */
+    void *engine;                /* passed to run_exclusive */
+    bool no_sync;                /* skip fsync of file and directory (tests, benchmarks) */
+    bool drop_cache;             /* after fsync, drop the file's pages from the page cache */
 };
 
 /**
@@ -349,7 +339,7 @@ KVT_API int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes);
 
 /** One tensor slot of a header. */
 struct kvt_slot {
-    uint64_t off; /* relative to data_start */
+    uint64_t off;   /* relative to data_start */
     uint64_t bytes;
     int dtype;
     int rank;
@@ -366,7 +356,7 @@ struct kvt_cache_header {
 /** A validated header (FORMAT.md V1–V20 passed). Free with kvt_header_free(). */
 struct kvt_header {
     int format_version;
-    int64_t created_at;                                        /* -1 when absent */
+    int64_t created_at; /* -1 when absent */
     char *model_id, *config_fingerprint, *tokenizer_hash, *ns; /* NULL when absent */
     int32_t *tokens;
     size_t n_tokens;
@@ -537,28 +527,28 @@ KVT_API void kvt_retain_release(kvt_retain *r);
  * that every value is literal (0 means 0).
  */
 struct kvt_pcache_opts {
-    uint64_t ram_max_bytes;             /* RAM tier cap; default 8e9. 0 = caches nothing, and
-                                           is an error (-EINVAL) together with a cold tier */
-    const char *cold_dir;               /* NULL = no cold tier (default) */
-    struct kvt_store_opts cold;         /* store options when cold_dir is set; model_id,
-                                           config_fingerprint and tokenizer_hash are required */
-    int64_t spill_queue_max_bytes;      /* soft cap of the write-behind queue; default 2 GiB;
-                                           0 = only the newest item and the one in flight;
-                                           < 0 = -EINVAL */
-    bool write_behind;                  /* snapshot fresh entries to disk; default on.
-                                           Spill-on-evict works either way */
-    int64_t demote_idle_ms;             /* demote RAM entries idle this long; default 300000;
-                                           0 = off; ignored without a cold tier; < 0 = -EINVAL */
-    int64_t snapshot_debounce_ms;       /* default 1000 */
-    int64_t snapshot_busy_retry_ms;     /* default 5000 */
-    int64_t flush_timeout_ms;           /* used by kvt_pcache_flush(timeout < 0); default 120000 */
+    uint64_t ram_max_bytes;         /* RAM tier cap; default 8e9. 0 = caches nothing, and
+                                       is an error (-EINVAL) together with a cold tier */
+    const char *cold_dir;           /* NULL = no cold tier (default) */
+    struct kvt_store_opts cold;     /* store options when cold_dir is set; model_id,
+                                       config_fingerprint and tokenizer_hash are required */
+    int64_t spill_queue_max_bytes;  /* soft cap of the write-behind queue; default 2 GiB;
+                                       0 = only the newest item and the one in flight;
+                                       < 0 = -EINVAL */
+    bool write_behind;              /* snapshot fresh entries to disk; default on.
+                                       Spill-on-evict works either way */
+    int64_t demote_idle_ms;         /* demote RAM entries idle this long; default 300000;
+                                       0 = off; ignored without a cold tier; < 0 = -EINVAL */
+    int64_t snapshot_debounce_ms;   /* default 1000 */
+    int64_t snapshot_busy_retry_ms; /* default 5000 */
+    int64_t flush_timeout_ms;       /* used by kvt_pcache_flush(timeout < 0); default 120000 */
     kvt_run_exclusive_fn run_exclusive; /* optional engine exclusion; NULL = steps run directly */
-    bool (*busy)(void *engine); /* optional: postpones snapshots and demotion (policy only) */
+    bool (*busy)(void *engine);     /* optional: postpones snapshots and demotion (policy only) */
     void *engine;
     /* Optional: called after every stored put (any thread, outside the lock). */
     void (*on_put)(void *ud, const int32_t *tok, size_t n, const char *ns);
     void *on_put_ud;
-    kvt_log_fn log; /* also the store's, unless cold.log is set */
+    kvt_log_fn log;                 /* also the store's, unless cold.log is set */
     void *log_ud;
 };
 
@@ -575,7 +565,7 @@ struct kvt_take {
 struct kvt_flush_report {
     bool durable; /* no dirty keys, no pending spills, no drop/failure/missing in the flush */
     uint64_t pending_snapshots, pending_spills, pending_spill_bytes;
-    uint64_t dropped, failed, missing;               /* during this flush */
+    uint64_t dropped, failed, missing; /* during this flush */
     uint64_t entries, longest_durable_prefix_tokens; /* store state at the end */
 };
 
@@ -615,7 +605,8 @@ KVT_API int kvt_pcache_put(kvt_pcache *pc, struct kvt_entry *e, kvt_retain *reta
 KVT_API size_t kvt_pcache_peek_prefix_len(kvt_pcache *pc, const int32_t *tok, size_t n,
                                           const char *ns);
 /** Whether RAM holds an entry with exactly these tokens in @p ns. */
-KVT_API bool kvt_pcache_find_exact(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns);
+KVT_API bool kvt_pcache_find_exact(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                   const char *ns);
 /**
  * Move every entry idle for at least @p idle_ms (at @p now_ms wall ms; <= 0 = now) to the
  * cold tier; returns the count. Without a cold tier: 0, nothing done. Call inside the engine
