@@ -105,7 +105,8 @@ KVT_API const char *kvt_dtype_name(int dtype);
 typedef struct kvt_buf kvt_buf;
 typedef void (*kvt_release_fn)(void *ud, void *data);
 
-/** A new zero-filled host buffer of @p bytes (64-byte aligned; 0 bytes is allowed). */
+/** A new zero-filled host buffer of @p bytes (64-byte aligned, page aligned from 64 KiB on;
+ * 0 bytes is allowed). */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 /** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). */
 KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
@@ -323,12 +324,11 @@ struct kvt_save_opts {
  * failing directory fsync (or directory open for it) is reported after the rename, so the new,
  * complete file is in place but not known to be durable. An existing `<path>.tmp` (another
  * writer) fails with -EEXIST and is left alone. With o->run_exclusive the write runs as N + 1
- * steps for N tensors (1: plan, size the .tmp, first tensor; one per further tensor; last:
- * send the staged tail, patch the header), each inside run_exclusive(); a refusal or a
- * non-zero result aborts with full cleanup. A step only copies engine memory into staging:
- * creating the .tmp before the steps, waiting for the device between and after them, and the
- * fsync, rename and directory fsync run outside the exclusion, where they cannot stall the
- * engine. Peak extra memory: the write staging (64 MiB, kept for reuse) plus the header.
+ * steps for N tensors (1: plan, first tensor; one per further tensor; last: send the staged
+ * tail), each inside run_exclusive(); a refusal or a non-zero result aborts with full
+ * cleanup. A step only copies engine memory into staging: creating the .tmp before the steps,
+ * waiting for the device between and after them, the header, the fsync, the rename and the
+ * directory fsync run outside the exclusion, where they cannot stall the engine. Peak extra memory: the write staging (64 MiB, kept for reuse) plus the header.
  * @p out_bytes (may be NULL) receives the file size (0 on failure).
  * @return 0, -errno, KVT_E_STATE (empty cache), KVT_E_TOO_LARGE, KVT_E_REFUSED, -EINVAL.
  */

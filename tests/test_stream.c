@@ -126,6 +126,10 @@ struct read_case {
     size_t chunk;
     unsigned depth;
     bool no_direct, warm, no_dst, hugepage;
+    /* destinations given at open: ranges packed back to back (some on the file's block grid,
+     * some not), or each at its file offset (all on the grid); consumed where given, or into
+     * another buffer (the stream then copies) */
+    bool known, grid, elsewhere;
 };
 
 /*
@@ -133,8 +137,9 @@ struct read_case {
  * zero-length one, and the last reaching the end of the file exactly.
  */
 static const struct kvt_range ranges[] = {
-    {0, 16384},      {16384, 100000}, {116400, 3},        {116403, 0},    {120000, 2500000},
-    {2700000, 4096}, {4000000, 1},    {4001000, 2000000}, {6301000, 299},
+    {0, 16384, NULL},   {16384, 100000, NULL},    {116400, 3, NULL},
+    {116403, 0, NULL},  {120000, 2500000, NULL},  {2700000, 4096, NULL},
+    {4000000, 1, NULL}, {4001000, 2000000, NULL}, {6301000, 299, NULL},
 };
 #define FILE_BYTES 6301299u
 
@@ -158,7 +163,23 @@ static void run_read_case(const char *path, const uint8_t *want, const struct re
                                 .engine = c->engine};
     struct kvt_rstream *s;
     size_t nr = sizeof(ranges) / sizeof(ranges[0]), total = 0;
-    assert_int_equal(kvt_rstream_open(fd, ranges, nr, &o, &s), 0);
+    for (size_t i = 0; i < nr; i++)
+        total += ranges[i].len;
+    /* where each range goes: page-aligned memory, packed or at the file offsets */
+    size_t mem_bytes = (c->grid ? FILE_BYTES : total) + 4096;
+    uint8_t *mem = aligned_alloc(4096, (mem_bytes + 4095) / 4096 * 4096);
+    uint8_t *other = malloc(mem_bytes), *seen = malloc(total);
+    struct kvt_range rr[sizeof(ranges) / sizeof(ranges[0])];
+    uint8_t *dst[sizeof(ranges) / sizeof(ranges[0])];
+    for (size_t i = 0, at = 0; i < nr; at += ranges[i].len, i++) {
+        rr[i] = ranges[i];
+        dst[i] = c->grid ? mem + ranges[i].off : mem + at;
+        if (c->known)
+            rr[i].dst = dst[i];
+        if (c->elsewhere)
+            dst[i] = other + (dst[i] - mem);
+    }
+    assert_int_equal(kvt_rstream_open(fd, rr, nr, &o, &s), 0);
     char want_engine[32];
     snprintf(want_engine, sizeof(want_engine), "%s+direct", c->engine ? c->engine : "");
     if (!kvt_stream_fast_ok())
@@ -167,30 +188,34 @@ static void run_read_case(const char *path, const uint8_t *want, const struct re
         assert_string_equal(kvt_rstream_engine(s), "buffered");
     else if (c->engine && (strcmp(c->engine, "io_uring") || kvt_aq_uring()))
         assert_string_equal(kvt_rstream_engine(s), want_engine);
-    for (size_t i = 0; i < nr; i++)
-        total += ranges[i].len;
-    uint8_t *dst = malloc(total), *seen = malloc(total);
     struct sink sk = {.buf = seen};
-    /* consume in uneven pieces that cut across ranges */
-    size_t done = 0, step = 1;
+    /* consume in uneven pieces that cut across ranges (each call within one destination) */
+    size_t done = 0, step = 1, ri = 0, at = 0;
     while (done < total) {
         size_t n = total - done < step ? total - done : step;
-        assert_int_equal(kvt_rstream_read(s, c->no_dst ? NULL : dst + done, n, collect, &sk, NULL),
-                         0);
+        while (done - at >= ranges[ri].len) {
+            at += ranges[ri].len;
+            ri++;
+        }
+        if (n > at + ranges[ri].len - done)
+            n = at + ranges[ri].len - done;
+        uint8_t *d = c->no_dst ? NULL : dst[ri] + (done - at);
+        assert_int_equal(kvt_rstream_read(s, d, n, collect, &sk, NULL), 0);
         done += n;
         step = step * 7 + 13;
     }
-    assert_int_equal(kvt_rstream_read(s, dst, 1, NULL, NULL, NULL), -EINVAL); /* past the end */
+    assert_int_equal(kvt_rstream_read(s, mem, 1, NULL, NULL, NULL), -EINVAL); /* past the end */
     kvt_rstream_close(s);
-    size_t at = 0;
+    at = 0;
     for (size_t i = 0; i < nr; i++) {
         if (!c->no_dst)
-            assert_memory_equal(dst + at, want + ranges[i].off, ranges[i].len);
+            assert_memory_equal(dst[i], want + ranges[i].off, ranges[i].len);
         assert_memory_equal(seen + at, want + ranges[i].off, ranges[i].len);
         at += ranges[i].len;
     }
     assert_int_equal(sk.len, total);
-    free(dst);
+    free(mem);
+    free(other);
     free(seen);
     close(fd);
 }
@@ -218,14 +243,17 @@ static void test_read_matrix(void **state)
     const size_t chunks[] = {0, 8192, 65536 + 4096};
     for (size_t e = 0; e < 2; e++)
         for (size_t k = 0; k < 3; k++)
-            for (int mode = 0; mode < 5; mode++) {
+            for (int mode = 0; mode < 9; mode++) {
                 struct read_case c = {.engine = engines[e],
                                       .chunk = chunks[k],
                                       .depth = k == 1 ? 3 : 0,
                                       .no_direct = mode == 1,
-                                      .warm = mode == 2,
+                                      .warm = mode == 2 || mode == 7,
                                       .no_dst = mode == 3,
-                                      .hugepage = mode == 4};
+                                      .hugepage = mode == 4,
+                                      .known = mode >= 5,
+                                      .grid = mode == 6 || mode == 7,
+                                      .elsewhere = mode == 8};
                 if (c.warm)
                     warm_cache(path);
                 else
@@ -241,7 +269,7 @@ static void test_read_engine_names(void **state)
     (void)state;
     char *path = strf("%s/names.bin", dir);
     uint8_t *want = make_file(path, 2 << 20, 5);
-    struct kvt_range r = {0, 2 << 20};
+    struct kvt_range r = {0, 2 << 20, NULL};
     int fd = open(path, O_RDONLY);
     struct kvt_rstream *s;
     assert_int_equal(kvt_rstream_open(fd, &r, 1, &(struct kvt_stream_opts){.no_direct = true}, &s),
@@ -266,12 +294,12 @@ static void test_read_bad_ranges(void **state)
 {
     (void)state;
     struct kvt_rstream *s = (void *)1;
-    struct kvt_range overlap[] = {{0, 100}, {99, 10}};
+    struct kvt_range overlap[] = {{0, 100, NULL}, {99, 10, NULL}};
     assert_int_equal(kvt_rstream_open(0, overlap, 2, NULL, &s), -EINVAL);
     assert_null(s);
-    struct kvt_range wrap[] = {{UINT64_MAX - 5, 10}};
+    struct kvt_range wrap[] = {{UINT64_MAX - 5, 10, NULL}};
     assert_int_equal(kvt_rstream_open(0, wrap, 1, NULL, &s), -EINVAL);
-    struct kvt_range desc[] = {{5000, 10}, {0, 10}};
+    struct kvt_range desc[] = {{5000, 10, NULL}, {0, 10, NULL}};
     assert_int_equal(kvt_rstream_open(0, desc, 2, NULL, &s), -EINVAL);
 }
 
@@ -280,9 +308,14 @@ static void test_read_short_file(void **state)
     (void)state;
     char *path = strf("%s/short.bin", dir);
     uint8_t *want = make_file(path, 3 << 20, 3);
-    for (int mode = 0; mode < 3; mode++) {
-        /* the ranges promise 4 MiB, the file has 3 */
-        struct kvt_range r[] = {{0, 1 << 20}, {1 << 20, 3 << 20}};
+    for (int mode = 0; mode < 4; mode++) {
+        /* the ranges promise 4 MiB, the file has 3 (mode 3: read straight into place) */
+        uint8_t *dst = aligned_alloc(4096, 4 << 20);
+        struct kvt_range r[] = {{0, 1 << 20, NULL}, {1 << 20, 3 << 20, NULL}};
+        if (mode == 3) {
+            r[0].dst = dst;
+            r[1].dst = dst + (1 << 20);
+        }
         int fd = open(path, O_RDONLY);
         drop_cache(path);
         if (mode == 2) {
@@ -291,12 +324,11 @@ static void test_read_short_file(void **state)
         }
         struct kvt_rstream *s;
         assert_int_equal(
-            kvt_rstream_open(fd, r, 2, &(struct kvt_stream_opts){.no_direct = mode}, &s), 0);
-        uint8_t *dst = malloc(4 << 20);
+            kvt_rstream_open(fd, r, 2, &(struct kvt_stream_opts){.no_direct = mode == 1}, &s), 0);
         assert_int_equal(kvt_rstream_read(s, dst, 1 << 20, NULL, NULL, NULL), 0);
         assert_memory_equal(dst, want, 1 << 20);
         uint64_t at = 0;
-        assert_int_equal(kvt_rstream_read(s, dst, 3 << 20, NULL, NULL, &at), -EIO);
+        assert_int_equal(kvt_rstream_read(s, dst + (1 << 20), 3 << 20, NULL, NULL, &at), -EIO);
         assert_true(at >= (1u << 20) && at <= (3u << 20));
         at = 0;
         assert_int_equal(kvt_rstream_read(s, dst, 1, NULL, NULL, &at), -EIO); /* broken */
@@ -474,7 +506,7 @@ static void test_plain_gathers_small_pieces(void **state)
     kvt_fault_reset();
     kvt_io_set(kvt_io_fault());
     int fd = open(path, O_RDWR);
-    struct kvt_range r = {1000, 100000};
+    struct kvt_range r = {1000, 100000, NULL};
     struct kvt_rstream *s;
     assert_int_equal(kvt_rstream_open(fd, &r, 1, NULL, &s), 0);
     uint8_t got[100];

@@ -1,11 +1,13 @@
 /*
  * The .mlxkv loader (FORMAT.md §11.3, STORE.md §8, CACHES.md §11-§12). After the header
- * passes V1-V20 and the caller's expectations (L1, L2), every tensor is read straight into
- * its own newly allocated buffer, hashed in the same pass (L3), and its file range dropped
- * from the page cache. Token-axis kinds (kv, qkv, turboquant) get restore capacity
- * ceil((offset + 1) / 256) * 256 rows so that the first append after a restore writes in
- * place; the file holds [B, H, offset, D] contiguously, so that is B*H row blocks read into
- * a [B, H, cap, D] buffer with the slack zeroed. On any failure everything built is freed.
+ * passes V1-V20 and the caller's expectations (L1, L2), a newly allocated buffer is made for
+ * every tensor, then the tensors are read straight into them (the read stream knows every
+ * destination up front, so its direct reads land in place ahead of the hashing), hashed in
+ * the same pass (L3), and their file ranges dropped from the page cache. Token-axis kinds (kv, qkv,
+ * turboquant) get restore capacity ceil((offset + 1) / 256) * 256 rows so that the first append
+ * after a restore writes in place; the file holds [B, H, offset, D] contiguously, so that is B*H
+ * row blocks read into a [B, H, cap, D] buffer with the slack zeroed. On any failure everything
+ * built is freed.
  */
 #include "format/format.h"
 
@@ -68,9 +70,12 @@ static uint64_t slack_budget(const struct kvt_header *h)
     return live > FREE_SLACK_BYTES ? live : FREE_SLACK_BYTES;
 }
 
-/* Allocate the destination of slot @p sj and read it; @p t receives an owned tensor. */
-static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t cap,
-                       struct kvt_tensor *t)
+/*
+ * Allocate the destination of slot @p sj of cache @p ci with @p cap rows on the token axis;
+ * @p t receives an owned tensor and @p d where the slot's bytes go.
+ */
+static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t cap,
+                        struct kvt_tensor *t, struct kvt_slot_dst *d)
 {
     const struct kvt_cache_header *c = &r->h->caches[ci];
     const struct kvt_slot *s = &c->slots[sj];
@@ -100,28 +105,19 @@ static int load_tensor(struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t 
     kvt_buf_unref(buf);
     if (rc < 0)
         return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: bad tensor geometry", r->name, ci, sj);
-    if (total == 0)
-        return kvt_tensor_read(r, ci, sj, NULL, 1, 0); /* nothing to place; still verify */
-    rc = kvt_tensor_read(r, ci, sj, kvt_buf_data(t->buf), blocks, stride);
-    if (rc)
-        kvt_tensor_release(t);
-    return rc;
+    /* nothing to place when empty; kvt_tensor_read() still verifies */
+    *d = total ? (struct kvt_slot_dst){kvt_buf_data(t->buf), blocks, stride}
+               : (struct kvt_slot_dst){NULL, 1, 0};
+    return 0;
 }
 
-static int load_cache(struct kvt_tensor_reader *r, size_t ci, uint64_t *budget, kvt_cache **out)
+/* Build cache @p ci from its restored tensors @p t (the cache takes its own references). */
+static int build_cache(const struct kvt_tensor_reader *r, size_t ci, struct kvt_tensor *t,
+                       kvt_cache **out)
 {
     const struct kvt_cache_header *c = &r->h->caches[ci];
-    struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
-    memset(t, 0, sizeof(t));
-    int n = 0, rc = 0;
-    uint64_t cap = restore_rows(c, budget);
-    for (; n < c->n_slots; n++) {
-        rc = load_tensor(r, ci, n, cap, &t[n]);
-        if (rc)
-            goto out;
-    }
     kvt_clear_error();
-    rc = kvt_cache_from_state(&c->info, t, n, out);
+    int rc = kvt_cache_from_state(&c->info, t, c->n_slots, out);
     if (rc == -ENOMEM) {
         kvt_fail(rc, "%s: caches[%zu]: out of memory", r->name, ci);
     } else if (rc < 0) {
@@ -131,9 +127,53 @@ static int load_cache(struct kvt_tensor_reader *r, size_t ci, uint64_t *budget, 
         rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: caches[%zu] (%s) cannot be restored: %s", r->name, ci,
                       kvt_kind_name(c->info.kind), msg[0] ? msg : kvt_strerror(rc));
     }
+    return rc;
+}
+
+/*
+ * Every tensor of the file, in header order: all destinations are allocated first, so the
+ * read stream knows them and reads ahead straight into place; then each slot is read and
+ * hashed in order, and each cache built. @p caches receives h->n_caches caches.
+ */
+static int load_caches(struct kvt_tensor_reader *r, kvt_cache **caches)
+{
+    const struct kvt_header *h = r->h;
+    size_t total = 0, built = 0, made = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        total += (size_t)h->caches[i].n_slots;
+    struct kvt_tensor *t = calloc(total ? total : 1, sizeof(*t));
+    struct kvt_slot_dst *d = calloc(total ? total : 1, sizeof(*d));
+    int rc = 0;
+    if (!t || !d) {
+        rc = kvt_fail(-ENOMEM, "%s: out of memory", r->name);
+        goto out;
+    }
+    uint64_t budget = slack_budget(h);
+    for (size_t i = 0; i < h->n_caches && rc == 0; i++) {
+        uint64_t cap = restore_rows(&h->caches[i], &budget);
+        for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++) {
+            rc = alloc_tensor(r, i, j, cap, &t[made], &d[made]);
+            made += rc == 0;
+        }
+    }
+    r->dst = d;
+    for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
+        for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++)
+            rc = kvt_tensor_read(r, i, j, d[o].dst, d[o].blocks, d[o].stride);
+    kvt_tensor_reader_free(r); /* no read may land after this */
+    r->dst = NULL;
+    for (size_t o = 0; built < h->n_caches && rc == 0; built++) {
+        rc = build_cache(r, built, &t[o], &caches[built]);
+        o += (size_t)h->caches[built].n_slots;
+    }
 out:
-    for (int k = 0; k < n; k++)
+    if (rc)
+        for (size_t i = 0; i < built; i++)
+            kvt_cache_free(caches[i]);
+    for (size_t k = 0; k < made; k++)
         kvt_tensor_release(&t[k]);
+    free(t);
+    free(d);
     return rc;
 }
 
@@ -193,15 +233,10 @@ int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry
         .verify = !(x && x->no_verify),
         .keep_cache = x && x->keep_cache,
     };
-    uint64_t budget = slack_budget(h);
-    for (; built < h->n_caches; built++) {
-        rc = load_cache(&r, built, &budget, &caches[built]);
-        if (rc)
-            break;
-    }
-    kvt_tensor_reader_free(&r);
+    rc = load_caches(&r, caches);
     if (rc)
         goto out;
+    built = h->n_caches;
     struct kvt_entry *e;
     rc = kvt_entry_new(h->tokens, h->n_tokens, caches, h->n_caches, h->ns, &e);
     if (rc < 0) {

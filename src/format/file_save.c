@@ -1,13 +1,14 @@
 /*
- * The .mlxkv writer (STORE.md §5, FORMAT.md §3 and §6). A plan pass lays out every slot from
- * the caches' state views without touching tensor bytes; then `<path>.tmp` is created
- * exclusively and locked, each tensor is hashed and streamed from its view (strided views
- * run by run) through the write stream (io/stream.h: staged O_DIRECT writes with several in
- * flight where the file system takes them), the header is patched last at offset 0, and the
- * file is fsynced, renamed into place and its directory fsynced. The work that reads engine
- * memory is split into N + 1 steps for N tensors so that an engine can run each one inside
- * its own exclusion (kvt_save_opts.run_exclusive); publishing runs after them. Any failure before
- * the rename removes the .tmp and leaves the final name untouched.
+ * The .mlxkv writer (STORE.md §5, FORMAT.md §3 and §6). `<path>.tmp` is created exclusively
+ * and locked; a plan pass lays out every slot from the caches' state views without touching
+ * tensor bytes; each tensor is hashed and streamed from its view (strided views run by run)
+ * through the write stream (io/stream.h: staged O_DIRECT writes with several in flight where
+ * the file system takes them); once every write is done the header is patched at offset 0,
+ * and the file is fsynced, renamed into place and its directory fsynced. The work that reads
+ * engine memory is split into N + 1 steps for N tensors so that an engine can run each one
+ * inside its own exclusion (kvt_save_opts.run_exclusive); everything that waits on the OS or
+ * the device runs outside them. Any failure before the rename removes the .tmp and leaves the
+ * final name untouched.
  */
 #include "format/format.h"
 
@@ -181,19 +182,6 @@ static int open_tmp(struct save_job *j)
     return 0;
 }
 
-/*
- * Size the .tmp to F before any tensor byte goes out: direct writes that extend a file hold
- * its inode lock until they complete (ext4), which would stall the header write of the last
- * gated step behind tens of megabytes of writes.
- */
-static int size_tmp(struct save_job *j)
-{
-    int rc = kvt_io()->ftruncate(j->fd, j->file_size);
-    if (rc < 0)
-        return kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
-    return 0;
-}
-
 static int write_at(struct save_job *j, const void *p, size_t n, uint64_t off)
 {
     int rc = kvt_io_write_full(j->fd, p, n, off);
@@ -281,20 +269,32 @@ static int write_tensor(struct save_job *j, size_t k)
     return rc;
 }
 
-/*
- * The last gated step: send the staged tail and patch the header at offset 0 (the header is
- * the only part of the file outside the stream, so the two never touch the same block).
- * Waiting for the device is left to publish(), outside the engine's exclusion.
- */
+/* The last gated step: send the staged tail; nothing after it reads engine memory. */
 static int seal(struct save_job *j)
+{
+    uint64_t at = 0;
+    int rc = kvt_wstream_flush(j->ws, &at);
+    if (rc < 0)
+        rc = kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at, kvt_strerror(rc));
+    return rc;
+}
+
+/*
+ * Wait for every tensor write, cut the padded tail, patch the header at offset 0 (after the
+ * tensor writes: on ext4 a write waits for direct writes that extend the file), extend the
+ * file to F after an empty last tensor.
+ */
+static int complete(struct save_job *j)
 {
     struct kvt_sbuf json = {0};
     uint64_t at = 0;
-    int rc = kvt_wstream_flush(j->ws, &at);
+    int rc = kvt_wstream_finish(j->ws, &at);
     if (rc < 0) {
         rc = kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at, kvt_strerror(rc));
         goto out;
     }
+    if (kvt_wstream_end(j->ws) > j->file_end)
+        j->file_end = kvt_wstream_end(j->ws);
     rc = render_header(j, &json, j->h.header_len);
     if (rc)
         goto out;
@@ -314,34 +314,23 @@ static int seal(struct save_job *j)
     memcpy(head + KVT_PREFIX_LEN, json.data, json.len);
     rc = write_at(j, head, j->h.data_start, 0);
     free(head);
+    if (rc)
+        goto out;
+    if (j->file_end < j->file_size) {
+        /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
+        rc = kvt_io()->ftruncate(j->fd, j->file_size);
+        if (rc < 0)
+            rc = kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
+    }
 out:
     kvt_sbuf_free(&json);
     return rc;
 }
 
-/* Wait for every tensor write, cut the padded tail, extend to F after an empty last tensor. */
-static int complete(struct save_job *j)
-{
-    uint64_t at = 0;
-    int rc = kvt_wstream_finish(j->ws, &at);
-    if (rc < 0)
-        return kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at,
-                        kvt_strerror(rc));
-    if (kvt_wstream_end(j->ws) > j->file_end)
-        j->file_end = kvt_wstream_end(j->ws);
-    if (j->file_end < j->file_size) {
-        /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
-        rc = kvt_io()->ftruncate(j->fd, j->file_size);
-        if (rc < 0)
-            return kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
-    }
-    return 0;
-}
-
 /*
- * The device waits, fsync, rename, directory fsync. Runs after the last gated step, outside
- * the engine's exclusion: it reads no engine memory, and waiting for tens of megabytes of
- * writes or an fsync takes tens of milliseconds that would otherwise stall a decode step.
+ * The device waits, the header, fsync, rename, directory fsync. Runs after the last gated
+ * step, outside the engine's exclusion: it reads no engine memory, and waiting for tens of
+ * megabytes of writes or an fsync takes tens of milliseconds that would stall a decode step.
  */
 static int publish(struct save_job *j)
 {
@@ -378,8 +367,6 @@ static int save_step(void *arg)
     int rc;
     if (j->step == 0) {
         rc = plan(j);
-        if (!rc)
-            rc = size_tmp(j);
         if (!rc && j->n_views > 0)
             rc = write_tensor(j, 0);
     } else if (j->step < j->steps - 1) {

@@ -158,6 +158,12 @@ static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info, const st
 int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
                             const char *name);
 
+/** Where a slot's bytes go: @p blocks equal blocks, block k at dst + k * stride. */
+struct kvt_slot_dst {
+    uint8_t *dst;
+    uint64_t blocks, stride;
+};
+
 /** Streams the tensor ranges of one open file, reading ahead (io/stream.h). */
 struct kvt_tensor_reader {
     int fd;
@@ -168,12 +174,17 @@ struct kvt_tensor_reader {
     struct kvt_rstream *rs; /* opened on the first read: the slots in header order */
     size_t next_ci;         /* the slot the stream delivers next */
     int next_sj;
+    /* Optional: every slot's destination in header order (all caches' slots), given before
+     * the first read so that the stream can read ahead straight into them. The memory must
+     * stay valid until kvt_tensor_reader_free(). */
+    const struct kvt_slot_dst *dst;
 };
 
 /**
  * Read slot @p sj of cache @p ci: its bytes are @p blocks equal blocks that land at
  * @p dst + k * @p dst_stride (k = 0 .. blocks - 1); @p dst NULL only hashes (verify). Slack
- * bytes between blocks are zeroed. Hashes in the same pass when r->verify.
+ * bytes between blocks are zeroed. Hashes in the same pass when r->verify. With r->dst, the
+ * arguments must be the slot's entry there.
  * @return 0, KVT_E_CORRUPT (L3) or -errno.
  */
 int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,

@@ -34,23 +34,51 @@ static void hash_piece(void *ud, const void *p, size_t n)
     kvt_wyhash_update(ud, p, n);
 }
 
+/*
+ * The ranges slot @p s takes in a stream with destination @p d: one per block of a strided
+ * destination, one for a contiguous one, 0 when it has none (or a geometry that
+ * kvt_tensor_read() will refuse): the slot is then one range read through staging.
+ */
+static size_t dst_ranges(const struct kvt_slot *s, const struct kvt_slot_dst *d)
+{
+    if (!d || !d->dst || s->bytes == 0 || d->blocks == 0 || s->bytes % d->blocks ||
+        d->stride < s->bytes / d->blocks || d->blocks > SIZE_MAX)
+        return 0;
+    return d->stride == s->bytes / d->blocks ? 1 : (size_t)d->blocks;
+}
+
 /* A new stream over slot @p sj of cache @p ci and every slot after it, in header order. */
 static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj)
 {
     const struct kvt_header *h = r->h;
-    size_t n = 0;
+    size_t n = 0, ord = 0; /* ranges; the ordinal of slot (ci, sj) in header order */
     kvt_rstream_close(r->rs);
     r->rs = NULL;
-    for (size_t i = ci; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
+    for (size_t i = 0; i < ci; i++)
+        ord += (size_t)h->caches[i].n_slots;
+    ord += (size_t)sj;
+    for (size_t i = ci, o = ord; i < h->n_caches; i++)
+        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++) {
+            size_t nr = dst_ranges(&h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL);
+            n += nr ? nr : 1;
+        }
     struct kvt_range *rg = malloc((n ? n : 1) * sizeof(*rg));
     if (!rg)
         return kvt_fail(-ENOMEM, "%s: out of memory for the read stream", r->name);
     n = 0;
-    for (size_t i = ci; i < h->n_caches; i++)
-        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++) {
+    for (size_t i = ci, o = ord; i < h->n_caches; i++)
+        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++) {
             const struct kvt_slot *s = &h->caches[i].slots[j];
-            rg[n++] = (struct kvt_range){kvt_slot_abs(h, s), s->bytes};
+            const struct kvt_slot_dst *d = r->dst ? &r->dst[o] : NULL;
+            size_t nr = dst_ranges(s, d);
+            if (nr == 0) {
+                rg[n++] = (struct kvt_range){kvt_slot_abs(h, s), s->bytes, NULL};
+                continue;
+            }
+            uint64_t blk = s->bytes / nr;
+            for (size_t k = 0; k < nr; k++)
+                rg[n++] =
+                    (struct kvt_range){kvt_slot_abs(h, s) + k * blk, blk, d->dst + k * d->stride};
         }
     int rc = kvt_rstream_open(r->fd, rg, n, NULL, &r->rs);
     free(rg);

@@ -101,22 +101,24 @@ struct kvt_prefault *kvt_prefault_start(void)
     return p;
 }
 
-void kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len)
+bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len)
 {
     if (!p || len == 0)
-        return;
+        return true;
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)addr + pg - 1) & ~(pg - 1);
     uintptr_t hi = ((uintptr_t)addr + len) & ~(pg - 1);
     if (hi <= lo || (uintptr_t)addr + len < (uintptr_t)addr)
-        return;
+        return true;
     pthread_mutex_lock(&p->mu);
-    if (p->n < QUEUE) { /* a full queue only means less help */
+    bool room = p->n < QUEUE; /* a full queue only means less help */
+    if (room) {
         p->q[(p->head + p->n) % QUEUE] = (struct range){lo, hi};
         p->n++;
         pthread_cond_signal(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
+    return room;
 }
 
 void kvt_prefault_cancel(struct kvt_prefault *p)

@@ -7,6 +7,7 @@
 #ifndef KVT_PREFAULT_H
 #define KVT_PREFAULT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct kvt_prefault;
@@ -16,8 +17,9 @@ struct kvt_prefault *kvt_prefault_start(void);
 /**
  * Queue [@p addr, @p addr + @p len) to be faulted in writable, in address order. Only the
  * whole pages inside the range are touched, and never their contents. No-op on NULL.
+ * @return false when the queue is full and the range was not taken (try again later).
  */
-void kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len);
+bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len);
 /** Drop every range not yet started (call before the memory may be freed). */
 void kvt_prefault_cancel(struct kvt_prefault *p);
 /** Cancel, wait for the block in progress and end the helper. Accepts NULL. */

@@ -19,10 +19,17 @@
 
 #include "kvtier.h"
 
-/** A byte range of a file. */
+/**
+ * A byte range of a file, and optionally where its bytes are going: with @p dst set, the
+ * consumer will ask for the range in one or more kvt_rstream_read() calls into dst, dst + k
+ * ..., and the stream may read the range's whole blocks straight into that memory (direct
+ * I/O, no staging copy) before they are asked for. dst must stay valid until the stream is
+ * closed, and the stream owns [dst, dst + len) until the range is delivered.
+ */
 struct kvt_range {
     uint64_t off;
     uint64_t len;
+    void *dst;
 };
 
 /*
@@ -64,7 +71,8 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
                      struct kvt_rstream **out);
 /**
  * Deliver the next @p len bytes of the stream into @p dst (NULL: only pass them to @p fn),
- * calling @p fn (may be NULL) on every piece once it is in place, in order.
+ * calling @p fn (may be NULL) on every piece once it is in place, in order. For a range
+ * opened with a destination, @p dst should be that destination (another one gets a copy).
  * @return 0, -EIO when the file ends early (*@p at receives the file offset), or -errno of
  * the failed read (the stream is then broken: every later call returns the same error).
  */

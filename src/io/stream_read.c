@@ -1,14 +1,18 @@
 /*
  * The read-ahead stream (stream.h). The ranges are cut into chunks of whole 4096-byte blocks;
- * up to `depth` chunks are in flight at once, read with O_DIRECT into staging buffers through
- * the asynchronous queue (aq.h), while the caller copies the chunks that have arrived into
- * their destinations and hashes them. Chunks whose pages are already in the page cache (asked
+ * up to `depth` chunks are in flight at once, read with O_DIRECT through the asynchronous
+ * queue (aq.h) while the caller hashes the chunks that have arrived. The whole blocks of a
+ * range whose destination is known and lies on the same block grid are read straight into
+ * that destination (no copy at all); everything else (the partial blocks at the edges of such
+ * ranges, ranges without a destination or off the grid) goes through staging buffers and is
+ * copied into place when consumed. Chunks whose pages are already in the page cache (asked
  * with cachestat(2)) are not read ahead: they are copied straight from the page cache into
  * the destination when consumed, which beats reading the device again. Without O_DIRECT every
  * chunk is read that way, and the kernel's own readahead keeps the device busy.
  *
- * Destination pages are faulted in on a helper thread (prefault.h) ahead of the copy, and
- * large destinations may ask for transparent huge pages (off by default, see stream.h).
+ * Destination pages are faulted in on a helper thread (prefault.h) ahead of the reads and
+ * copies (known destinations as soon as the stream plans them), and large destinations may
+ * ask for transparent huge pages (off by default, see stream.h).
  */
 #include "io/stream.h"
 
@@ -39,8 +43,9 @@
 #define SMALL_PIECE ((size_t)64 << 10)
 /* Destinations with at least one whole huge page get MADV_HUGEPAGE. */
 #define HUGE_PAGE ((uintptr_t)2 << 20)
-/* Destinations at least this large get the prefault helper. */
-#define PREFAULT_MIN ((size_t)1 << 20)
+/* Destinations at least this large get the prefault helper, this far ahead of the reads. */
+#define PREFAULT_MIN ((size_t)256 << 10)
+#define PREFAULT_AHEAD ((uint64_t)64 << 20)
 
 enum { C_FREE, C_INFLIGHT, C_DONE, C_INPLACE };
 
@@ -48,8 +53,10 @@ struct chunk {
     uint64_t a, b; /* requested file bytes [a, b), block aligned */
     uint64_t hi;   /* end of the stream bytes the chunk holds (<= b) */
     uint64_t got;  /* bytes arrived, from a */
+    int err;       /* the read failed after `got` bytes: surfaces when they are consumed */
     int state;
-    void *buf; /* its staging slot (direct chunks) */
+    bool in_dst; /* read straight into its range's destination */
+    void *buf;   /* where byte a lands: a staging slot or the destination */
 };
 
 struct kvt_rstream {
@@ -70,6 +77,7 @@ struct kvt_rstream {
     uint64_t pb_off; /* file bytes [pb_off, pb_off + pb_len) are in the bounce buffer */
     size_t pb_len;
     struct kvt_prefault *pf;
+    size_t pf_ri; /* destinations of ranges before pf_ri are queued for prefaulting */
     bool fast;
     bool hugepage;
     int err;
@@ -131,7 +139,29 @@ static uint64_t range_end(const struct kvt_range *r)
     return r->off + r->len;
 }
 
-/* Plan the next chunk from the planning cursor; false when the ranges are exhausted. */
+/*
+ * The blocks of range @p r read straight into its destination: file bytes [*da, *db), whole
+ * blocks inside the range; empty unless the destination lies on the file's block grid and
+ * the stream reads with O_DIRECT.
+ */
+static void direct_span(const struct kvt_rstream *s, const struct kvt_range *r, uint64_t *da,
+                        uint64_t *db)
+{
+    *da = *db = 0;
+    if (!r->dst || s->dfd < 0 || ((uintptr_t)r->dst - (uintptr_t)r->off) % BLK)
+        return;
+    uint64_t a = (r->off + BLK - 1) / BLK * BLK, b = range_end(r) / BLK * BLK;
+    if (a < b) {
+        *da = a;
+        *db = b;
+    }
+}
+
+/*
+ * Plan the next chunk from the planning cursor; false when the ranges are exhausted. A chunk
+ * either reads blocks of one range straight into its destination, or gathers the bytes of
+ * one or more ranges into staging, stopping where a destination's blocks begin.
+ */
 static bool plan_next(struct kvt_rstream *s, struct chunk *c)
 {
     while (s->plan_ri < s->n && s->plan_pos >= s->r[s->plan_ri].len) {
@@ -140,9 +170,23 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     }
     if (s->plan_ri >= s->n)
         return false;
-    uint64_t f = s->r[s->plan_ri].off + s->plan_pos;
+    const struct kvt_range *r0 = &s->r[s->plan_ri];
+    uint64_t f = r0->off + s->plan_pos, da, db;
+    c->got = 0;
+    c->err = 0;
+    c->buf = NULL;
+    direct_span(s, r0, &da, &db);
+    if (f >= da && f < db) { /* f is on a block: da is, and chunks are whole blocks */
+        uint64_t end = db - f < s->chunk ? db : f + s->chunk;
+        c->a = f;
+        c->hi = c->b = end;
+        c->in_dst = true;
+        c->buf = (uint8_t *)r0->dst + (f - r0->off);
+        s->plan_pos += end - f;
+        return true;
+    }
     uint64_t a = f / BLK * BLK, limit = a + s->chunk, hi = f;
-    /* take range bytes while they fall inside [a, limit) */
+    /* take range bytes while they fall inside [a, limit), up to the next destination blocks */
     while (s->plan_ri < s->n) {
         const struct kvt_range *r = &s->r[s->plan_ri];
         uint64_t start = r->off + s->plan_pos;
@@ -154,17 +198,39 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
         if (start >= limit)
             break;
         uint64_t end = range_end(r) < limit ? range_end(r) : limit;
+        direct_span(s, r, &da, &db);
+        if (start >= da && start < db)
+            break; /* the next chunk reads these into place */
+        bool to_direct = start < da && end > da;
+        if (to_direct)
+            end = da;
         hi = end;
         s->plan_pos += end - start;
-        if (end == limit)
+        if (end == limit || to_direct)
             break;
     }
     c->a = a;
     c->hi = hi;
     c->b = (hi + BLK - 1) / BLK * BLK;
-    c->got = 0;
-    c->buf = NULL;
+    c->in_dst = false;
     return true;
+}
+
+/*
+ * Queue the destinations of the ranges up to PREFAULT_AHEAD bytes past the planning cursor
+ * for prefaulting: the pages of a direct read must be there when it is submitted.
+ */
+static void prefault_ahead(struct kvt_rstream *s)
+{
+    if (!s->pf)
+        return;
+    uint64_t horizon = s->plan_ri < s->n ? s->r[s->plan_ri].off + s->plan_pos : UINT64_MAX;
+    horizon = horizon > UINT64_MAX - PREFAULT_AHEAD ? UINT64_MAX : horizon + PREFAULT_AHEAD;
+    for (; s->pf_ri < s->n && s->r[s->pf_ri].off < horizon; s->pf_ri++) {
+        const struct kvt_range *r = &s->r[s->pf_ri];
+        if (r->dst && r->len >= PREFAULT_MIN && !kvt_prefault_add(s->pf, r->dst, r->len))
+            return; /* the helper's queue is full: try again after the next chunk */
+    }
 }
 
 static int submit_chunk(struct kvt_rstream *s, unsigned k)
@@ -195,17 +261,17 @@ static void top_up(struct kvt_rstream *s)
             c->state = C_INPLACE;
             continue;
         }
-        c->buf = (char *)s->staging + (size_t)k * s->chunk;
+        if (!c->in_dst)
+            c->buf = (char *)s->staging + (size_t)k * s->chunk;
         c->state = C_INFLIGHT;
         int rc = submit_chunk(s, k);
-        if (rc < 0) {
+        if (rc < 0)
             c->state = C_INPLACE; /* the queue refused: read it in place instead */
-            c->buf = NULL;
-        }
     }
+    prefault_ahead(s);
 }
 
-/* Reap one completion. */
+/* Reap one completion; a failed read marks its chunk, the stream fails when it gets there. */
 static int reap(struct kvt_rstream *s)
 {
     uint64_t tag;
@@ -215,7 +281,7 @@ static int reap(struct kvt_rstream *s)
         return rc;
     struct chunk *c = &s->ring[tag % s->depth];
     if (res < 0) {
-        fail_at(s, (int)res, c->a + c->got);
+        c->err = (int)res;
         c->state = C_DONE;
         return 0;
     }
@@ -224,10 +290,10 @@ static int reap(struct kvt_rstream *s)
         c->state = C_DONE;
     } else if (res == 0 || c->got % 512) {
         /* the file ends inside the ranges (a direct read stops short only at the end) */
-        fail_at(s, -EIO, c->a + c->got);
+        c->err = -EIO;
         c->state = C_DONE;
     } else if ((rc = submit_chunk(s, (unsigned)(tag % s->depth))) < 0) {
-        fail_at(s, rc, c->a + c->got);
+        c->err = rc;
         c->state = C_DONE;
     }
     return 0;
@@ -317,6 +383,16 @@ static void advise_huge(void *dst, size_t len)
         madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
 }
 
+/* Whether the range at the consumer's cursor came with a destination. */
+static bool range_has_dst(const struct kvt_rstream *s)
+{
+    size_t ri = s->ri;
+    uint64_t pos = s->pos;
+    for (; ri < s->n && pos >= s->r[ri].len; ri++)
+        pos = 0;
+    return ri < s->n && s->r[ri].dst;
+}
+
 static int read_in_place(struct kvt_rstream *s, void *dst, size_t len, uint64_t off)
 {
     int rc = kvt_io_read_full(s->fd, dst, len, off);
@@ -339,10 +415,17 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
                             uint64_t limit, kvt_piece_fn fn, void *ud)
 {
     if (dst && len >= SMALL_PIECE && !in_bounce(s, f)) {
-        int rc = read_in_place(s, dst, len, f);
-        if (rc == 0 && fn)
-            fn(ud, dst, len);
-        return rc;
+        /* straight into place; with a callback, in pieces it sees while they are in L2 */
+        size_t step = fn ? CACHE_PIECE : len;
+        for (size_t k = 0; k < len; k += step) {
+            size_t m = len - k < step ? len - k : step;
+            int rc = read_in_place(s, dst + k, m, f + k);
+            if (rc < 0)
+                return rc;
+            if (fn)
+                fn(ud, dst + k, m);
+        }
+        return 0;
     }
     size_t bn = s->chunk ? s->chunk : DEFAULT_CHUNK;
     if (!s->bounce && !(s->bounce = malloc(bn)))
@@ -378,11 +461,14 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
 {
     uint8_t *d = dst;
     int rc = 0;
+    bool pf_now = false;
     if (s->err)
         goto out;
+    /* destinations the stream did not know ahead: prefault them now */
+    pf_now = s->pf && d && len >= PREFAULT_MIN && !range_has_dst(s);
     if (s->hugepage && d)
         advise_huge(d, len);
-    if (s->pf && d && len >= PREFAULT_MIN)
+    if (pf_now)
         kvt_prefault_add(s->pf, d, len);
     while (len > 0 && !s->err) {
         while (s->ri < s->n && s->pos >= s->r[s->ri].len) {
@@ -415,12 +501,14 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
             } else {
                 while (c->state == C_INFLIGHT && rc == 0)
                     rc = reap(s);
+                if (rc == 0 && c->err && f + take > c->a + c->got)
+                    fail_at(s, c->err, c->a + c->got); /* a later chunk's error waits its turn */
                 if (rc == 0 && !s->err) {
                     const uint8_t *src = (const uint8_t *)c->buf + (f - c->a);
                     for (size_t k = 0; k < take; k += CACHE_PIECE) {
                         /* hash each piece right after its copy, while it is in L2 */
                         size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
-                        if (d)
+                        if (d && d != src) /* read into place already: nothing to copy */
                             memcpy(d + k, src + k, m);
                         if (fn)
                             fn(ud, d ? d + k : src + k, m);
@@ -444,7 +532,7 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
             d += take;
     }
 out_cancel:
-    if (s->pf && dst)
+    if (pf_now)
         kvt_prefault_cancel(s->pf);
 out:
     if (s->err) {

@@ -1,7 +1,7 @@
 /*
- * Refcounted byte buffers: 64-byte aligned host memory (header and data in one block) or
- * wrapped engine memory with a release callback that runs exactly once. Refcounts and the
- * exposed-rows mark are atomic so holders may live on different threads.
+ * Refcounted byte buffers: 64-byte aligned host memory (page aligned from 64 KiB on; header and
+ * data in one block) or wrapped engine memory with a release callback that runs exactly once.
+ * Refcounts and the exposed-rows mark are atomic so holders may live on different threads.
  */
 #include "common/error.h"
 #include "tensor/alloc.h"
@@ -12,6 +12,10 @@
 #include <stdint.h>
 
 #define BUF_ALIGN 64
+/* Large buffers start on a page, so that a restore can read file blocks straight into them
+ * (O_DIRECT needs block-aligned memory); the waste is under one page per buffer. */
+#define PAGE_ALIGN ((size_t)4096)
+#define PAGE_ALIGN_MIN ((size_t)64 << 10)
 
 struct kvt_buf {
     atomic_int refs;
@@ -28,15 +32,15 @@ static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
     if (!out)
         return kvt_fail(-EINVAL, "kvt_buf_new: out is NULL");
     *out = NULL;
-    size_t total;
-    if (__builtin_add_overflow(sizeof(struct kvt_buf) + BUF_ALIGN, bytes, &total))
+    size_t total, align = bytes >= PAGE_ALIGN_MIN ? PAGE_ALIGN : BUF_ALIGN;
+    if (__builtin_add_overflow(sizeof(struct kvt_buf) + align, bytes, &total))
         return kvt_fail(-ENOMEM, "kvt_buf_new: %zu bytes overflow", bytes);
     /* calloc of a large block maps fresh zero pages: no memset pass for big buffers */
     struct kvt_buf *b = zero ? kvt_calloc(1, total) : kvt_malloc(total);
     if (!b)
         return kvt_fail(-ENOMEM, "kvt_buf_new: cannot allocate %zu bytes", bytes);
     uintptr_t p = (uintptr_t)(b + 1);
-    p = (p + BUF_ALIGN - 1) & ~(uintptr_t)(BUF_ALIGN - 1);
+    p = (p + align - 1) & ~(uintptr_t)(align - 1);
     atomic_init(&b->refs, 1);
     atomic_init(&b->exposed, 0);
     b->data = (void *)p;
