@@ -332,9 +332,9 @@ static void test_atomic_save(void **state)
         enum kvt_fault_op op;
         int err;
     } cases[] = {
-        {KVT_FAULT_OPEN, EACCES},   {KVT_FAULT_FLOCK, ENOLCK}, {KVT_FAULT_PWRITE, ENOSPC},
-        {KVT_FAULT_FTRUNCATE, EIO}, {KVT_FAULT_FSYNC, EIO},    {KVT_FAULT_RENAME, EXDEV},
-        {KVT_FAULT_DIR_FSYNC, EIO}, {KVT_FAULT_ANY, EIO},
+        {KVT_FAULT_OPEN, EACCES},   {KVT_FAULT_FLOCK, ENOLCK},     {KVT_FAULT_PWRITE, ENOSPC},
+        {KVT_FAULT_FTRUNCATE, EIO}, {KVT_FAULT_FSYNC, EIO},        {KVT_FAULT_RENAME, EXDEV},
+        {KVT_FAULT_DIR_FSYNC, EIO}, {KVT_FAULT_FALLOCATE, ENOSPC}, {KVT_FAULT_ANY, EIO},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         fail_each_call(cases[i].op, cases[i].err, false);
@@ -367,6 +367,27 @@ static void test_disk_full_and_short_writes(void **state)
     assert_non_null(strstr(kvt_last_error(), "No space left"));
     assert_false(exists(path));
     assert_false(exists(tmp));
+
+    /* a disk too full for the planned file fails before the tensor writes go out */
+    kvt_fault_reset();
+    struct kvt_fault_rule no_room = {.op = KVT_FAULT_FALLOCATE, .nth = 1, .err = ENOSPC};
+    assert_int_equal(kvt_fault_arm(&no_room), 0);
+    assert_int_equal(kvt_file_save(path, e, &so, NULL), -ENOSPC);
+    assert_non_null(strstr(kvt_last_error(), "allocating"));
+    assert_int_equal(kvt_fault_calls(KVT_FAULT_PWRITE), 0);
+    assert_false(exists(path));
+    assert_false(exists(tmp));
+    /* a file system that cannot preallocate writes the file all the same */
+    kvt_fault_reset();
+    struct kvt_fault_rule no_support = {.op = KVT_FAULT_FALLOCATE, .nth = 1, .err = EOPNOTSUPP};
+    assert_int_equal(kvt_fault_arm(&no_support), 0);
+    assert_int_equal(kvt_file_save(path, e, &so, NULL), 0);
+    size_t got_n;
+    uint8_t *got = file_bytes(path, &got_n);
+    assert_int_equal(got_n, want_n);
+    assert_memory_equal(got, want, want_n);
+    free(got);
+    unlink(path);
 
     /* short writes are retried until complete */
     kvt_fault_reset();

@@ -57,6 +57,7 @@ static const struct fault FAULTS[] = {
     {"pread-short", KVT_FAULT_PREAD, 0, 5, false, false, true},
     {"pread-eintr", KVT_FAULT_PREAD, EINTR, 0, false, false, true},
     {"ftruncate", KVT_FAULT_FTRUNCATE, EIO, 0, false, false, false},
+    {"fallocate", KVT_FAULT_FALLOCATE, ENOSPC, 0, false, false, false},
     {"fstat", KVT_FAULT_FSTAT, EIO, 0, false, false, false},
     {"mkdir", KVT_FAULT_MKDIR, EIO, 0, false, false, false},
     {"flock", KVT_FAULT_FLOCK, EWOULDBLOCK, 0, false, false, false},

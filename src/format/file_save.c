@@ -182,6 +182,24 @@ static int open_tmp(struct save_job *j)
     return 0;
 }
 
+/*
+ * Allocate the whole file once the plan has sized it, before the tensor writes go out: a full
+ * disk fails here, before anything is written, and direct writes inside the file's size do not
+ * extend it (on ext4, direct writes that extend a file run one at a time, each holding the
+ * inode lock until it completes, on a kernel thread that competes with the engine). Runs
+ * outside the engine's exclusion; skipped where the file system cannot preallocate.
+ */
+static int reserve(struct save_job *j)
+{
+    int rc = kvt_io()->fallocate(j->fd, j->file_size);
+    if (rc == -EOPNOTSUPP || rc == -ENOSYS || rc == -EINVAL)
+        return 0;
+    if (rc < 0)
+        return kvt_fail(rc, "%s: allocating %" PRIu64 " bytes: %s", j->tmp_path, j->file_size,
+                        kvt_strerror(rc));
+    return 0;
+}
+
 static int write_at(struct save_job *j, const void *p, size_t n, uint64_t off)
 {
     int rc = kvt_io_write_full(j->fd, p, n, off);
@@ -281,8 +299,8 @@ static int seal(struct save_job *j)
 
 /*
  * Wait for every tensor write, cut the padded tail, patch the header at offset 0 (after the
- * tensor writes: on ext4 a write waits for direct writes that extend the file), extend the
- * file to F after an empty last tensor.
+ * tensor writes: where the file could not be preallocated, a write on ext4 waits for direct
+ * writes that extend it), extend the file to F after an empty last tensor.
  */
 static int complete(struct save_job *j)
 {
@@ -418,6 +436,8 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
     int rc = open_tmp(&j);
     while (rc == 0 && (j.step == 0 || j.step < j.steps)) {
         size_t step = j.step;
+        if (step == 1 && (rc = reserve(&j)) != 0)
+            break;
         if (step > 0 && step < j.steps - 1)
             kvt_wstream_room(j.ws, (size_t)kvt_tensor_nbytes(&j.views[step])); /* errors: below */
         if (j.opts.run_exclusive) {

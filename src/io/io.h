@@ -16,10 +16,13 @@ struct kvt_io {
     const char *name;
     int (*openat)(int dirfd, const char *path, int flags, mode_t mode); /* fd or -errno */
     int (*close)(int fd);
-    ssize_t (*pread)(int fd, void *buf, size_t n, uint64_t off);         /* may be short */
-    ssize_t (*pwrite)(int fd, const void *buf, size_t n, uint64_t off);  /* may be short */
+    ssize_t (*pread)(int fd, void *buf, size_t n, uint64_t off);        /* may be short */
+    ssize_t (*pwrite)(int fd, const void *buf, size_t n, uint64_t off); /* may be short */
     int (*fsync)(int fd);
     int (*ftruncate)(int fd, uint64_t size);
+    /* allocate the blocks of [0, size) and extend the file to it (fallocate mode 0); -EOPNOTSUPP
+     * where the file system cannot */
+    int (*fallocate)(int fd, uint64_t size);
     int (*fstat)(int fd, struct stat *st);
     int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
     int (*unlinkat)(int dirfd, const char *path, int flags);

@@ -29,13 +29,21 @@ static void *hook_ud;
 static uint8_t dir_fds[MAX_TRACKED_FD / 8];
 
 static const char *const op_names[KVT_FAULT_OP_COUNT] = {
-    [KVT_FAULT_OPEN] = "open",           [KVT_FAULT_CLOSE] = "close",
-    [KVT_FAULT_PREAD] = "pread",         [KVT_FAULT_PWRITE] = "pwrite",
-    [KVT_FAULT_FSYNC] = "fsync",         [KVT_FAULT_DIR_FSYNC] = "dir-fsync",
-    [KVT_FAULT_FTRUNCATE] = "ftruncate", [KVT_FAULT_FSTAT] = "fstat",
-    [KVT_FAULT_RENAME] = "rename",       [KVT_FAULT_UNLINK] = "unlink",
-    [KVT_FAULT_MKDIR] = "mkdir",         [KVT_FAULT_FLOCK] = "flock",
-    [KVT_FAULT_FADVISE] = "fadvise",     [KVT_FAULT_ANY] = "any",
+    [KVT_FAULT_OPEN] = "open",
+    [KVT_FAULT_CLOSE] = "close",
+    [KVT_FAULT_PREAD] = "pread",
+    [KVT_FAULT_PWRITE] = "pwrite",
+    [KVT_FAULT_FSYNC] = "fsync",
+    [KVT_FAULT_DIR_FSYNC] = "dir-fsync",
+    [KVT_FAULT_FTRUNCATE] = "ftruncate",
+    [KVT_FAULT_FSTAT] = "fstat",
+    [KVT_FAULT_RENAME] = "rename",
+    [KVT_FAULT_UNLINK] = "unlink",
+    [KVT_FAULT_MKDIR] = "mkdir",
+    [KVT_FAULT_FLOCK] = "flock",
+    [KVT_FAULT_FADVISE] = "fadvise",
+    [KVT_FAULT_FALLOCATE] = "fallocate",
+    [KVT_FAULT_ANY] = "any",
 };
 
 const char *kvt_fault_op_name(enum kvt_fault_op op)
@@ -169,6 +177,12 @@ static int fault_ftruncate(int fd, uint64_t size)
     return err ? -err : kvt_io_posix()->ftruncate(fd, size);
 }
 
+static int fault_fallocate(int fd, uint64_t size)
+{
+    int err = decide(KVT_FAULT_FALLOCATE, NULL, NULL);
+    return err ? -err : kvt_io_posix()->fallocate(fd, size);
+}
+
 static int fault_fstat(int fd, struct stat *st)
 {
     int err = decide(KVT_FAULT_FSTAT, NULL, NULL);
@@ -213,6 +227,7 @@ static const struct kvt_io fault_io = {
     .pwrite = fault_pwrite,
     .fsync = fault_fsync,
     .ftruncate = fault_ftruncate,
+    .fallocate = fault_fallocate,
     .fstat = fault_fstat,
     .renameat = fault_renameat,
     .unlinkat = fault_unlinkat,

@@ -30,6 +30,7 @@ enum kvt_fault_op {
     KVT_FAULT_MKDIR,
     KVT_FAULT_FLOCK,
     KVT_FAULT_FADVISE,
+    KVT_FAULT_FALLOCATE,
     KVT_FAULT_ANY, /* in a rule: every op except close; as a counter: all calls but close */
     KVT_FAULT_OP_COUNT
 };

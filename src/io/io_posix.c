@@ -69,6 +69,19 @@ static int posix_ftruncate(int fd, uint64_t size)
     return rc == 0 ? 0 : -errno;
 }
 
+static int posix_fallocate_to(int fd, uint64_t size)
+{
+    if (size > (uint64_t)INT64_MAX)
+        return -EINVAL;
+    if (size == 0)
+        return 0;
+    int rc;
+    do {
+        rc = fallocate(fd, 0, 0, (off_t)size);
+    } while (rc != 0 && errno == EINTR);
+    return rc == 0 ? 0 : -errno;
+}
+
 static int posix_fstat(int fd, struct stat *st)
 {
     return fstat(fd, st) == 0 ? 0 : -errno;
@@ -115,6 +128,7 @@ static const struct kvt_io posix_io = {
     .pwrite = posix_pwrite,
     .fsync = posix_fsync,
     .ftruncate = posix_ftruncate,
+    .fallocate = posix_fallocate_to,
     .fstat = posix_fstat,
     .renameat = posix_renameat,
     .unlinkat = posix_unlinkat,
