@@ -236,6 +236,16 @@ static uint8_t *file_bytes(const char *p, size_t *n)
     return b;
 }
 
+/* The file at @p p holds exactly @p want_n bytes equal to @p want. */
+static void assert_file_is(const char *p, const uint8_t *want, size_t want_n)
+{
+    size_t n;
+    uint8_t *b = file_bytes(p, &n);
+    assert_int_equal(n, want_n);
+    assert_memory_equal(b, want, n);
+    free(b);
+}
+
 /* Sees every call that is let through; a rename among them means the file was published. */
 static int saw_rename_hook(void *ud, enum kvt_fault_op op, uint64_t count, const char *path)
 {
@@ -288,17 +298,9 @@ static void fail_each_call(enum kvt_fault_op op, int err, bool with_old)
         if (published) {
             /* only the directory fsync (or opening the directory for it) follows the rename */
             assert_true(op == KVT_FAULT_DIR_FSYNC || op == KVT_FAULT_OPEN || op == KVT_FAULT_ANY);
-            size_t n;
-            uint8_t *b = file_bytes(path, &n);
-            assert_int_equal(n, want_n);
-            assert_memory_equal(b, want, n);
-            free(b);
+            assert_file_is(path, want, want_n);
         } else if (with_old) {
-            size_t n;
-            uint8_t *b = file_bytes(path, &n);
-            assert_int_equal(n, old_n);
-            assert_memory_equal(b, old, n);
-            free(b);
+            assert_file_is(path, old, old_n);
         } else {
             assert_false(exists(path));
         }
@@ -312,11 +314,7 @@ static void fail_each_call(enum kvt_fault_op op, int err, bool with_old)
     }
     kvt_io_set(NULL);
     assert_true(failures >= 1);
-    size_t n;
-    uint8_t *b = file_bytes(path, &n);
-    assert_int_equal(n, want_n);
-    assert_memory_equal(b, want, n);
-    free(b);
+    assert_file_is(path, want, want_n);
     free(want);
     free(old);
     unlink(path);
@@ -382,11 +380,7 @@ static void test_disk_full_and_short_writes(void **state)
     struct kvt_fault_rule no_support = {.op = KVT_FAULT_FALLOCATE, .nth = 1, .err = EOPNOTSUPP};
     assert_int_equal(kvt_fault_arm(&no_support), 0);
     assert_int_equal(kvt_file_save(path, e, &so, NULL), 0);
-    size_t got_n;
-    uint8_t *got = file_bytes(path, &got_n);
-    assert_int_equal(got_n, want_n);
-    assert_memory_equal(got, want, want_n);
-    free(got);
+    assert_file_is(path, want, want_n);
     unlink(path);
 
     /* short writes are retried until complete */
@@ -397,11 +391,7 @@ static void test_disk_full_and_short_writes(void **state)
     assert_int_equal(kvt_file_save(path, e, &so, NULL), 0);
     assert_true(kvt_fault_calls(KVT_FAULT_PWRITE) > want_n / 16384);
     kvt_io_set(NULL);
-    size_t n;
-    uint8_t *b = file_bytes(path, &n);
-    assert_int_equal(n, want_n);
-    assert_memory_equal(b, want, n);
-    free(b);
+    assert_file_is(path, want, want_n);
     free(want);
 
     /* a fault inside a gated step comes back through run_exclusive and cleans up */
