@@ -5,11 +5,13 @@
  * writes chunk i while the caller stages chunk i + 1. Direct writes skip the page cache: no
  * page-cache pages are allocated and dirtied only to be flushed by the fsync that follows, and
  * the saved file is not left taking up memory. The last chunk is padded to a whole block and
- * the file cut back to its logical end at finish.
+ * the file cut back to its logical end at finish. Where O_DIRECT is refused (tmpfs, some
+ * network file systems) the staged chunks go through the page cache the same way, still
+ * written asynchronously: a caller's write only ever copies into staging.
  *
- * When O_DIRECT is refused (tmpfs, some network file systems) or another io backend is
- * installed, writes are plain positional writes through the io vtable: pieces of 8 MiB
- * straight from the caller's memory, smaller adjacent writes gathered into one buffer first.
+ * While another io backend is installed (fault injection), writes are plain positional writes
+ * through the io vtable: pieces of 8 MiB straight from the caller's memory, smaller adjacent
+ * writes gathered into one buffer first.
  */
 #include "io/stream.h"
 
@@ -42,7 +44,7 @@ struct wslot {
 };
 
 struct kvt_wstream {
-    int fd, dfd;
+    int fd, dfd; /* the caller's descriptor; the staged writes' (O_DIRECT where taken), or -1 */
     struct kvt_aq q;
     void *staging;
     size_t staging_bytes, chunk;
@@ -87,7 +89,7 @@ void kvt_wstream_warm(const struct kvt_stream_opts *o)
     unsigned depth;
     if (!o)
         o = &def;
-    if (!kvt_stream_fast_ok() || !kvt_stream_env("KVT_IO_DIRECT", !o->no_direct))
+    if (!kvt_stream_fast_ok())
         return;
     staging_shape(o, &chunk, &depth);
     kvt_staging_put(kvt_staging_get(chunk * depth), chunk * depth);
@@ -105,11 +107,14 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
     w->fd = fd;
     w->dfd = -1;
     w->cur = -1;
-    if (kvt_stream_fast_ok() && kvt_stream_env("KVT_IO_DIRECT", !o->no_direct)) {
+    if (kvt_stream_fast_ok()) {
         staging_shape(o, &w->chunk, &w->depth);
         char proc[64];
         snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-        w->dfd = open(proc, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        if (kvt_stream_env("KVT_IO_DIRECT", !o->no_direct))
+            w->dfd = open(proc, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        if (w->dfd < 0) /* no O_DIRECT here: the staged writes go through the page cache */
+            w->dfd = open(proc, O_WRONLY | O_CLOEXEC);
         w->slot = calloc(w->depth, sizeof(*w->slot));
         w->staging_bytes = w->chunk * w->depth;
         if (w->dfd >= 0 && w->slot)
