@@ -328,7 +328,9 @@ struct kvt_save_opts {
  * tail), each inside run_exclusive(); a refusal or a non-zero result aborts with full
  * cleanup. A step only copies engine memory into staging: creating the .tmp before the steps,
  * waiting for the device between and after them, the header, the fsync, the rename and the
- * directory fsync run outside the exclusion, where they cannot stall the engine. Peak extra memory: the write staging (64 MiB, kept for reuse) plus the header.
+ * directory fsync run outside the exclusion, where they cannot stall the engine. The whole
+ * file is allocated before the tensor writes go out, so a disk without room fails early.
+ * Peak extra memory: the write staging (64 MiB, kept for reuse) plus the header.
  * @p out_bytes (may be NULL) receives the file size (0 on failure).
  * @return 0, -errno, KVT_E_STATE (empty cache), KVT_E_TOO_LARGE, KVT_E_REFUSED, -EINVAL.
  */

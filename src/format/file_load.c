@@ -3,11 +3,11 @@
  * passes V1-V20 and the caller's expectations (L1, L2), a newly allocated buffer is made for
  * every tensor, then the tensors are read straight into them (the read stream knows every
  * destination up front, so its direct reads land in place ahead of the hashing), hashed in
- * the same pass (L3), and their file ranges dropped from the page cache. Token-axis kinds (kv, qkv,
- * turboquant) get restore capacity ceil((offset + 1) / 256) * 256 rows so that the first append
- * after a restore writes in place; the file holds [B, H, offset, D] contiguously, so that is B*H
- * row blocks read into a [B, H, cap, D] buffer with the slack zeroed. On any failure everything
- * built is freed.
+ * the same pass (L3), and their file ranges dropped from the page cache. Token-axis kinds
+ * (kv, qkv, turboquant) get restore capacity ceil((offset + 1) / 256) * 256 rows so that the
+ * first append after a restore writes in place; the file holds [B, H, offset, D]
+ * contiguously, so that is B*H row blocks read into a [B, H, cap, D] buffer with the slack
+ * zeroed. On any failure everything built is freed.
  */
 #include "format/format.h"
 
@@ -162,9 +162,10 @@ static int load_caches(struct kvt_tensor_reader *r, kvt_cache **caches)
             rc = kvt_tensor_read(r, i, j, d[o].dst, d[o].blocks, d[o].stride);
     kvt_tensor_reader_free(r); /* no read may land after this */
     r->dst = NULL;
-    for (size_t o = 0; built < h->n_caches && rc == 0; built++) {
+    for (size_t o = 0; built < h->n_caches && rc == 0;) {
         rc = build_cache(r, built, &t[o], &caches[built]);
         o += (size_t)h->caches[built].n_slots;
+        built += rc == 0;
     }
 out:
     if (rc)
