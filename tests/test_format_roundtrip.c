@@ -411,6 +411,80 @@ static void test_strided_and_large(void **state)
     free(a);
 }
 
+/* Drop a file's pages so that the next load reads the device (O_DIRECT where taken). */
+static void make_cold(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(fsync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+/*
+ * Cold loads read whole blocks straight into the restored buffers: a flipped byte inside such
+ * a block (and one in a row block's partial edge) fails L3 with everything freed, and the
+ * intact file restores the source rows exactly.
+ */
+static void test_cold_load_in_place(void **state)
+{
+    (void)state;
+    /* row blocks of 1100 x 256 floats (whole blocks), and of 250 x 32 floats (edges too) */
+    const struct geom aligned = {.heads = 2, .head_dim = 256, .tokens = 1100, .dtype = KVT_FLOAT32};
+    const struct geom ragged = {.heads = 64, .head_dim = 32, .tokens = 250, .dtype = KVT_FLOAT32};
+    const struct geom *gs[2] = {&aligned, &ragged};
+    const int kv = KVT_KIND_KV;
+    for (int g = 0; g < 2; g++) {
+        struct owned_entry o;
+        make_entry(&o, &kv, 1, gs[g], 31 + g);
+        char *path = save(&o.e, "in-place.mlxkv");
+        make_cold(path);
+        struct kvt_entry *e = load(path);
+        struct kvt_tensor src[2], dst[2];
+        assert_int_equal(kvt_cache_state(o.caches[0], src), 2);
+        assert_int_equal(kvt_cache_state(e->caches[0], dst), 2);
+        for (int j = 0; j < 2; j++) {
+            struct kvt_tensor cs, cd;
+            assert_int_equal(kvt_tensor_contiguous(&cs, &src[j]), 0);
+            assert_int_equal(kvt_tensor_contiguous(&cd, &dst[j]), 0);
+            assert_int_equal(kvt_tensor_nbytes(&cs), kvt_tensor_nbytes(&cd));
+            assert_memory_equal(kvt_buf_data(cs.buf), kvt_buf_data(cd.buf), kvt_tensor_nbytes(&cs));
+            kvt_tensor_release(&cs);
+            kvt_tensor_release(&cd);
+            kvt_tensor_release(&src[j]);
+            kvt_tensor_release(&dst[j]);
+        }
+        kvt_entry_free(e);
+
+        struct kvt_header *h;
+        assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+        const struct kvt_slot *v = &h->caches[0].slots[1];
+        uint64_t at[2] = {kvt_slot_abs(h, v) + v->bytes / 2 / 4096 * 4096 + 100, /* a whole block */
+                          kvt_slot_abs(h, v) + v->bytes - 1};                    /* the tail */
+        kvt_header_free(h);
+        for (int k = 0; k < 2; k++) {
+            int fd = open(path, O_RDWR);
+            uint8_t b;
+            assert_int_equal(pread(fd, &b, 1, (off_t)at[k]), 1);
+            b ^= 0x40;
+            assert_int_equal(pwrite(fd, &b, 1, (off_t)at[k]), 1);
+            close(fd);
+            make_cold(path);
+            struct kvt_entry *bad = (void *)1;
+            assert_int_equal(kvt_file_load(path, NULL, &bad, NULL), KVT_E_CORRUPT);
+            assert_null(bad);
+            assert_non_null(strstr(kvt_last_error(), "L3"));
+            fd = open(path, O_RDWR);
+            b ^= 0x40;
+            assert_int_equal(pwrite(fd, &b, 1, (off_t)at[k]), 1);
+            close(fd);
+        }
+        unlink(path);
+        free(path);
+        free_entry(&o);
+    }
+}
+
 struct gate {
     int calls, refuse_at, fail_at;
     char *tmp, *final;
@@ -605,9 +679,13 @@ static void test_save_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_kind),         cmocka_unit_test(test_mixed),
-        cmocka_unit_test(test_restore_capacity),  cmocka_unit_test(test_empty_tensors),
-        cmocka_unit_test(test_strided_and_large), cmocka_unit_test(test_gated_steps),
+        cmocka_unit_test(test_each_kind),
+        cmocka_unit_test(test_mixed),
+        cmocka_unit_test(test_restore_capacity),
+        cmocka_unit_test(test_empty_tensors),
+        cmocka_unit_test(test_strided_and_large),
+        cmocka_unit_test(test_cold_load_in_place),
+        cmocka_unit_test(test_gated_steps),
         cmocka_unit_test(test_save_errors),
         cmocka_unit_test(test_restore_slack_bounded_by_file),
     };
