@@ -375,6 +375,34 @@ static void test_empty_tensors(void **state)
 
 /* Tensors through both chunked paths: many small runs across chunk boundaries, and runs of
  * 64 KiB or more written and read in place. */
+/*
+ * The K and V state tensors of kv caches @p a and @p b hold the same rows (@p strided: those
+ * of @p a are strided views). @return the byte size of the K tensor.
+ */
+static size_t expect_same_rows(kvt_cache *a, kvt_cache *b, bool strided)
+{
+    struct kvt_tensor src[2], dst[2];
+    size_t first = 0;
+    assert_int_equal(kvt_cache_state(a, src), 2);
+    assert_int_equal(kvt_cache_state(b, dst), 2);
+    for (int j = 0; j < 2; j++) {
+        if (strided)
+            assert_false(kvt_tensor_is_contiguous(&src[j]));
+        struct kvt_tensor cs, cd;
+        assert_int_equal(kvt_tensor_contiguous(&cs, &src[j]), 0);
+        assert_int_equal(kvt_tensor_contiguous(&cd, &dst[j]), 0);
+        assert_int_equal(kvt_tensor_nbytes(&cs), kvt_tensor_nbytes(&cd));
+        assert_memory_equal(kvt_buf_data(cs.buf), kvt_buf_data(cd.buf), kvt_tensor_nbytes(&cs));
+        if (j == 0)
+            first = kvt_tensor_nbytes(&cs);
+        kvt_tensor_release(&cs);
+        kvt_tensor_release(&cd);
+        kvt_tensor_release(&src[j]);
+        kvt_tensor_release(&dst[j]);
+    }
+    return first;
+}
+
 static void test_strided_and_large(void **state)
 {
     (void)state;
@@ -389,23 +417,8 @@ static void test_strided_and_large(void **state)
     make_entry(&o, &kv, 1, &many, 21);
     char *a = save(&o.e, "many-check.mlxkv");
     struct kvt_entry *e = load(a);
-    struct kvt_tensor src[2], dst[2];
-    assert_int_equal(kvt_cache_state(o.caches[0], src), 2);
-    assert_int_equal(kvt_cache_state(e->caches[0], dst), 2);
-    for (int j = 0; j < 2; j++) {
-        assert_false(kvt_tensor_is_contiguous(&src[j]));
-        struct kvt_tensor cs, cd;
-        assert_int_equal(kvt_tensor_contiguous(&cs, &src[j]), 0);
-        assert_int_equal(kvt_tensor_contiguous(&cd, &dst[j]), 0);
-        assert_int_equal(kvt_tensor_nbytes(&cs), kvt_tensor_nbytes(&cd));
-        if (j == 0)
-            assert_true(kvt_tensor_nbytes(&cs) > KVT_IO_CHUNK); /* crosses a chunk boundary */
-        assert_memory_equal(kvt_buf_data(cs.buf), kvt_buf_data(cd.buf), kvt_tensor_nbytes(&cs));
-        kvt_tensor_release(&cs);
-        kvt_tensor_release(&cd);
-        kvt_tensor_release(&src[j]);
-        kvt_tensor_release(&dst[j]);
-    }
+    /* crosses a chunk boundary */
+    assert_true(expect_same_rows(o.caches[0], e->caches[0], true) > KVT_IO_CHUNK);
     kvt_entry_free(e);
     free_entry(&o);
     free(a);
@@ -440,20 +453,7 @@ static void test_cold_load_in_place(void **state)
         char *path = save(&o.e, "in-place.mlxkv");
         make_cold(path);
         struct kvt_entry *e = load(path);
-        struct kvt_tensor src[2], dst[2];
-        assert_int_equal(kvt_cache_state(o.caches[0], src), 2);
-        assert_int_equal(kvt_cache_state(e->caches[0], dst), 2);
-        for (int j = 0; j < 2; j++) {
-            struct kvt_tensor cs, cd;
-            assert_int_equal(kvt_tensor_contiguous(&cs, &src[j]), 0);
-            assert_int_equal(kvt_tensor_contiguous(&cd, &dst[j]), 0);
-            assert_int_equal(kvt_tensor_nbytes(&cs), kvt_tensor_nbytes(&cd));
-            assert_memory_equal(kvt_buf_data(cs.buf), kvt_buf_data(cd.buf), kvt_tensor_nbytes(&cs));
-            kvt_tensor_release(&cs);
-            kvt_tensor_release(&cd);
-            kvt_tensor_release(&src[j]);
-            kvt_tensor_release(&dst[j]);
-        }
+        expect_same_rows(o.caches[0], e->caches[0], false);
         kvt_entry_free(e);
 
         struct kvt_header *h;
