@@ -17,10 +17,18 @@
  * write step in the idle gap that follows; --naive grants on the plain mutex, whenever the
  * writer asks.
  *
+ * CPU placement: by default every thread runs wherever the scheduler puts it. --pin CPU
+ * models a server that pins its decode thread: the loop runs on CPU and the tier gets the
+ * other CPUs through background_cpus (the writer and timer threads, and the kernel's I/O
+ * workers they start). Pick a CPU that does not take the disk's interrupts
+ * (/proc/interrupts), as a latency-sensitive deployment would.
+ *
  * usage: bench_tier_decode [--dir DIR] [--entries N] [--repeat N] [--naive] [--control]
+ *                          [--pin CPU]
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -226,6 +234,30 @@ fail:
     exit(2);
 }
 
+static char background_cpus[4096]; /* --pin: every allowed CPU but the decode one */
+
+/* Pin this (the decode) thread to @p cpu and list the other allowed CPUs for the tier. */
+static void pin_decode(int cpu)
+{
+    cpu_set_t all, one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_getaffinity(0, sizeof(all), &all) || !CPU_ISSET(cpu, &all) ||
+        sched_setaffinity(0, sizeof(one), &one)) {
+        fprintf(stderr, "bench_tier_decode: cannot run on CPU %d\n", cpu);
+        exit(2);
+    }
+    size_t len = 0;
+    for (int c = 0; c < CPU_SETSIZE && len + 16 < sizeof(background_cpus); c++)
+        if (c != cpu && CPU_ISSET(c, &all))
+            len += (size_t)snprintf(background_cpus + len, sizeof(background_cpus) - len, "%s%d",
+                                    len ? "," : "", c);
+    if (len == 0) {
+        fprintf(stderr, "bench_tier_decode: --pin needs a second CPU for the tier\n");
+        exit(2);
+    }
+}
+
 static kvt_pcache *open_tier(const char *dir, bool write_behind)
 {
     struct kvt_pcache_opts o;
@@ -241,6 +273,7 @@ static kvt_pcache *open_tier(const char *dir, bool write_behind)
     o.demote_idle_ms = 0;
     o.run_exclusive = run_exclusive;
     o.engine = &E;
+    o.background_cpus = background_cpus[0] ? background_cpus : NULL;
     kvt_pcache *pc;
     if (kvt_pcache_open(&o, &pc)) {
         fprintf(stderr, "bench_tier_decode: open %s: %s\n", dir, kvt_last_error());
@@ -339,6 +372,7 @@ int main(int argc, char **argv)
     const char *dir_arg = NULL;
     int entries = 16, repeat = 5;
     bool control = false;
+    int pin = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir_arg = argv[++i];
@@ -350,9 +384,11 @@ int main(int argc, char **argv)
             E.naive = true;
         else if (!strcmp(argv[i], "--control"))
             control = true;
+        else if (!strcmp(argv[i], "--pin") && i + 1 < argc)
+            pin = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_tier_decode [--dir DIR] [--entries N] [--repeat N] "
-                            "[--naive] [--control]\n");
+                            "[--naive] [--control] [--pin CPU]\n");
             return 2;
         }
     }
@@ -362,13 +398,18 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    if (pin >= 0)
+        pin_decode(pin);
     calibrate();
     double entry_mib = (double)LAYERS * 2 * HEADS * TOKENS * HEAD_DIM * 2 / (1 << 20);
     printf("decode step: %d x %zu-byte memcpy (~1 ms) every %lld ms; %d entries x %.0f MiB "
-           "(%d tensors of %.0f MiB each); grant: %s; %d repetitions%s\n",
+           "(%d tensors of %.0f MiB each); grant: %s; %d repetitions%s",
            work_reps, work_bytes, PERIOD_NS / 1000000, entries, entry_mib, 2 * LAYERS,
            entry_mib / (2 * LAYERS), E.naive ? "plain mutex" : "between decode steps", repeat,
            control ? "; control: write-behind off in both runs" : "");
+    if (pin >= 0)
+        printf("; decode on CPU %d, tier threads on %s", pin, background_cpus);
+    printf("\n");
 
     struct kvt_entry **src = calloc((size_t)entries, sizeof(*src));
     for (int i = 0; i < entries; i++)

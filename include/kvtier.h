@@ -544,6 +544,9 @@ struct kvt_pcache_opts {
     int64_t snapshot_debounce_ms;   /* default 1000 */
     int64_t snapshot_busy_retry_ms; /* default 5000 */
     int64_t flush_timeout_ms;       /* used by kvt_pcache_flush(timeout < 0); default 120000 */
+    const char *background_cpus;    /* CPU list ("2-7,12") for the writer and timer threads,
+                                       to keep them off the engine's decode cores; NULL =
+                                       the CPUs of the thread calling kvt_pcache_open() */
     kvt_run_exclusive_fn run_exclusive; /* optional engine exclusion; NULL = steps run directly */
     bool (*busy)(void *engine);     /* optional: postpones snapshots and demotion (policy only) */
     void *engine;

@@ -2,13 +2,15 @@
  * The tier over a real store directory: entries written behind by the writer thread through
  * the engine gate survive close and reopen, and take restores the longest prefix from disk
  * with byte-identical tensors (trimmed where the prompt diverges); evicted entries spill to
- * disk; a refusing gate leaves no .tmp file and no open descriptor; configuration errors.
+ * disk; a refusing gate leaves no .tmp file and no open descriptor; background_cpus places
+ * the writer and timer threads; configuration errors.
  */
 #include "support/support.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -377,6 +379,83 @@ static void test_refusing_gate_leaves_nothing(void **state)
     kvt_pcache_close(pc);
 }
 
+/* The CPU list of the first thread named @p name, from /proc; NULL when there is none. */
+static char *thread_cpus(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    char *cpus = NULL;
+    for (struct dirent *de; !cpus && (de = readdir(d));) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *path = strf("/proc/self/task/%s/comm", de->d_name);
+        char comm[64] = "";
+        FILE *f = fopen(path, "r");
+        free(path);
+        if (!f)
+            continue; /* the thread has just exited */
+        bool match = fgets(comm, sizeof(comm), f) && strcmp(strtok(comm, "\n"), name) == 0;
+        fclose(f);
+        if (!match)
+            continue;
+        path = strf("/proc/self/task/%s/status", de->d_name);
+        f = fopen(path, "r");
+        free(path);
+        char line[256];
+        while (f && !cpus && fgets(line, sizeof(line), f))
+            if (strncmp(line, "Cpus_allowed_list:", 18) == 0)
+                cpus = strdup(strtok(line + 18, " \t\n"));
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return cpus;
+}
+
+static void test_background_cpus_place_the_threads(void **state)
+{
+    (void)state;
+    cpu_set_t mine;
+    assert_int_equal(sched_getaffinity(0, sizeof(mine), &mine), 0);
+    int last = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &mine))
+            last = c;
+    char *want = strf("%d", last);
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.background_cpus = want;
+    kvt_pcache *pc = open_pc(&o);
+    char *writer = thread_cpus("kvt-writer"), *timer = thread_cpus("kvt-timer");
+    assert_non_null(writer);
+    assert_non_null(timer);
+    assert_string_equal(writer, want);
+    assert_string_equal(timer, want);
+    free(writer);
+    free(timer);
+    /* The caller keeps its CPUs, and writes behind still land. */
+    cpu_set_t now;
+    assert_int_equal(sched_getaffinity(0, sizeof(now), &now), 0);
+    assert_true(CPU_EQUAL(&now, &mine));
+    int32_t t1[100];
+    seq(t1, 0, 100);
+    assert_int_equal(kvt_pcache_put(pc, make_entry(t1, 100, NULL, 4), NULL), 0);
+    flush_durable(pc, 1);
+    kvt_pcache_close(pc);
+    free(want);
+
+    /* Without the option the threads run wherever the caller may. */
+    base_opts(&o);
+    pc = open_pc(&o);
+    writer = thread_cpus("kvt-writer");
+    char *caller = thread_cpus(program_invocation_short_name);
+    assert_non_null(writer);
+    if (caller) /* the main thread's name is the program's, cut to 15 characters */
+        assert_string_equal(writer, caller);
+    free(writer);
+    free(caller);
+    kvt_pcache_close(pc);
+}
+
 static void test_configuration_errors(void **state)
 {
     (void)state;
@@ -394,6 +473,14 @@ static void test_configuration_errors(void **state)
     base_opts(&o);
     o.demote_idle_ms = -5;
     assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+    const char *bad_cpus[] = {"", "x", "3-1", "1,", "0-", "-1", "0,,1", "99999", "1023"};
+    for (size_t i = 0; i < sizeof(bad_cpus) / sizeof(*bad_cpus); i++) {
+        base_opts(&o);
+        o.background_cpus = bad_cpus[i];
+        assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+        assert_null(pc);
+        assert_non_null(strstr(kvt_last_error(), "background_cpus"));
+    }
 
     /* RAM only: cold options are ignored with a warning; a 0 cap is legal. */
     base_opts(&o);
@@ -413,6 +500,7 @@ int main(void)
         T(test_restart_restores_longest_prefix),
         T(test_eviction_spills_to_disk),
         T(test_refusing_gate_leaves_nothing),
+        T(test_background_cpus_place_the_threads),
         T(test_configuration_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "common/cpus.h"
 #include "common/error.h"
 #include "io/stream.h"
 #include "tier/tier.h"
@@ -107,11 +108,17 @@ static bool cold_opts_set(const struct kvt_pcache_opts *o)
     const struct kvt_store_opts *c = &o->cold;
     return c->model_id || c->config_fingerprint || c->tokenizer_hash || c->max_bytes ||
            c->n_layers || c->no_verify || c->quarantine || c->max_header_bytes ||
-           c->tmp_grace_ms != -1 || o->demote_idle_ms != 300000;
+           c->tmp_grace_ms != -1 || o->demote_idle_ms != 300000 || o->background_cpus;
 }
 
-static int check_opts(const struct kvt_pcache_opts *o)
+static int check_opts(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)
 {
+    if (o->background_cpus) {
+        int rc = kvt_cpus_parse(o->background_cpus, &cfg->cpus);
+        if (rc < 0)
+            return rc;
+        cfg->pin_threads = true;
+    }
     if (o->spill_queue_max_bytes < 0)
         return kvt_fail(-EINVAL, "spill_queue_max_bytes %lld is negative",
                         (long long)o->spill_queue_max_bytes);
@@ -135,10 +142,6 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     *out = NULL;
     if (!o)
         return kvt_fail(-EINVAL, "kvt_pcache_open: NULL options");
-    int rc = check_opts(o);
-    if (rc < 0)
-        return rc;
-
     struct kvt_tier_cfg cfg = {
         .cache = &real_cache_ops,
         .ram_max_bytes = o->ram_max_bytes,
@@ -155,6 +158,9 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
         .log = o->log,
         .log_ud = o->log_ud,
     };
+    int rc = check_opts(o, &cfg);
+    if (rc < 0)
+        return rc;
 
     if (!o->cold_dir) {
         if (cold_opts_set(o))

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/cpus.h"
 #include "common/error.h"
 #include "tier/tier.h"
 
@@ -130,13 +131,13 @@ int kvt_spill_queue_new(const struct kvt_spill_cfg *cfg, struct kvt_spill_queue 
     pthread_cond_init(&q->done, &ca);
     pthread_condattr_destroy(&ca);
 
-    int rc = pthread_create(&q->writer, NULL, writer_main, q);
+    int rc = kvt_thread_start(&q->writer, "kvt-writer", q->cfg.cpus, writer_main, q);
     if (rc != 0) {
         pthread_cond_destroy(&q->done);
         pthread_cond_destroy(&q->work);
         pthread_mutex_destroy(&q->mu);
         free(q);
-        return kvt_fail(-rc, "spill queue: cannot start the writer thread");
+        return kvt_fail(-rc, "spill queue: cannot start the writer thread: %s", kvt_strerror(-rc));
     }
     *out = q;
     return 0;

@@ -4,6 +4,7 @@
 #ifndef KVT_SPILL_QUEUE_H
 #define KVT_SPILL_QUEUE_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -21,6 +22,7 @@ struct kvt_spill_cfg {
     /* Optional: whether a queued item may be dropped to honor the cap (under the lock). */
     bool (*can_drop)(void *ud, const struct kvt_entry *e);
     void *ud;
+    const cpu_set_t *cpus; /* the writer thread's CPUs; NULL = the creator's */
 };
 
 /** Settles an item exactly once: true = stored, false = dropped, failed or shut down. */

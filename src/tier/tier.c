@@ -129,6 +129,7 @@ static int open_parts(kvt_pcache *t)
         .store = q_store,
         .dispose = q_dispose,
         .ud = t,
+        .cpus = c->pin_threads ? &c->cpus : NULL,
     };
     rc = kvt_spill_queue_new(&qc, &t->q);
     if (rc < 0)
@@ -167,7 +168,7 @@ static int open_parts(kvt_pcache *t)
     if (n == 0)
         return 0;
     struct kvt_timer_thread *tt;
-    rc = kvt_timer_thread_start(tasks, n, &tt);
+    rc = kvt_timer_thread_start(tasks, n, c->pin_threads ? &c->cpus : NULL, &tt);
     if (rc == 0)
         atomic_store(&t->tt, tt);
     return rc;

@@ -7,6 +7,7 @@
 #ifndef KVT_TIER_H
 #define KVT_TIER_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,6 +61,8 @@ struct kvt_tier_cfg {
     int64_t snapshot_debounce_ms;
     int64_t snapshot_busy_retry_ms;
     int64_t flush_timeout_ms;
+    bool pin_threads; /* run the writer and timer threads on @p cpus */
+    cpu_set_t cpus;
 
     kvt_run_exclusive_fn run_exclusive;
     bool (*busy)(void *engine);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/cpus.h"
 #include "common/error.h"
 #include "tier/tier.h"
 
@@ -54,7 +55,8 @@ static void *timer_main(void *arg)
     return NULL;
 }
 
-int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n, struct kvt_timer_thread **out)
+int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n, const cpu_set_t *cpus,
+                           struct kvt_timer_thread **out)
 {
     *out = NULL;
     if (n < 0 || n > KVT_TIMER_MAX_TASKS)
@@ -73,12 +75,12 @@ int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n, struct kvt
     pthread_cond_init(&t->cond, &ca);
     pthread_condattr_destroy(&ca);
 
-    int rc = pthread_create(&t->thread, NULL, timer_main, t);
+    int rc = kvt_thread_start(&t->thread, "kvt-timer", cpus, timer_main, t);
     if (rc != 0) {
         pthread_cond_destroy(&t->cond);
         pthread_mutex_destroy(&t->mu);
         free(t);
-        return kvt_fail(-rc, "timer thread: cannot start");
+        return kvt_fail(-rc, "timer thread: cannot start: %s", kvt_strerror(-rc));
     }
     *out = t;
     return 0;

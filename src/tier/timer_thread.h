@@ -5,6 +5,7 @@
 #ifndef KVT_TIMER_THREAD_H
 #define KVT_TIMER_THREAD_H
 
+#include <sched.h>
 #include <stdint.h>
 
 struct kvt_timer_thread;
@@ -21,8 +22,8 @@ struct kvt_timer_task {
 
 #define KVT_TIMER_MAX_TASKS 4
 
-/** Start the thread; every task ticks once at start. */
-int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n,
+/** Start the thread on @p cpus (NULL = the caller's); every task ticks once at start. */
+int kvt_timer_thread_start(const struct kvt_timer_task *tasks, int n, const cpu_set_t *cpus,
                            struct kvt_timer_thread **out);
 /** Make the thread re-run every task now (a task has new work or an earlier deadline). */
 void kvt_timer_thread_wake(struct kvt_timer_thread *t);
