@@ -299,6 +299,19 @@ static int reap(struct kvt_rstream *s)
     return 0;
 }
 
+/*
+ * Ask for transparent huge pages on the whole huge pages of a destination before it is first
+ * touched: a 2 MiB page costs one fault instead of 512, which is most of the cost of filling
+ * fresh memory (the way numpy treats its large arrays). Advisory; errors are ignored.
+ */
+static void advise_huge(void *dst, size_t len)
+{
+    uintptr_t lo = ((uintptr_t)dst + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)dst + len) & ~(HUGE_PAGE - 1);
+    if (hi > lo && (uintptr_t)dst + len > (uintptr_t)dst)
+        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+}
+
 int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct kvt_stream_opts *o,
                      struct kvt_rstream **out)
 {
@@ -360,6 +373,9 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     if (kvt_stream_env("KVT_IO_PREFAULT", !o->no_prefault))
         s->pf = kvt_prefault_start();
     s->hugepage = kvt_stream_env("KVT_IO_HUGEPAGE", o->hugepage);
+    for (size_t i = 0; s->hugepage && i < n; i++) /* before the helper touches them */
+        if (r[i].dst)
+            advise_huge(r[i].dst, (size_t)r[i].len);
     top_up(s);
     *out = s;
     return 0;
@@ -368,19 +384,6 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
 const char *kvt_rstream_engine(const struct kvt_rstream *s)
 {
     return s->engine;
-}
-
-/*
- * Ask for transparent huge pages on the whole huge pages of a destination before it is first
- * touched: a 2 MiB page costs one fault instead of 512, which is most of the cost of filling
- * fresh memory (the way numpy treats its large arrays). Advisory; errors are ignored.
- */
-static void advise_huge(void *dst, size_t len)
-{
-    uintptr_t lo = ((uintptr_t)dst + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    uintptr_t hi = ((uintptr_t)dst + len) & ~(HUGE_PAGE - 1);
-    if (hi > lo && (uintptr_t)dst + len > (uintptr_t)dst)
-        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
 }
 
 /* Whether the range at the consumer's cursor came with a destination. */
