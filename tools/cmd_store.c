@@ -357,154 +357,190 @@ static void print_time(int64_t ms)
         printf("%" PRId64, ms);
 }
 
-/* Usage "ls DIR [--json] [--ns NS] [identity flags]". */
-int cmd_store_ls(int argc, char **argv)
+/*
+ * What ls, find and stats do with one store: with --json, print its fields after the
+ * identity (each_store opens and closes the object); @p first is the first store printed.
+ */
+typedef void (*store_fn)(void *ud, const struct target *t, const struct identity *id, kvt_store *s,
+                         bool first);
+
+/*
+ * Open every store the arguments name, read-only, and hand each to @p fn; with --json, as
+ * one array of objects that start with the identity. Prints "<dir>: no entries" when there
+ * is none. @return false when some store could not be opened (the error is printed).
+ */
+static bool each_store(const struct args *a, const struct target *t, size_t nt, store_fn fn,
+                       void *ud)
 {
-    struct args a;
-    if (!parse_args(argc, argv, &a, false)) {
-        fprintf(stderr, "usage: kvtier ls DIR [--json] [--ns NS] [--model-id M] "
-                        "[--config-fingerprint F] [--tokenizer-hash T]\n");
-        return EXIT_USAGE;
-    }
-    struct target *t;
-    size_t nt;
-    int rc = resolve(&a, &t, &nt);
-    if (rc)
-        return rc;
-    int status = 0;
-    bool first = true;
-    if (a.json)
+    bool first = true, opened_all = true;
+    if (a->json)
         printf("[");
     for (size_t i = 0; i < nt; i++)
         for (size_t j = 0; j < t[i].n_ids; j++) {
             kvt_store *s;
-            if (open_store(&t[i], &t[i].ids[j], &a, true, &s) < 0) {
-                status = EXIT_USAGE;
+            if (open_store(&t[i], &t[i].ids[j], a, true, &s) < 0) {
+                opened_all = false;
                 continue;
             }
-            struct kvt_store_record *v;
-            size_t n;
-            if (kvt_store_list(s, &v, &n) < 0) {
-                status = cli_error("ls", -ENOMEM);
-                kvt_store_close(s);
-                continue;
-            }
-            struct kvt_store_stats st;
-            kvt_store_get_stats(s, &st);
-            if (a.json) {
+            if (a->json) {
                 printf("%s{", first ? "" : ",");
                 print_id_json(&t[i], &t[i].ids[j]);
-                printf(",\"entries\":[");
-                bool f2 = true;
-                for (size_t k = 0; k < n; k++) {
-                    if (a.ns && strcmp(a.ns, v[k].ns))
-                        continue;
-                    printf("%s", f2 ? "" : ",");
-                    print_record_json(&v[k]);
-                    f2 = false;
-                }
-                printf("],\"skipped_files\":%" PRIu64 "}", st.skipped_files);
-            } else {
-                printf("%s%s  model %s  tokenizer %s: %" PRIu64 " entries, %" PRIu64
-                       " bytes, %" PRIu64 " skipped files\n",
-                       first ? "" : "\n", t[i].path, t[i].ids[j].model_id,
-                       t[i].ids[j].tokenizer_hash, st.entries, st.total_bytes, st.skipped_files);
-                for (size_t k = 0; k < n; k++) {
-                    if (a.ns && strcmp(a.ns, v[k].ns))
-                        continue;
-                    printf("%6" PRIu64 "  %8zu tok  %12" PRIu64 " B  %s  ns ", v[k].id,
-                           v[k].n_tokens, v[k].bytes, v[k].trimmable ? "trim  " : "notrim");
-                    cli_json_string(stdout, v[k].ns);
-                    printf("  ");
-                    print_time(v[k].mtime_ms);
-                    printf("  %s\n", v[k].path);
-                }
             }
+            fn(ud, &t[i], &t[i].ids[j], s, first);
+            if (a->json)
+                printf("}");
             first = false;
-            kvt_store_list_free(v);
             kvt_store_close(s);
         }
-    if (a.json)
+    if (a->json)
         printf("]\n");
     else if (first)
-        printf("%s: no entries\n", a.dir);
+        printf("%s: no entries\n", a->dir);
+    return opened_all;
+}
+
+/* Parse the arguments and find the stores; @return 0, or the exit status (usage printed). */
+static int store_command(int argc, char **argv, bool want_tokens, const char *usage, struct args *a,
+                         struct target **t, size_t *nt)
+{
+    if (!parse_args(argc, argv, a, want_tokens)) {
+        fprintf(stderr, "usage: kvtier %s\n", usage);
+        return EXIT_USAGE;
+    }
+    return resolve(a, t, nt);
+}
+
+struct ls_run {
+    const struct args *a;
+    int status;
+};
+
+static void ls_one(void *ud, const struct target *t, const struct identity *id, kvt_store *s,
+                   bool first)
+{
+    struct ls_run *r = ud;
+    const struct args *a = r->a;
+    struct kvt_store_record *v;
+    size_t n;
+    if (kvt_store_list(s, &v, &n) < 0) {
+        r->status = cli_error("ls", -ENOMEM);
+        return;
+    }
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    if (a->json) {
+        printf(",\"entries\":[");
+        bool f2 = true;
+        for (size_t k = 0; k < n; k++) {
+            if (a->ns && strcmp(a->ns, v[k].ns))
+                continue;
+            printf("%s", f2 ? "" : ",");
+            print_record_json(&v[k]);
+            f2 = false;
+        }
+        printf("],\"skipped_files\":%" PRIu64, st.skipped_files);
+    } else {
+        printf("%s%s  model %s  tokenizer %s: %" PRIu64 " entries, %" PRIu64 " bytes, %" PRIu64
+               " skipped files\n",
+               first ? "" : "\n", t->path, id->model_id, id->tokenizer_hash, st.entries,
+               st.total_bytes, st.skipped_files);
+        for (size_t k = 0; k < n; k++) {
+            if (a->ns && strcmp(a->ns, v[k].ns))
+                continue;
+            printf("%6" PRIu64 "  %8zu tok  %12" PRIu64 " B  %s  ns ", v[k].id, v[k].n_tokens,
+                   v[k].bytes, v[k].trimmable ? "trim  " : "notrim");
+            cli_json_string(stdout, v[k].ns);
+            printf("  ");
+            print_time(v[k].mtime_ms);
+            printf("  %s\n", v[k].path);
+        }
+    }
+    kvt_store_list_free(v);
+}
+
+/* Usage "ls DIR [--json] [--ns NS] [identity flags]". */
+int cmd_store_ls(int argc, char **argv)
+{
+    struct args a;
+    struct target *t;
+    size_t nt;
+    int rc = store_command(argc, argv, false,
+                           "ls DIR [--json] [--ns NS] [--model-id M] [--config-fingerprint F] "
+                           "[--tokenizer-hash T]",
+                           &a, &t, &nt);
+    if (rc)
+        return rc;
+    struct ls_run r = {&a, 0};
+    int status = each_store(&a, t, nt, ls_one, &r) ? 0 : EXIT_USAGE;
     free_targets(t, nt);
-    return status;
+    return r.status ? r.status : status;
+}
+
+struct find_run {
+    const struct args *a;
+    const int32_t *tok;
+    size_t n_tok;
+    bool hit;
+};
+
+static void find_one(void *ud, const struct target *t, const struct identity *id, kvt_store *s,
+                     bool first)
+{
+    (void)first;
+    struct find_run *r = ud;
+    struct kvt_hit hit;
+    kvt_store_find(s, r->tok, r->n_tok, r->a->ns ? r->a->ns : "", &hit);
+    const char *path = NULL;
+    struct kvt_store_record *v = NULL;
+    size_t n = 0;
+    if (hit.prefix_len && kvt_store_list(s, &v, &n) == 0)
+        for (size_t k = 0; k < n; k++)
+            if (v[k].id == hit.id)
+                path = v[k].path;
+    r->hit |= hit.prefix_len > 0;
+    if (r->a->json) {
+        printf(",\"prefix_len\":%zu", hit.prefix_len);
+        if (hit.prefix_len) {
+            printf(",\"n_tokens\":%zu,\"trimmable\":%s,\"trim\":%zu,\"path\":", hit.n_tokens,
+                   hit.trimmable ? "true" : "false", hit.n_tokens - hit.prefix_len);
+            cli_json_string(stdout, path ? path : "");
+        }
+    } else if (hit.prefix_len) {
+        printf("%s  model %s: hit, prefix %zu of %zu prompt tokens from an entry of %zu (%s, "
+               "trim %zu): %s\n",
+               t->path, id->model_id, hit.prefix_len, r->n_tok, hit.n_tokens,
+               hit.trimmable ? "trimmable" : "not trimmable", hit.n_tokens - hit.prefix_len,
+               path ? path : "?");
+    } else {
+        printf("%s  model %s: miss\n", t->path, id->model_id);
+    }
+    kvt_store_list_free(v);
 }
 
 /* Usage "find DIR --tokens 1,2,3 [--ns NS] [--json] [identity flags]". */
 int cmd_store_find(int argc, char **argv)
 {
     struct args a;
-    if (!parse_args(argc, argv, &a, true)) {
-        fprintf(stderr, "usage: kvtier find DIR --tokens 1,2,3 [--ns NS] [--json] "
-                        "[--model-id M] [--config-fingerprint F] [--tokenizer-hash T]\n");
-        return EXIT_USAGE;
-    }
-    int32_t *tok;
-    size_t n_tok;
-    if (!cli_parse_tokens(a.tokens, &tok, &n_tok)) {
-        fprintf(stderr, "kvtier: find: bad --tokens list\n");
-        return EXIT_USAGE;
-    }
     struct target *t;
     size_t nt;
-    int rc = resolve(&a, &t, &nt);
-    if (rc) {
-        free(tok);
+    int32_t *tok;
+    size_t n_tok;
+    int rc = store_command(argc, argv, true,
+                           "find DIR --tokens 1,2,3 [--ns NS] [--json] [--model-id M] "
+                           "[--config-fingerprint F] [--tokenizer-hash T]",
+                           &a, &t, &nt);
+    if (rc)
         return rc;
+    if (!cli_parse_tokens(a.tokens, &tok, &n_tok)) {
+        fprintf(stderr, "kvtier: find: bad --tokens list\n");
+        free_targets(t, nt);
+        return EXIT_USAGE;
     }
-    int status = EXIT_BAD;
-    bool first = true;
-    if (a.json)
-        printf("[");
-    for (size_t i = 0; i < nt; i++)
-        for (size_t j = 0; j < t[i].n_ids; j++) {
-            kvt_store *s;
-            if (open_store(&t[i], &t[i].ids[j], &a, true, &s) < 0)
-                continue;
-            struct kvt_hit hit;
-            kvt_store_find(s, tok, n_tok, a.ns ? a.ns : "", &hit);
-            const char *path = NULL;
-            struct kvt_store_record *v = NULL;
-            size_t n = 0;
-            if (hit.prefix_len && kvt_store_list(s, &v, &n) == 0)
-                for (size_t k = 0; k < n; k++)
-                    if (v[k].id == hit.id)
-                        path = v[k].path;
-            if (hit.prefix_len)
-                status = 0;
-            if (a.json) {
-                printf("%s{", first ? "" : ",");
-                print_id_json(&t[i], &t[i].ids[j]);
-                printf(",\"prefix_len\":%zu", hit.prefix_len);
-                if (hit.prefix_len) {
-                    printf(
-                        ",\"n_tokens\":%zu,\"trimmable\":%s,\"trim\":%zu,\"path\":", hit.n_tokens,
-                        hit.trimmable ? "true" : "false", hit.n_tokens - hit.prefix_len);
-                    cli_json_string(stdout, path ? path : "");
-                }
-                printf("}");
-            } else if (hit.prefix_len) {
-                printf("%s  model %s: hit, prefix %zu of %zu prompt tokens from an entry of %zu "
-                       "(%s, trim %zu): %s\n",
-                       t[i].path, t[i].ids[j].model_id, hit.prefix_len, n_tok, hit.n_tokens,
-                       hit.trimmable ? "trimmable" : "not trimmable", hit.n_tokens - hit.prefix_len,
-                       path ? path : "?");
-            } else {
-                printf("%s  model %s: miss\n", t[i].path, t[i].ids[j].model_id);
-            }
-            first = false;
-            kvt_store_list_free(v);
-            kvt_store_close(s);
-        }
-    if (a.json)
-        printf("]\n");
-    else if (first)
-        printf("%s: no entries\n", a.dir);
+    struct find_run r = {&a, tok, n_tok, false};
+    each_store(&a, t, nt, find_one, &r); /* a store that cannot be opened holds no hit */
     free_targets(t, nt);
     free(tok);
-    return status;
+    return r.hit ? 0 : EXIT_BAD;
 }
 
 static void print_stats_json(const struct kvt_store_stats *st)
@@ -521,56 +557,38 @@ static void print_stats_json(const struct kvt_store_stats *st)
            st->longest_durable_prefix_tokens);
 }
 
+static void stats_one(void *ud, const struct target *t, const struct identity *id, kvt_store *s,
+                      bool first)
+{
+    const struct args *a = ud;
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    if (a->json) {
+        printf(",");
+        print_stats_json(&st);
+        return;
+    }
+    printf("%s%s\n  model_id            %s\n  tokenizer_hash      %s\n"
+           "  entries             %" PRIu64 "\n  total_bytes         %" PRIu64
+           "\n  longest_prefix      %" PRIu64 " tokens\n  skipped_files       %" PRIu64 " (%" PRIu64
+           " bytes)\n  corrupt_files       %" PRIu64 "\n",
+           first ? "" : "\n", t->path, id->model_id, id->tokenizer_hash, st.entries, st.total_bytes,
+           st.longest_durable_prefix_tokens, st.skipped_files, st.skipped_bytes, st.corrupt_files);
+}
+
 /* Usage "stats DIR [--json] [identity flags]". */
 int cmd_store_stats(int argc, char **argv)
 {
     struct args a;
-    if (!parse_args(argc, argv, &a, false)) {
-        fprintf(stderr, "usage: kvtier stats DIR [--json] [--model-id M] "
-                        "[--config-fingerprint F] [--tokenizer-hash T]\n");
-        return EXIT_USAGE;
-    }
     struct target *t;
     size_t nt;
-    int rc = resolve(&a, &t, &nt);
+    int rc = store_command(argc, argv, false,
+                           "stats DIR [--json] [--model-id M] [--config-fingerprint F] "
+                           "[--tokenizer-hash T]",
+                           &a, &t, &nt);
     if (rc)
         return rc;
-    int status = 0;
-    bool first = true;
-    if (a.json)
-        printf("[");
-    for (size_t i = 0; i < nt; i++)
-        for (size_t j = 0; j < t[i].n_ids; j++) {
-            kvt_store *s;
-            if (open_store(&t[i], &t[i].ids[j], &a, true, &s) < 0) {
-                status = EXIT_USAGE;
-                continue;
-            }
-            struct kvt_store_stats st;
-            kvt_store_get_stats(s, &st);
-            if (a.json) {
-                printf("%s{", first ? "" : ",");
-                print_id_json(&t[i], &t[i].ids[j]);
-                printf(",");
-                print_stats_json(&st);
-                printf("}");
-            } else {
-                printf("%s%s\n  model_id            %s\n  tokenizer_hash      %s\n"
-                       "  entries             %" PRIu64 "\n  total_bytes         %" PRIu64
-                       "\n  longest_prefix      %" PRIu64 " tokens\n  skipped_files       %" PRIu64
-                       " (%" PRIu64 " bytes)\n  corrupt_files       %" PRIu64 "\n",
-                       first ? "" : "\n", t[i].path, t[i].ids[j].model_id,
-                       t[i].ids[j].tokenizer_hash, st.entries, st.total_bytes,
-                       st.longest_durable_prefix_tokens, st.skipped_files, st.skipped_bytes,
-                       st.corrupt_files);
-            }
-            first = false;
-            kvt_store_close(s);
-        }
-    if (a.json)
-        printf("]\n");
-    else if (first)
-        printf("%s: no entries\n", a.dir);
+    int status = each_store(&a, t, nt, stats_one, &a) ? 0 : EXIT_USAGE;
     free_targets(t, nt);
     return status;
 }
@@ -729,15 +747,13 @@ static int gc_evict(const struct target *t, const struct identity *id, const str
 int cmd_store_gc(int argc, char **argv)
 {
     struct args a;
-    if (!parse_args(argc, argv, &a, false)) {
-        fprintf(stderr, "usage: kvtier gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] "
-                        "[--tmp-grace-ms MS] [--model-id M] [--config-fingerprint F] "
-                        "[--tokenizer-hash T]\n");
-        return EXIT_USAGE;
-    }
     struct target *t;
     size_t nt;
-    int rc = resolve(&a, &t, &nt);
+    int rc = store_command(argc, argv, false,
+                           "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] "
+                           "[--tmp-grace-ms MS] [--model-id M] [--config-fingerprint F] "
+                           "[--tokenizer-hash T]",
+                           &a, &t, &nt);
     if (rc)
         return rc;
     int status = 0;
