@@ -175,6 +175,36 @@ static void stage_fill(struct stage *st, const struct bench_span *s, size_t pos)
 }
 
 #ifdef KVT_HAVE_URING
+/* Submit what is queued and wait for one completion: its slot in *k, its result in *res. */
+static int reap_one(struct io_uring *ring, unsigned *k, int *res)
+{
+    int rc = io_uring_submit(ring);
+    if (rc < 0)
+        return rc;
+    struct io_uring_cqe *cqe;
+    rc = io_uring_wait_cqe(ring, &cqe);
+    if (rc < 0)
+        return rc;
+    *k = (unsigned)io_uring_cqe_get_data64(cqe);
+    *res = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return 0;
+}
+
+/* Wait for the @p inflight requests left after an error, so none outlives its buffer. */
+static void drain_and_exit(struct io_uring *ring, unsigned inflight)
+{
+    if (inflight > 0)
+        io_uring_submit(ring);
+    for (; inflight > 0; inflight--) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(ring, &cqe) < 0)
+            break;
+        io_uring_cqe_seen(ring, cqe);
+    }
+    io_uring_queue_exit(ring);
+}
+
 static int direct_write_spans(int fd, const struct bench_span *s, size_t n, void *staging)
 {
     struct io_uring ring;
@@ -205,35 +235,18 @@ static int direct_write_spans(int fd, const struct bench_span *s, size_t n, void
         }
         if (inflight == 0)
             break;
-        rc = io_uring_submit(&ring);
-        if (rc < 0)
+        unsigned k;
+        int res;
+        if ((rc = reap_one(&ring, &k, &res)) < 0)
             break;
-        rc = 0;
-        struct io_uring_cqe *cqe;
-        int w = io_uring_wait_cqe(&ring, &cqe);
-        if (w < 0) {
-            rc = w;
-            break;
-        }
-        unsigned k = (unsigned)io_uring_cqe_get_data64(cqe);
-        if (cqe->res < 0)
-            rc = cqe->res;
-        else if ((size_t)cqe->res != st[k].len)
+        if (res < 0)
+            rc = res;
+        else if ((size_t)res != st[k].len)
             rc = -EIO; /* a short direct write: the device is full or failing */
-        io_uring_cqe_seen(&ring, cqe);
         free_slots[nfree++] = k;
         inflight--;
     }
-    if (inflight > 0)
-        io_uring_submit(&ring);
-    while (inflight > 0) { /* drain after an error so no request outlives the buffers */
-        struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&ring, &cqe) < 0)
-            break;
-        io_uring_cqe_seen(&ring, cqe);
-        inflight--;
-    }
-    io_uring_queue_exit(&ring);
+    drain_and_exit(&ring, inflight);
     return rc;
 }
 #else
@@ -341,19 +354,10 @@ static int read_spans(int fd, const struct bench_span *sp, size_t n)
         }
         if (inflight == 0)
             break;
-        rc = io_uring_submit(&ring);
-        if (rc < 0)
+        unsigned k;
+        int res;
+        if ((rc = reap_one(&ring, &k, &res)) < 0)
             break;
-        rc = 0;
-        struct io_uring_cqe *cqe;
-        int w = io_uring_wait_cqe(&ring, &cqe);
-        if (w < 0) {
-            rc = w;
-            break;
-        }
-        unsigned k = (unsigned)io_uring_cqe_get_data64(cqe);
-        int res = cqe->res;
-        io_uring_cqe_seen(&ring, cqe);
         free_slots[nfree++] = k;
         inflight--;
         if (res < 0) {
@@ -365,16 +369,7 @@ static int read_spans(int fd, const struct bench_span *sp, size_t n)
                           req[k].off + (uint64_t)res, &got);
         }
     }
-    if (inflight > 0)
-        io_uring_submit(&ring);
-    while (inflight > 0) { /* drain after an error so no request outlives the buffers */
-        struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&ring, &cqe) < 0)
-            break;
-        io_uring_cqe_seen(&ring, cqe);
-        inflight--;
-    }
-    io_uring_queue_exit(&ring);
+    drain_and_exit(&ring, inflight);
     return rc;
 }
 #else
