@@ -13,23 +13,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char *dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = scratch_dir("cli");
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    rm_rf(dir);
-    free(dir);
-    return 0;
-}
-
 static int run_cli(const char *args, char **out)
 {
     char *cmd = strf("%s/kvtier %s 2>&1", KVT_BUILD_DIR, args);
@@ -65,7 +48,7 @@ static void test_synth_every_kind(void **state)
     (void)state;
     const char *kinds[] = {"kv", "rotating", "qkv", "rotating-qkv", "ssm", "turboquant", "mixed"};
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
-        char *path = strf("%s/%s.mlxkv", dir, kinds[k]);
+        char *path = strf("%s/%s.mlxkv", test_dir, kinds[k]);
         char *args = strf("--kind %s --layers 3 --kv-heads 4 --head-dim 128 --tokens 21 "
                           "--dtype f16 --seed 5 --ns 'a+b' --model-id m/x --max-size 8",
                           kinds[k]);
@@ -104,7 +87,7 @@ static void test_synth_every_kind(void **state)
         kvt_entry_free(e);
 
         /* deterministic: the same arguments give the same bytes, another seed others */
-        char *again = strf("%s/%s-again.mlxkv", dir, kinds[k]);
+        char *again = strf("%s/%s-again.mlxkv", test_dir, kinds[k]);
         assert_int_equal(synth(again, args), 0);
         size_t n1, n2;
         uint8_t *b1 = read_file(path, &n1), *b2 = read_file(again, &n2);
@@ -127,7 +110,7 @@ static void test_synth_every_kind(void **state)
 static void test_synth_errors(void **state)
 {
     (void)state;
-    char *path = strf("%s/bad.mlxkv", dir);
+    char *path = strf("%s/bad.mlxkv", test_dir);
     const char *bad[] = {
         "--kind nope",
         "--kind kv --tokens 0",
@@ -149,9 +132,9 @@ static void test_synth_errors(void **state)
 static void test_verify_and_inspect_damage(void **state)
 {
     (void)state;
-    char *path = strf("%s/v.mlxkv", dir);
+    char *path = strf("%s/v.mlxkv", test_dir);
     assert_int_equal(synth(path, "--kind mixed --tokens 9"), 0);
-    char *out, *args = strf("verify '%s'", dir);
+    char *out, *args = strf("verify '%s'", test_dir);
     assert_int_equal(run_cli(args, &out), 0);
     free(out);
 
@@ -217,5 +200,5 @@ int main(void)
         cmocka_unit_test(test_synth_errors),
         cmocka_unit_test(test_verify_and_inspect_damage),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

@@ -20,23 +20,6 @@
 #include "io/io_fault.h"
 #include "tensor/alloc.h"
 
-static char *dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = scratch_dir("faults");
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    rm_rf(dir);
-    free(dir);
-    return 0;
-}
-
 /* After each test, even a failed one: back to the plain backend with nothing armed. */
 static int reset_io(void **state)
 {
@@ -79,7 +62,7 @@ static struct kvt_entry *make_entry(int n_layers, int64_t heads, int64_t tokens,
 
 static char *path_of(const char *name)
 {
-    return strf("%s/%s", dir, name);
+    return strf("%s/%s", test_dir, name);
 }
 
 static bool exists(const char *p)
@@ -446,7 +429,7 @@ static void test_load_faults(void **state)
     kvt_entry_free(le);
     assert_int_equal(kvt_file_load("/nonexistent/x.mlxkv", NULL, &le, NULL), -ENOENT);
     assert_null(le);
-    assert_int_equal(kvt_file_verify(dir, NULL), -EISDIR);
+    assert_int_equal(kvt_file_verify(test_dir, NULL), -EISDIR);
     free(path);
 }
 
@@ -503,5 +486,5 @@ int main(void)
         cmocka_unit_test_teardown(test_load_faults, reset_io),
         cmocka_unit_test(test_alloc_failures),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

@@ -18,23 +18,6 @@
 
 #define CREATED 1751500000000LL
 
-static char *dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = scratch_dir("roundtrip");
-    return dir ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    rm_rf(dir);
-    free(dir);
-    return 0;
-}
-
 struct geom {
     int64_t heads, head_dim, tokens, max_size;
     int dtype;
@@ -160,7 +143,7 @@ static void free_entry(struct owned_entry *o)
 
 static char *save(const struct kvt_entry *e, const char *name)
 {
-    char *path = strf("%s/%s", dir, name);
+    char *path = strf("%s/%s", test_dir, name);
     struct kvt_save_opts opts = {.created_at = CREATED, .no_sync = true};
     uint64_t bytes = 0, planned = 0;
     int rc = kvt_file_save(path, e, &opts, &bytes);
@@ -515,7 +498,8 @@ static void test_gated_steps(void **state)
     const int n_tensors = 2 + 6 + 2;
     char *plain = save(&o.e, "plain.mlxkv");
 
-    struct gate gt = {.tmp = strf("%s/gated.mlxkv.tmp", dir), .final = strf("%s/gated.mlxkv", dir)};
+    struct gate gt = {.tmp = strf("%s/gated.mlxkv.tmp", test_dir),
+                      .final = strf("%s/gated.mlxkv", test_dir)};
     struct kvt_save_opts opts = {
         .created_at = CREATED, .no_sync = true, .run_exclusive = gate_run, .engine = &gt};
     assert_int_equal(kvt_file_save(gt.final, &o.e, &opts, NULL), 0);
@@ -548,7 +532,7 @@ static void test_gated_steps(void **state)
 
 static int count_files(void)
 {
-    char *cmd = strf("ls -A '%s' | wc -l", dir);
+    char *cmd = strf("ls -A '%s' | wc -l", test_dir);
     FILE *p = popen(cmd, "r");
     int n = -1;
     assert_int_equal(fscanf(p, "%d", &n), 1);
@@ -594,7 +578,7 @@ static void test_save_errors(void **state)
     const int kv = KVT_KIND_KV;
     struct owned_entry o;
     make_entry(&o, &kv, 1, &g, 8);
-    char *path = strf("%s/err.mlxkv", dir);
+    char *path = strf("%s/err.mlxkv", test_dir);
     uint64_t planned;
     assert_int_equal(kvt_file_plan_size(&o.e, &planned), 0);
     int before = count_files();
@@ -642,7 +626,7 @@ static void test_save_errors(void **state)
     unlink(tmp);
     free(tmp);
 
-    char *nodir = strf("%s/missing/x.mlxkv", dir);
+    char *nodir = strf("%s/missing/x.mlxkv", test_dir);
     assert_int_equal(kvt_file_save(nodir, &o.e, NULL, NULL), -ENOENT);
     free(nodir);
     assert_int_equal(kvt_file_save(NULL, &o.e, NULL, NULL), -EINVAL);
@@ -689,5 +673,5 @@ int main(void)
         cmocka_unit_test(test_save_errors),
         cmocka_unit_test(test_restore_slack_bounded_by_file),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
 }

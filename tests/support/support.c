@@ -31,6 +31,25 @@ char *scratch_dir(const char *tag)
     return path;
 }
 
+char *test_dir;
+
+int test_dir_setup(void **state)
+{
+    (void)state;
+    test_dir = scratch_dir(program_invocation_short_name);
+    return test_dir ? 0 : -1;
+}
+
+int test_dir_teardown(void **state)
+{
+    (void)state;
+    if (test_dir)
+        rm_rf(test_dir);
+    free(test_dir);
+    test_dir = NULL;
+    return 0;
+}
+
 uint8_t *read_file(const char *path, size_t *n)
 {
     int fd = open(path, O_RDONLY);

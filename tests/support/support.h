@@ -18,6 +18,12 @@
 const char *golden_path(const char *name);
 /** A fresh empty directory under the suite's scratch dir; caller frees. */
 char *scratch_dir(const char *tag);
+/** The directory test_dir_setup() makes and test_dir_teardown() removes. */
+extern char *test_dir;
+/** cmocka setup (group or test): a fresh scratch directory in test_dir. */
+int test_dir_setup(void **state);
+/** cmocka teardown: remove test_dir and everything in it. */
+int test_dir_teardown(void **state);
 /** Read a whole file; *n receives its size. Caller frees. NULL on error. */
 uint8_t *read_file(const char *path, size_t *n);
 /** Write a whole file. 0 or -errno. */
