@@ -28,8 +28,7 @@
 #include <unistd.h>
 
 #include "io/io_fault.h"
-
-#define HEAD_DIM 4
+#include "support/synth.h"
 
 static const char *const MODEL = "test/model";
 static const char *const FP = "fp-test-bf16";
@@ -37,59 +36,11 @@ static const char *const TOK = "tk-test";
 
 /* ---- synthetic entries ---------------------------------------------------------------- */
 
-static void fill_rows(uint8_t *p, const int32_t *tok, size_t n, uint64_t seed, size_t row_bytes)
-{
-    uint64_t h = seed;
-    for (size_t i = 0; i < n; i++) {
-        h = kvt_wyhash(h, &tok[i], sizeof(tok[i]));
-        for (size_t j = 0; j < row_bytes; j++)
-            p[i * row_bytes + j] = (uint8_t)(h >> (8 * (j % 8)));
-    }
-}
-
-static kvt_cache *synth_kv(const int32_t *tok, size_t n, int layer)
-{
-    int64_t shape[4] = {1, 1, (int64_t)n, HEAD_DIM};
-    struct kvt_tensor t[2];
-    for (int w = 0; w < 2; w++) {
-        assert_int_equal(kvt_tensor_zeros(&t[w], KVT_BFLOAT16, 4, shape), 0);
-        fill_rows((uint8_t *)kvt_buf_data(t[w].buf) + t[w].offset, tok, n,
-                  (uint64_t)(layer * 2 + w + 1), HEAD_DIM * 2);
-    }
-    struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
-    kvt_cache *c;
-    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c), 0);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    return c;
-}
-
-static kvt_cache *synth_ssm(const int32_t *tok, size_t n)
-{
-    int64_t conv_shape[3] = {1, 2, 4}, rec_shape[4] = {1, 1, 2, 2};
-    struct kvt_tensor t[2];
-    assert_int_equal(kvt_tensor_zeros(&t[0], KVT_BFLOAT16, 3, conv_shape), 0);
-    assert_int_equal(kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec_shape), 0);
-    uint64_t h = kvt_wyhash(77, tok, n * sizeof(*tok));
-    for (int w = 0; w < 2; w++) {
-        uint8_t *p = (uint8_t *)kvt_buf_data(t[w].buf) + t[w].offset;
-        for (size_t j = 0; j < 16; j++)
-            p[j] = (uint8_t)(h >> (8 * (j % 8))) ^ (uint8_t)w;
-    }
-    struct kvt_cache_info info = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
-    kvt_cache *c;
-    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c), 0);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    return c;
-}
-
 /* A kv layer, plus an ssm layer when the entry must not be trimmable. */
 static struct kvt_entry *synth(const int32_t *tok, size_t n, const char *ns, bool trimmable)
 {
-    kvt_cache *c[2] = {synth_kv(tok, n, 0), trimmable ? NULL : synth_ssm(tok, n)};
     struct kvt_entry *e;
-    assert_int_equal(kvt_entry_new(tok, n, c, trimmable ? 1 : 2, ns, &e), 0);
+    assert_int_equal(synth_entry(tok, n, ns, trimmable, &e), 0);
     assert_int_equal(kvt_entry_is_trimmable(e), trimmable);
     return e;
 }
@@ -610,7 +561,8 @@ static void test_put_refuses_unindexable(void **state)
     char *dir = scratch_dir("v21");
     kvt_store *s = open_store(dir, 0, NULL);
     const int32_t t[] = {1, 2, 3, 4};
-    kvt_cache *c = synth_kv(t, 3, 0);
+    kvt_cache *c;
+    assert_int_equal(synth_kv(t, 3, 0, &c), 0);
     struct kvt_entry *e;
     assert_int_equal(kvt_entry_new(t, 4, &c, 1, "", &e), 0);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), -EINVAL);

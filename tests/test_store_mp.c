@@ -6,6 +6,7 @@
  * sharing one store handle.
  */
 #include "support/support.h"
+#include "support/synth.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,55 +20,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HEAD_DIM 4
-
 static const char *const MODEL = "stress/model";
 static const char *const FP = "fp-stress";
 static const char *const TOKH = "tk-stress";
 
 /* ---- synthetic entries, as store_stress makes them ------------------------------------ */
 
-static void fill_rows(uint8_t *p, const int32_t *tok, size_t n, uint64_t seed, size_t row_bytes)
-{
-    uint64_t h = seed;
-    for (size_t i = 0; i < n; i++) {
-        h = kvt_wyhash(h, &tok[i], sizeof(tok[i]));
-        for (size_t j = 0; j < row_bytes; j++)
-            p[i * row_bytes + j] = (uint8_t)(h >> (8 * (j % 8)));
-    }
-}
-
 static struct kvt_entry *synth(const int32_t *tok, size_t n, bool trimmable)
 {
-    kvt_cache *c[2] = {NULL, NULL};
-    int64_t shape[4] = {1, 1, (int64_t)n, HEAD_DIM};
-    struct kvt_tensor t[2];
-    for (int w = 0; w < 2; w++) {
-        assert_int_equal(kvt_tensor_zeros(&t[w], KVT_BFLOAT16, 4, shape), 0);
-        fill_rows((uint8_t *)kvt_buf_data(t[w].buf) + t[w].offset, tok, n, (uint64_t)w + 1,
-                  HEAD_DIM * 2);
-    }
-    struct kvt_cache_info kv = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
-    assert_int_equal(kvt_cache_from_state(&kv, t, 2, &c[0]), 0);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    if (!trimmable) {
-        int64_t conv_shape[3] = {1, 2, 4}, rec_shape[4] = {1, 1, 2, 2};
-        assert_int_equal(kvt_tensor_zeros(&t[0], KVT_BFLOAT16, 3, conv_shape), 0);
-        assert_int_equal(kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec_shape), 0);
-        uint64_t h = kvt_wyhash(77, tok, n * sizeof(*tok));
-        for (int w = 0; w < 2; w++) {
-            uint8_t *p = (uint8_t *)kvt_buf_data(t[w].buf) + t[w].offset;
-            for (size_t j = 0; j < 16; j++)
-                p[j] = (uint8_t)(h >> (8 * (j % 8))) ^ (uint8_t)w;
-        }
-        struct kvt_cache_info ssm = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
-        assert_int_equal(kvt_cache_from_state(&ssm, t, 2, &c[1]), 0);
-        kvt_tensor_release(&t[0]);
-        kvt_tensor_release(&t[1]);
-    }
     struct kvt_entry *e;
-    assert_int_equal(kvt_entry_new(tok, n, c, trimmable ? 1 : 2, "", &e), 0);
+    assert_int_equal(synth_entry(tok, n, "", trimmable, &e), 0);
     return e;
 }
 

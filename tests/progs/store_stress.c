@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "kvtier.h"
+#include "support/synth.h"
 
-#define HEAD_DIM 4
 #define MAX_TOK 64
 
 static const char *const MODEL = "stress/model";
@@ -60,74 +60,10 @@ static void on_log(void *ud, int level, const char *msg)
     }
 }
 
-static void fill_rows(uint8_t *p, const int32_t *tok, size_t n, uint64_t seed, size_t row_bytes)
-{
-    uint64_t h = seed;
-    for (size_t i = 0; i < n; i++) {
-        h = kvt_wyhash(h, &tok[i], sizeof(tok[i]));
-        for (size_t j = 0; j < row_bytes; j++)
-            p[i * row_bytes + j] = (uint8_t)(h >> (8 * (j % 8)));
-    }
-}
-
-static int synth_kv(const int32_t *tok, size_t n, kvt_cache **out)
-{
-    int64_t shape[4] = {1, 1, (int64_t)n, HEAD_DIM};
-    struct kvt_tensor t[2];
-    int rc = kvt_tensor_zeros(&t[0], KVT_BFLOAT16, 4, shape);
-    if (rc)
-        return rc;
-    rc = kvt_tensor_zeros(&t[1], KVT_BFLOAT16, 4, shape);
-    if (rc) {
-        kvt_tensor_release(&t[0]);
-        return rc;
-    }
-    for (int w = 0; w < 2; w++)
-        fill_rows((uint8_t *)kvt_buf_data(t[w].buf) + t[w].offset, tok, n, (uint64_t)w + 1,
-                  HEAD_DIM * 2);
-    struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
-    rc = kvt_cache_from_state(&info, t, 2, out);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    return rc;
-}
-
-static int synth_ssm(const int32_t *tok, size_t n, kvt_cache **out)
-{
-    int64_t conv_shape[3] = {1, 2, 4}, rec_shape[4] = {1, 1, 2, 2};
-    struct kvt_tensor t[2];
-    int rc = kvt_tensor_zeros(&t[0], KVT_BFLOAT16, 3, conv_shape);
-    if (rc)
-        return rc;
-    rc = kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec_shape);
-    if (rc) {
-        kvt_tensor_release(&t[0]);
-        return rc;
-    }
-    uint64_t h = kvt_wyhash(77, tok, n * sizeof(*tok));
-    for (int w = 0; w < 2; w++) {
-        uint8_t *p = (uint8_t *)kvt_buf_data(t[w].buf) + t[w].offset;
-        for (size_t j = 0; j < 16; j++)
-            p[j] = (uint8_t)(h >> (8 * (j % 8))) ^ (uint8_t)w;
-    }
-    struct kvt_cache_info info = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
-    rc = kvt_cache_from_state(&info, t, 2, out);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    return rc;
-}
-
 static struct kvt_entry *synth(const int32_t *tok, size_t n, bool trimmable)
 {
-    kvt_cache *c[2] = {NULL, NULL};
-    struct kvt_entry *e = NULL;
-    if (synth_kv(tok, n, &c[0]) || (!trimmable && synth_ssm(tok, n, &c[1])) ||
-        kvt_entry_new(tok, n, c, trimmable ? 1 : 2, "", &e)) {
-        kvt_cache_free(c[0]);
-        kvt_cache_free(c[1]);
-        return NULL;
-    }
-    return e;
+    struct kvt_entry *e;
+    return synth_entry(tok, n, "", trimmable, &e) ? NULL : e;
 }
 
 static bool same_state(const kvt_cache *a, const kvt_cache *b)
