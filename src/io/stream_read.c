@@ -467,9 +467,11 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
     bool pf_now = false;
     if (s->err)
         goto out;
-    /* destinations the stream did not know ahead: prefault them now */
-    pf_now = s->pf && d && len >= PREFAULT_MIN && !range_has_dst(s);
-    if (s->hugepage && d)
+    /* destinations the stream did not know ahead (open advised the known ones): advise and
+     * prefault them now */
+    bool unknown = d && !range_has_dst(s);
+    pf_now = s->pf && unknown && len >= PREFAULT_MIN;
+    if (s->hugepage && unknown)
         advise_huge(d, len);
     if (pf_now)
         kvt_prefault_add(s->pf, d, len);
