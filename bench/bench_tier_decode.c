@@ -21,10 +21,11 @@
  * models a server that pins its decode thread: the loop runs on CPU and the tier gets the
  * other CPUs through background_cpus (the writer and timer threads, and the kernel's I/O
  * workers they start). Pick a CPU that does not take the disk's interrupts
- * (/proc/interrupts), as a latency-sensitive deployment would.
+ * (/proc/interrupts), as a latency-sensitive deployment would. --tier-cpus LIST only gives
+ * the tier its CPUs (background_cpus) and leaves the decode loop to the scheduler.
  *
  * usage: bench_tier_decode [--dir DIR] [--entries N] [--repeat N] [--naive] [--control]
- *                          [--pin CPU]
+ *                          [--pin CPU | --tier-cpus LIST]
  */
 #include <errno.h>
 #include <pthread.h>
@@ -235,6 +236,7 @@ fail:
 }
 
 static char background_cpus[4096]; /* --pin: every allowed CPU but the decode one */
+static const char *tier_cpus;      /* --tier-cpus, or background_cpus after --pin */
 
 /* Pin this (the decode) thread to @p cpu and list the other allowed CPUs for the tier. */
 static void pin_decode(int cpu)
@@ -256,6 +258,7 @@ static void pin_decode(int cpu)
         fprintf(stderr, "bench_tier_decode: --pin needs a second CPU for the tier\n");
         exit(2);
     }
+    tier_cpus = background_cpus;
 }
 
 static kvt_pcache *open_tier(const char *dir, bool write_behind)
@@ -273,7 +276,7 @@ static kvt_pcache *open_tier(const char *dir, bool write_behind)
     o.demote_idle_ms = 0;
     o.run_exclusive = run_exclusive;
     o.engine = &E;
-    o.background_cpus = background_cpus[0] ? background_cpus : NULL;
+    o.background_cpus = tier_cpus;
     kvt_pcache *pc;
     if (kvt_pcache_open(&o, &pc)) {
         fprintf(stderr, "bench_tier_decode: open %s: %s\n", dir, kvt_last_error());
@@ -384,11 +387,13 @@ int main(int argc, char **argv)
             E.naive = true;
         else if (!strcmp(argv[i], "--control"))
             control = true;
-        else if (!strcmp(argv[i], "--pin") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--pin") && i + 1 < argc && !tier_cpus)
             pin = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tier-cpus") && i + 1 < argc && pin < 0)
+            tier_cpus = argv[++i];
         else {
             fprintf(stderr, "usage: bench_tier_decode [--dir DIR] [--entries N] [--repeat N] "
-                            "[--naive] [--control] [--pin CPU]\n");
+                            "[--naive] [--control] [--pin CPU | --tier-cpus LIST]\n");
             return 2;
         }
     }
@@ -408,7 +413,9 @@ int main(int argc, char **argv)
            entry_mib / (2 * LAYERS), E.naive ? "plain mutex" : "between decode steps", repeat,
            control ? "; control: write-behind off in both runs" : "");
     if (pin >= 0)
-        printf("; decode on CPU %d, tier threads on %s", pin, background_cpus);
+        printf("; decode on CPU %d, tier threads on %s", pin, tier_cpus);
+    else if (tier_cpus)
+        printf("; tier threads on %s, decode anywhere", tier_cpus);
     printf("\n");
 
     struct kvt_entry **src = calloc((size_t)entries, sizeof(*src));
