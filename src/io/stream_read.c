@@ -418,10 +418,11 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
                             uint64_t limit, kvt_piece_fn fn, void *ud)
 {
     if (dst && len >= SMALL_PIECE && !in_bounce(s, f)) {
-        /* straight into place; with a callback, in pieces it sees while they are in L2 */
-        size_t step = fn ? CACHE_PIECE : len;
-        for (size_t k = 0; k < len; k += step) {
-            size_t m = len - k < step ? len - k : step;
+        /* straight into place in pieces: a callback sees each while it is in L2, and the
+         * prefault helper stays ahead of the copy (one large read faults the pages itself,
+         * racing the helper for the page tables: 20-30 % slower) */
+        for (size_t k = 0; k < len; k += CACHE_PIECE) {
+            size_t m = len - k < CACHE_PIECE ? len - k : CACHE_PIECE;
             int rc = read_in_place(s, dst + k, m, f + k);
             if (rc < 0)
                 return rc;
