@@ -19,6 +19,16 @@ static uint8_t *data(const struct kvt_tensor *t)
     return (uint8_t *)kvt_buf_data(t->buf) + t->offset;
 }
 
+/* Two fresh zeroed tensors; on failure neither is held. */
+static int two_tensors(struct kvt_tensor t[2], const int dtype[2], const int ndim[2],
+                       const int64_t *const shape[2])
+{
+    int rc = kvt_tensor_zeros(&t[0], dtype[0], ndim[0], shape[0]);
+    if (rc == 0 && (rc = kvt_tensor_zeros(&t[1], dtype[1], ndim[1], shape[1])))
+        kvt_tensor_release(&t[0]);
+    return rc;
+}
+
 /* A cache of @p kind over the two tensors (released here on every path). */
 static int cache_of(int kind, size_t n, struct kvt_tensor t[2], kvt_cache **out)
 {
@@ -33,13 +43,10 @@ int synth_kv(const int32_t *tok, size_t n, int layer, kvt_cache **out)
 {
     const int64_t shape[4] = {1, 1, (int64_t)n, SYNTH_HEAD_DIM};
     struct kvt_tensor t[2];
-    int rc = kvt_tensor_zeros(&t[0], KVT_BFLOAT16, 4, shape);
+    int rc = two_tensors(t, (const int[]){KVT_BFLOAT16, KVT_BFLOAT16}, (const int[]){4, 4},
+                         (const int64_t *const[]){shape, shape});
     if (rc)
         return rc;
-    if ((rc = kvt_tensor_zeros(&t[1], KVT_BFLOAT16, 4, shape))) {
-        kvt_tensor_release(&t[0]);
-        return rc;
-    }
     for (int w = 0; w < 2; w++)
         fill_rows(data(&t[w]), tok, n, (uint64_t)(layer * 2 + w + 1), SYNTH_HEAD_DIM * 2);
     return cache_of(KVT_KIND_KV, n, t, out);
@@ -49,13 +56,10 @@ int synth_ssm(const int32_t *tok, size_t n, kvt_cache **out)
 {
     const int64_t conv_shape[3] = {1, 2, 4}, rec_shape[4] = {1, 1, 2, 2};
     struct kvt_tensor t[2];
-    int rc = kvt_tensor_zeros(&t[0], KVT_BFLOAT16, 3, conv_shape);
+    int rc = two_tensors(t, (const int[]){KVT_BFLOAT16, KVT_FLOAT32}, (const int[]){3, 4},
+                         (const int64_t *const[]){conv_shape, rec_shape});
     if (rc)
         return rc;
-    if ((rc = kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec_shape))) {
-        kvt_tensor_release(&t[0]);
-        return rc;
-    }
     uint64_t h = kvt_wyhash(77, tok, n * sizeof(*tok));
     for (int w = 0; w < 2; w++)
         for (size_t j = 0; j < 16; j++) /* both states are 16 bytes */
