@@ -1,9 +1,12 @@
 /*
  * The prefault helper (prefault.h): one thread that takes address ranges from a small FIFO and
- * faults their whole pages in with madvise(MADV_POPULATE_WRITE), a block at a time so that a
- * cancel takes effect quickly. Populating never changes the contents of a page, so a range
- * that is freed (or even reused) while queued is harmless: the work is merely wasted, and the
- * kernel reports an unmapped range as an error that is ignored.
+ * faults their whole pages in with madvise(MADV_POPULATE_WRITE), a block at a time. Each block
+ * is claimed under the lock before it is populated, by the helper or by a consumer that has
+ * caught up with it (kvt_prefault_ensure), so no page is populated twice and a copy never
+ * takes page faults while the other thread works on the same page tables. Populating never
+ * changes the contents of a page, so a range that is freed (or even reused) while queued is
+ * harmless: the work is merely wasted, and the kernel reports an unmapped range as an error
+ * that is ignored.
  */
 #include "io/prefault.h"
 
@@ -21,48 +24,80 @@
 #endif
 
 #define QUEUE 64
-#define BLOCK ((size_t)2 << 20)
+/* The helper's claim: small enough that a consumer waiting for it waits well under 1 ms. */
+#define BLOCK ((uintptr_t)1 << 20)
+/* What a consumer takes ahead of the helper instead of waiting for it. */
+#define STEAL ((uintptr_t)256 << 10)
 
 struct range {
-    uintptr_t lo, hi;
+    uintptr_t lo, hi; /* the part not claimed yet; empty once lo == hi */
 };
 
 struct kvt_prefault {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t work; /* a range was queued, or stop */
+    pthread_cond_t done; /* the helper finished a block */
     struct range q[QUEUE];
     unsigned head, n;
-    unsigned long gen; /* bumped by cancel: the range in progress is abandoned */
+    struct range busy; /* the block the helper is populating now */
     bool stop;
     pthread_t th;
 };
+
+static uintptr_t page_size(void)
+{
+    return (uintptr_t)sysconf(_SC_PAGESIZE);
+}
+
+static struct range *slot(struct kvt_prefault *p, unsigned i)
+{
+    return &p->q[(p->head + i) % QUEUE];
+}
+
+/* Drop the used-up ranges at the front of the queue. */
+static void pop_empty(struct kvt_prefault *p)
+{
+    while (p->n > 0 && slot(p, 0)->lo >= slot(p, 0)->hi) {
+        p->head = (p->head + 1) % QUEUE;
+        p->n--;
+    }
+}
+
+/* Claim up to @p max bytes from the start of queued range @p r (the lock is held). */
+static struct range claim(struct kvt_prefault *p, struct range *r, uintptr_t max)
+{
+    struct range b = {r->lo, r->hi - r->lo < max ? r->hi : r->lo + max};
+    r->lo = b.hi;
+    pop_empty(p);
+    return b;
+}
+
+static bool overlaps(struct range r, uintptr_t lo, uintptr_t hi)
+{
+    return r.lo < r.hi && r.lo < hi && lo < r.hi;
+}
+
+static void populate(struct range b)
+{
+    madvise((void *)b.lo, b.hi - b.lo, MADV_POPULATE_WRITE); /* a failure leaves it to the copy */
+}
 
 static void *helper(void *arg)
 {
     struct kvt_prefault *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
+        pop_empty(p);
         while (!p->stop && p->n == 0)
-            pthread_cond_wait(&p->cv, &p->mu);
+            pthread_cond_wait(&p->work, &p->mu);
         if (p->stop)
             break;
-        struct range r = p->q[p->head];
-        p->head = (p->head + 1) % QUEUE;
-        p->n--;
-        unsigned long gen = p->gen;
+        p->busy = claim(p, slot(p, 0), BLOCK);
         pthread_mutex_unlock(&p->mu);
-        for (uintptr_t a = r.lo; a < r.hi;) {
-            size_t len = r.hi - a < BLOCK ? r.hi - a : BLOCK;
-            if (madvise((void *)a, len, MADV_POPULATE_WRITE) != 0)
-                break; /* unmapped or not populatable: leave it to the copy */
-            a += len;
-            pthread_mutex_lock(&p->mu);
-            bool cancelled = p->gen != gen || p->stop;
-            pthread_mutex_unlock(&p->mu);
-            if (cancelled)
-                break;
-        }
+        populate(p->busy);
         pthread_mutex_lock(&p->mu);
+        p->busy = (struct range){0, 0};
+        pthread_cond_broadcast(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -71,12 +106,12 @@ static void *helper(void *arg)
 /* Whether this kernel knows MADV_POPULATE_WRITE (Linux 5.14+): try it on one page. */
 static bool can_populate(void)
 {
-    long pg = sysconf(_SC_PAGESIZE);
-    void *m = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    size_t pg = (size_t)page_size();
+    void *m = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return false;
-    bool ok = madvise(m, (size_t)pg, MADV_POPULATE_WRITE) == 0;
-    munmap(m, (size_t)pg);
+    bool ok = madvise(m, pg, MADV_POPULATE_WRITE) == 0;
+    munmap(m, pg);
     return ok;
 }
 
@@ -91,9 +126,11 @@ struct kvt_prefault *kvt_prefault_start(void)
     if (!p)
         return NULL;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->work, NULL);
+    pthread_cond_init(&p->done, NULL);
     if (pthread_create(&p->th, NULL, helper, p) != 0) {
-        pthread_cond_destroy(&p->cv);
+        pthread_cond_destroy(&p->done);
+        pthread_cond_destroy(&p->work);
         pthread_mutex_destroy(&p->mu);
         free(p);
         return NULL;
@@ -105,7 +142,7 @@ bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len)
 {
     if (!p || len == 0)
         return true;
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t pg = page_size();
     uintptr_t lo = ((uintptr_t)addr + pg - 1) & ~(pg - 1);
     uintptr_t hi = ((uintptr_t)addr + len) & ~(pg - 1);
     if (hi <= lo || (uintptr_t)addr + len < (uintptr_t)addr)
@@ -113,12 +150,52 @@ bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len)
     pthread_mutex_lock(&p->mu);
     bool room = p->n < QUEUE; /* a full queue only means less help */
     if (room) {
-        p->q[(p->head + p->n) % QUEUE] = (struct range){lo, hi};
+        *slot(p, p->n) = (struct range){lo, hi};
         p->n++;
-        pthread_cond_signal(&p->cv);
+        pthread_cond_signal(&p->work);
     }
     pthread_mutex_unlock(&p->mu);
     return room;
+}
+
+void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len)
+{
+    if (!p || len == 0)
+        return;
+    uintptr_t pg = page_size();
+    uintptr_t lo = (uintptr_t)addr & ~(pg - 1), hi = (uintptr_t)addr + len;
+    if (hi < lo)
+        return;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (overlaps(p->busy, lo, hi)) {
+            pop_empty(p);
+            if (p->n == 0) {
+                pthread_cond_wait(&p->done, &p->mu);
+                continue;
+            }
+            /* rather than wait for the helper, take the block after its own */
+            struct range b = claim(p, slot(p, 0), STEAL);
+            pthread_mutex_unlock(&p->mu);
+            populate(b);
+            pthread_mutex_lock(&p->mu);
+            continue;
+        }
+        struct range *r = NULL;
+        for (unsigned i = 0; i < p->n && !r; i++)
+            if (overlaps(*slot(p, i), lo, hi))
+                r = slot(p, i);
+        if (!r)
+            break; /* populated, or never queued: the copy faults what is missing */
+        if (r->lo < lo)
+            r->lo = lo; /* consumed in order: the part before the caller is not needed */
+        uintptr_t need = (hi + pg - 1) & ~(pg - 1);
+        struct range b = claim(p, r, need > r->lo ? need - r->lo : pg);
+        pthread_mutex_unlock(&p->mu);
+        populate(b);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 void kvt_prefault_cancel(struct kvt_prefault *p)
@@ -127,7 +204,6 @@ void kvt_prefault_cancel(struct kvt_prefault *p)
         return;
     pthread_mutex_lock(&p->mu);
     p->n = 0;
-    p->gen++;
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -138,11 +214,11 @@ void kvt_prefault_stop(struct kvt_prefault *p)
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     p->n = 0;
-    p->gen++;
-    pthread_cond_signal(&p->cv);
+    pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->th, NULL);
-    pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->work);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }

@@ -20,6 +20,13 @@ struct kvt_prefault *kvt_prefault_start(void);
  * @return false when the queue is full and the range was not taken (try again later).
  */
 bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len);
+/**
+ * Make sure the queued pages of [@p addr, @p addr + @p len) are faulted in before the caller
+ * writes there: waits for a block the helper is populating, populates on this thread what the
+ * helper has not reached yet, and drops the queued part of that range before @p addr (the
+ * caller fills its ranges in order). Memory never queued is left alone. No-op on NULL.
+ */
+void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len);
 /** Drop every range not yet started (call before the memory may be freed). */
 void kvt_prefault_cancel(struct kvt_prefault *p);
 /** Cancel, wait for the block in progress and end the helper. Accepts NULL. */

@@ -423,6 +423,7 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
          * racing the helper for the page tables: 20-30 % slower) */
         for (size_t k = 0; k < len; k += CACHE_PIECE) {
             size_t m = len - k < CACHE_PIECE ? len - k : CACHE_PIECE;
+            kvt_prefault_ensure(s->pf, dst + k, m);
             int rc = read_in_place(s, dst + k, m, f + k);
             if (rc < 0)
                 return rc;
@@ -514,8 +515,10 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
                     for (size_t k = 0; k < take; k += CACHE_PIECE) {
                         /* hash each piece right after its copy, while it is in L2 */
                         size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
-                        if (d && d != src) /* read into place already: nothing to copy */
+                        if (d && d != src) { /* read into place already: nothing to copy */
+                            kvt_prefault_ensure(s->pf, d + k, m);
                             memcpy(d + k, src + k, m);
+                        }
                         if (fn)
                             fn(ud, d ? d + k : src + k, m);
                     }

@@ -1,0 +1,135 @@
+/*
+ * The prefault helper: a consumer that asks for a queued range finds its pages faulted in
+ * (whichever thread did it), memory never queued is left alone, contents never change, and
+ * memory freed while queued is harmless.
+ */
+#include "support/support.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "io/prefault.h"
+
+#define MIB ((size_t)1 << 20)
+
+static uint8_t *map(size_t len)
+{
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    return m;
+}
+
+/* Pages of [p, p + len) that are present in memory. */
+static size_t resident(const uint8_t *p, size_t len)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg, count = 0;
+    unsigned char *v = malloc(n);
+    assert_int_equal(mincore((void *)p, len, v), 0);
+    for (size_t i = 0; i < n; i++)
+        count += v[i] & 1;
+    free(v);
+    return count;
+}
+
+static struct kvt_prefault *start(void)
+{
+    struct kvt_prefault *p = kvt_prefault_start();
+    if (!p)
+        skip(); /* a kernel without MADV_POPULATE_WRITE: nothing to test */
+    return p;
+}
+
+/* Every piece a consumer ensures, in order, is resident when ensure returns. */
+static void test_ensured_pieces_are_resident(void **state)
+{
+    (void)state;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 64 * MIB;
+    for (size_t piece = 64 << 10; piece <= 4 * MIB; piece *= 4) {
+        struct kvt_prefault *p = start();
+        uint8_t *m = map(len);
+        assert_true(kvt_prefault_add(p, m, len));
+        for (size_t off = 0; off < len; off += piece) {
+            kvt_prefault_ensure(p, m + off, piece);
+            assert_int_equal(resident(m + off, piece), piece / pg);
+            memset(m + off, 0x5a, piece);
+        }
+        kvt_prefault_stop(p);
+        munmap(m, len);
+    }
+}
+
+/* Memory that was never queued is not touched; unaligned edges are the copy's business. */
+static void test_unqueued_memory_is_left_alone(void **state)
+{
+    (void)state;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    struct kvt_prefault *p = start();
+    uint8_t *queued = map(8 * MIB), *other = map(8 * MIB);
+    assert_true(kvt_prefault_add(p, queued + 100, 8 * MIB - 200));
+    kvt_prefault_ensure(p, other, 8 * MIB);
+    assert_int_equal(resident(other, 8 * MIB), 0);
+    kvt_prefault_ensure(p, queued, 8 * MIB);
+    /* only the whole pages inside the queued range */
+    assert_int_equal(resident(queued + pg, 8 * MIB - 2 * pg), 8 * MIB / pg - 2);
+    kvt_prefault_cancel(p);
+    kvt_prefault_stop(p);
+    munmap(queued, 8 * MIB);
+    munmap(other, 8 * MIB);
+}
+
+/* Populating keeps what is written and leaves untouched pages reading as zero. */
+static void test_contents_are_kept(void **state)
+{
+    (void)state;
+    size_t len = 16 * MIB;
+    struct kvt_prefault *p = start();
+    uint8_t *m = map(len);
+    uint64_t rs = 9;
+    for (size_t off = 0; off < len; off += 3 * MIB)
+        fill_random(m + off, 4096, &rs);
+    assert_true(kvt_prefault_add(p, m, len));
+    kvt_prefault_ensure(p, m, len);
+    rs = 9;
+    uint8_t want[4096], zero[4096] = {0};
+    for (size_t off = 0; off < len; off += 4096) {
+        if (off % (3 * MIB) == 0) {
+            fill_random(want, sizeof(want), &rs);
+            assert_memory_equal(m + off, want, sizeof(want));
+        } else {
+            assert_memory_equal(m + off, zero, sizeof(zero));
+        }
+    }
+    kvt_prefault_stop(p);
+    munmap(m, len);
+}
+
+/* Memory freed while queued (or while the helper works on it) costs nothing but the work. */
+static void test_freed_memory_is_harmless(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        struct kvt_prefault *p = start();
+        uint8_t *m = map(32 * MIB);
+        assert_true(kvt_prefault_add(p, m, 32 * MIB));
+        munmap(m, 16 * MIB);
+        kvt_prefault_ensure(p, m, 32 * MIB);
+        kvt_prefault_cancel(p);
+        munmap(m + 16 * MIB, 16 * MIB);
+        kvt_prefault_stop(p);
+    }
+    kvt_prefault_ensure(NULL, NULL, 1);
+    kvt_prefault_stop(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ensured_pieces_are_resident),
+        cmocka_unit_test(test_unqueued_memory_is_left_alone),
+        cmocka_unit_test(test_contents_are_kept),
+        cmocka_unit_test(test_freed_memory_is_harmless),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
