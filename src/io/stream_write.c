@@ -95,6 +95,18 @@ void kvt_wstream_warm(const struct kvt_stream_opts *o)
     kvt_staging_put(kvt_staging_get(chunk * depth), chunk * depth);
 }
 
+/*
+ * The engine of a write stream: the one asked for, else our own threads. Direct writes into
+ * a new file's blocks are not issued inline by io_uring on ext4: each goes to the kernel's
+ * io-wq workers, so a ring gains nothing over our threads here, and on a 6.18 kernel such a
+ * write was now and then never completed (the save waited forever).
+ */
+static const char *write_engine(const struct kvt_stream_opts *o)
+{
+    const char *env = getenv("KVT_IO_ENGINE");
+    return o->engine ? o->engine : env && *env ? env : "threads";
+}
+
 int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream **out)
 {
     struct kvt_stream_opts def = {0};
@@ -119,7 +131,8 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
         w->staging_bytes = w->chunk * w->depth;
         if (w->dfd >= 0 && w->slot)
             w->staging = kvt_staging_get(w->staging_bytes);
-        if (w->dfd >= 0 && (!w->slot || !w->staging || kvt_aq_open(&w->q, w->depth, o->engine))) {
+        if (w->dfd >= 0 &&
+            (!w->slot || !w->staging || kvt_aq_open(&w->q, w->depth, write_engine(o)))) {
             close(w->dfd); /* fall back to plain writes */
             w->dfd = -1;
         }
