@@ -173,12 +173,17 @@ static int fail(const char *what, int rc)
 typedef int (*step_fn)(struct bench_ctx *c, struct bench_row *row, int i);
 
 static int run_rotated(struct bench_ctx *c, struct bench_row *row, int i, const step_fn *steps,
-                       int n, bool level)
+                       int n, bool level, bool warm)
 {
     for (int k = 0; k < n; k++) {
+        /* the host may page idle page cache out within seconds: warm again, before leveling
+         * (warming a file that is not cached takes memory, which would then be missing) */
+        int rc = warm ? bench_make_warm(c->kvt_path) : 0;
+        if (rc < 0)
+            return fail("warming the page cache", rc);
         if (level)
             bench_level_memory(row->restored_bytes);
-        int rc = steps[(k + i) % n](c, row, i);
+        rc = steps[(k + i) % n](c, row, i);
         if (rc < 0)
             return rc;
     }
@@ -222,8 +227,7 @@ static int kvt_load_step(struct bench_ctx *c, double *secs, bool verify, bool wa
 {
     struct bench_kvt_job job = {.path = c->kvt_path, .verify = verify, .keep_cache = warm};
     uint64_t bytes;
-    /* warmed right before: the host may page idle page cache out within seconds */
-    int rc = warm ? bench_make_warm(c->kvt_path) : bench_make_cold(c->kvt_path);
+    int rc = warm ? 0 : bench_make_cold(c->kvt_path);
     if (rc == 0)
         rc = bench_kvt_load(&job, secs, &bytes);
     return rc < 0 ? fail(warm ? "warm restore" : "cold restore", rc) : 0;
@@ -422,14 +426,14 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
     for (int i = 0; rc == 0 && i < c->o->repeat; i++) {
         unsigned long long mib = (unsigned long long)(row->target_bytes >> 20);
         progress(c, "%llu MiB: repetition %d/%d: save", mib, i + 1, c->o->repeat);
-        rc = run_rotated(c, row, i, save_steps, 3, false);
+        rc = run_rotated(c, row, i, save_steps, 3, false, false);
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: cold restore", mib, i + 1, c->o->repeat);
-            rc = run_rotated(c, row, i, cold_steps, 4, true);
+            rc = run_rotated(c, row, i, cold_steps, 4, true, false);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: warm restore", mib, i + 1, c->o->repeat);
-            rc = run_rotated(c, row, i, warm_steps, 4, true);
+            rc = run_rotated(c, row, i, warm_steps, 4, true, true);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: peak RSS", mib, i + 1, c->o->repeat);
