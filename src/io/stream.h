@@ -122,7 +122,8 @@ int kvt_wstream_flush(struct kvt_wstream *w, uint64_t *at);
 /**
  * Write out what is staged, wait for every write and cut the file at the end of the last
  * byte written (direct writes are padded to whole blocks). No fsync: the caller syncs.
- * @return 0 or the first error (sticky); *@p at as above.
+ * @return 0 or the first error (sticky); *@p at: the lowest offset that failed with it, all
+ * writes having completed.
  */
 int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at);
 /** Wait for requests in flight and free the stream. Accepts NULL. */

@@ -64,10 +64,13 @@ struct kvt_wstream {
     size_t pfill;
 };
 
+/* The first error sticks; its offset is the lowest seen, as writes may complete out of order. */
 static void wfail(struct kvt_wstream *w, int rc, uint64_t at)
 {
     if (!w->err) {
         w->err = rc;
+        w->err_at = at;
+    } else if (rc == w->err && at < w->err_at) {
         w->err_at = at;
     }
 }
