@@ -11,7 +11,8 @@
  * chunk is read that way, and the kernel's own readahead keeps the device busy.
  *
  * Destination pages are faulted in on a helper thread (prefault.h) ahead of the reads and
- * copies (known destinations as soon as the stream plans them), and large destinations may
+ * copies (known destinations as soon as the stream plans them); a copy that catches up with
+ * the helper populates its piece first instead of faulting page by page, and large destinations may
  * ask for transparent huge pages (off by default, see stream.h).
  */
 #include "io/stream.h"
