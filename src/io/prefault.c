@@ -189,8 +189,8 @@ void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len)
             break; /* populated, or never queued: the copy faults what is missing */
         if (r->lo < lo)
             r->lo = lo; /* consumed in order: the part before the caller is not needed */
-        uintptr_t need = (hi + pg - 1) & ~(pg - 1);
-        struct range b = claim(p, r, need > r->lo ? need - r->lo : pg);
+        uintptr_t need = (hi + pg - 1) & ~(pg - 1); /* > r->lo, as r overlaps the piece */
+        struct range b = claim(p, r, need - r->lo);
         pthread_mutex_unlock(&p->mu);
         populate(b);
         pthread_mutex_lock(&p->mu);
