@@ -168,29 +168,26 @@ void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len)
         return;
     pthread_mutex_lock(&p->mu);
     for (;;) {
+        struct range b;
         if (overlaps(p->busy, lo, hi)) {
             pop_empty(p);
             if (p->n == 0) {
                 pthread_cond_wait(&p->done, &p->mu);
                 continue;
             }
-            /* rather than wait for the helper, take the block after its own */
-            struct range b = claim(p, slot(p, 0), STEAL);
-            pthread_mutex_unlock(&p->mu);
-            populate(b);
-            pthread_mutex_lock(&p->mu);
-            continue;
+            b = claim(p, slot(p, 0), STEAL); /* rather than wait, the block after the helper's */
+        } else {
+            struct range *r = NULL;
+            for (unsigned i = 0; i < p->n && !r; i++)
+                if (overlaps(*slot(p, i), lo, hi))
+                    r = slot(p, i);
+            if (!r)
+                break; /* populated, or never queued: the copy faults what is missing */
+            if (r->lo < lo)
+                r->lo = lo; /* consumed in order: the part before the caller is not needed */
+            uintptr_t need = (hi + pg - 1) & ~(pg - 1); /* > r->lo, as r overlaps the piece */
+            b = claim(p, r, need - r->lo);
         }
-        struct range *r = NULL;
-        for (unsigned i = 0; i < p->n && !r; i++)
-            if (overlaps(*slot(p, i), lo, hi))
-                r = slot(p, i);
-        if (!r)
-            break; /* populated, or never queued: the copy faults what is missing */
-        if (r->lo < lo)
-            r->lo = lo; /* consumed in order: the part before the caller is not needed */
-        uintptr_t need = (hi + pg - 1) & ~(pg - 1); /* > r->lo, as r overlaps the piece */
-        struct range b = claim(p, r, need - r->lo);
         pthread_mutex_unlock(&p->mu);
         populate(b);
         pthread_mutex_lock(&p->mu);
