@@ -7,6 +7,7 @@
 #   make fuzz            libFuzzer targets (clang);  make fuzz-replay  corpus replay
 #   make install PREFIX=/usr/local
 
+.DEFAULT_GOAL := all
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 INCDIR ?= $(PREFIX)/include

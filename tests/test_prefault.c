@@ -1,7 +1,8 @@
 /*
  * The prefault helper: a consumer that asks for a queued range finds its pages faulted in
  * (whichever thread did it), memory never queued is left alone, contents never change, and
- * memory freed while queued is harmless.
+ * memory freed while queued is harmless; deferred pieces run once each, in order, and are all
+ * done when drain (or stop) returns.
  */
 #include "support/support.h"
 
@@ -123,6 +124,59 @@ static void test_freed_memory_is_harmless(void **state)
     kvt_prefault_stop(NULL);
 }
 
+struct order {
+    struct kvt_wyhash_state h;
+    size_t next, runs; /* the index the next piece must have; pieces run */
+    const uint8_t *base;
+    size_t piece;
+};
+
+/* Checks the order by the piece's address: piece k starts at base + k * piece. */
+static void take_piece(void *ud, const void *data, size_t len)
+{
+    struct order *o = ud;
+    if ((const uint8_t *)data == o->base + o->next * o->piece)
+        o->next++;
+    o->runs++;
+    kvt_wyhash_update(&o->h, data, len);
+}
+
+/* More pieces than the queue holds, deferred while the helper also populates: each runs once,
+ * in order, and the hash of the pieces is the hash of the whole. */
+static void test_deferred_pieces_run_in_order(void **state)
+{
+    (void)state;
+    size_t len = 48 * MIB, piece = 64 << 10, n = len / piece;
+    uint8_t *data = map(len), *dst = map(len);
+    for (size_t i = 0; i < len; i++)
+        data[i] = (uint8_t)(i * 131 + (i >> 12));
+    uint64_t want = kvt_wyhash(0, data, len);
+    for (int round = 0; round < 3; round++) {
+        struct kvt_prefault *p = start();
+        struct order o = {.base = data, .piece = piece};
+        kvt_wyhash_init(&o.h, 0);
+        assert_true(kvt_prefault_add(p, dst, len)); /* work competing with the pieces */
+        for (size_t k = 0; k < n; k++)
+            assert_true(kvt_prefault_defer(p, take_piece, &o, data + k * piece, piece));
+        if (round < 2)
+            kvt_prefault_drain(p);
+        else
+            kvt_prefault_stop(p); /* stop runs what is still queued too */
+        assert_int_equal(o.runs, n);
+        assert_int_equal(o.next, n);
+        assert_true(kvt_wyhash_final(&o.h) == want);
+        if (round < 2) {
+            kvt_prefault_drain(p); /* nothing left: returns at once */
+            assert_int_equal(o.runs, n);
+            kvt_prefault_stop(p);
+        }
+    }
+    assert_false(kvt_prefault_defer(NULL, take_piece, NULL, data, 1));
+    kvt_prefault_drain(NULL);
+    munmap(data, len);
+    munmap(dst, len);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -130,6 +184,7 @@ int main(void)
         cmocka_unit_test(test_unqueued_memory_is_left_alone),
         cmocka_unit_test(test_contents_are_kept),
         cmocka_unit_test(test_freed_memory_is_harmless),
+        cmocka_unit_test(test_deferred_pieces_run_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -172,18 +172,26 @@ static int fail(const char *what, int rc)
  */
 typedef int (*step_fn)(struct bench_ctx *c, struct bench_row *row, int i);
 
+/* Bring the file and the memory to the state a step starts from. */
+static int prepare_step(struct bench_ctx *c, const struct bench_row *row, bool level, bool warm)
+{
+    /* the host may page idle page cache out within seconds: warm again, before leveling
+     * (warming a file that is not cached takes memory, which would then be missing) */
+    int rc = warm ? bench_make_warm(c->kvt_path) : 0;
+    if (rc < 0)
+        return fail("warming the page cache", rc);
+    if (level)
+        bench_level_memory(row->restored_bytes);
+    return 0;
+}
+
 static int run_rotated(struct bench_ctx *c, struct bench_row *row, int i, const step_fn *steps,
                        int n, bool level, bool warm)
 {
     for (int k = 0; k < n; k++) {
-        /* the host may page idle page cache out within seconds: warm again, before leveling
-         * (warming a file that is not cached takes memory, which would then be missing) */
-        int rc = warm ? bench_make_warm(c->kvt_path) : 0;
-        if (rc < 0)
-            return fail("warming the page cache", rc);
-        if (level)
-            bench_level_memory(row->restored_bytes);
-        rc = steps[(k + i) % n](c, row, i);
+        int rc = prepare_step(c, row, level, warm);
+        if (rc == 0)
+            rc = steps[(k + i) % n](c, row, i);
         if (rc < 0)
             return rc;
     }
@@ -233,24 +241,34 @@ static int kvt_load_step(struct bench_ctx *c, double *secs, bool verify, bool wa
     return rc < 0 ? fail(warm ? "warm restore" : "cold restore", rc) : 0;
 }
 
-static int cold_verify_step(struct bench_ctx *c, struct bench_row *row, int i)
+/*
+ * A restore with the hash check and one without, back to back (the cost of the check is
+ * their ratio, so nothing else runs between them), in alternating order from one repetition
+ * to the next so that a drift in the machine's speed cancels over two repetitions.
+ */
+static int kvt_load_pair(struct bench_ctx *c, struct bench_row *row, int i, bool warm)
 {
-    return kvt_load_step(c, &row->secs[BF_COLD][i], true, false);
+    enum bench_fig with = warm ? BF_WARM : BF_COLD;
+    enum bench_fig without = warm ? BF_WARM_NOVERIFY : BF_COLD_NOVERIFY;
+    for (int k = 0; k < 2; k++) {
+        bool verify = (k + i) % 2 == 0;
+        int rc = k == 0 ? 0 : prepare_step(c, row, true, warm);
+        if (rc == 0)
+            rc = kvt_load_step(c, &row->secs[verify ? with : without][i], verify, warm);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
-static int cold_noverify_step(struct bench_ctx *c, struct bench_row *row, int i)
+static int cold_pair_step(struct bench_ctx *c, struct bench_row *row, int i)
 {
-    return kvt_load_step(c, &row->secs[BF_COLD_NOVERIFY][i], false, false);
+    return kvt_load_pair(c, row, i, false);
 }
 
-static int warm_verify_step(struct bench_ctx *c, struct bench_row *row, int i)
+static int warm_pair_step(struct bench_ctx *c, struct bench_row *row, int i)
 {
-    return kvt_load_step(c, &row->secs[BF_WARM][i], true, true);
-}
-
-static int warm_noverify_step(struct bench_ctx *c, struct bench_row *row, int i)
-{
-    return kvt_load_step(c, &row->secs[BF_WARM_NOVERIFY][i], false, true);
+    return kvt_load_pair(c, row, i, true);
 }
 
 /* Fresh buffers, one per tensor (and one for the header block), as a restore allocates them. */
@@ -367,10 +385,8 @@ static int measure_rss(struct bench_ctx *c, struct bench_row *row, int i)
 }
 
 static const step_fn save_steps[] = {kvt_save_step, raw_write_buffered_step, raw_write_direct_step};
-static const step_fn cold_steps[] = {cold_verify_step, cold_noverify_step, raw_read_fresh_step,
-                                     raw_read_hot_step};
-static const step_fn warm_steps[] = {warm_verify_step, warm_noverify_step, memcpy_fresh_step,
-                                     memcpy_hot_step};
+static const step_fn cold_steps[] = {cold_pair_step, raw_read_fresh_step, raw_read_hot_step};
+static const step_fn warm_steps[] = {warm_pair_step, memcpy_fresh_step, memcpy_hot_step};
 
 /* Build the entry, save it once, check that a restore gives back the same bytes. */
 static int prepare(struct bench_ctx *c, struct bench_row *row, const struct bench_model *m)
@@ -429,11 +445,11 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
         rc = run_rotated(c, row, i, save_steps, 3, false, false);
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: cold restore", mib, i + 1, c->o->repeat);
-            rc = run_rotated(c, row, i, cold_steps, 4, true, false);
+            rc = run_rotated(c, row, i, cold_steps, 3, true, false);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: warm restore", mib, i + 1, c->o->repeat);
-            rc = run_rotated(c, row, i, warm_steps, 4, true, true);
+            rc = run_rotated(c, row, i, warm_steps, 3, true, true);
         }
         if (rc == 0) {
             progress(c, "%llu MiB: repetition %d/%d: peak RSS", mib, i + 1, c->o->repeat);

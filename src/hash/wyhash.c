@@ -122,11 +122,15 @@ void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len
         st->nbuf = 0;
     }
     /* Whole blocks straight from the input, keeping at least one byte back. */
-    while (len > 48) {
-        round48(st->s, d);
-        memcpy(st->last, d + 32, 16);
-        d += 48;
-        len -= 48;
+    if (len > 48) {
+        uint64_t s[3] = {st->s[0], st->s[1], st->s[2]};
+        do {
+            round48(s, d);
+            d += 48;
+            len -= 48;
+        } while (len > 48);
+        memcpy(st->s, s, sizeof(s));
+        memcpy(st->last, d - 16, 16);
     }
     memcpy(st->buf, d, len);
     st->nbuf = len;

@@ -6,7 +6,8 @@
  * takes page faults while the other thread works on the same page tables. Populating never
  * changes the contents of a page, so a range that is freed (or even reused) while queued is
  * harmless: the work is merely wasted, and the kernel reports an unmapped range as an error
- * that is ignored.
+ * that is ignored. Deferred pieces come before populating: the copying thread waits for
+ * them at the end of each read, while populating a block it needs it can do itself.
  */
 #include "io/prefault.h"
 
@@ -28,18 +29,30 @@
 #define BLOCK ((uintptr_t)1 << 20)
 /* What a consumer takes ahead of the helper instead of waiting for it. */
 #define STEAL ((uintptr_t)256 << 10)
+/* Deferred pieces waiting at most: the copy may run this many pieces ahead of the hash. */
+#define PIECES 64
 
 struct range {
     uintptr_t lo, hi; /* the part not claimed yet; empty once lo == hi */
 };
 
+struct piece {
+    void (*fn)(void *ud, const void *data, size_t len);
+    void *ud;
+    const void *data;
+    size_t len;
+};
+
 struct kvt_prefault {
     pthread_mutex_t mu;
-    pthread_cond_t work; /* a range was queued, or stop */
-    pthread_cond_t done; /* the helper finished a block */
+    pthread_cond_t work; /* a range or a piece was queued, or stop */
+    pthread_cond_t done; /* the helper finished a block or a piece */
     struct range q[QUEUE];
     unsigned head, n;
     struct range busy; /* the block the helper is populating now */
+    struct piece pc[PIECES];
+    unsigned pc_head, pc_n;
+    bool pc_running; /* a thread runs the piece at pc_head; it stays queued until done */
     bool stop;
     pthread_t th;
 };
@@ -82,16 +95,34 @@ static void populate(struct range b)
     madvise((void *)b.lo, b.hi - b.lo, MADV_POPULATE_WRITE); /* a failure leaves it to the copy */
 }
 
+/* Run the piece at the front of the queue (the lock is held, and released while it runs). */
+static void run_piece(struct kvt_prefault *p)
+{
+    struct piece c = p->pc[p->pc_head];
+    p->pc_running = true;
+    pthread_mutex_unlock(&p->mu);
+    c.fn(c.ud, c.data, c.len);
+    pthread_mutex_lock(&p->mu);
+    p->pc_running = false;
+    p->pc_head = (p->pc_head + 1) % PIECES;
+    p->pc_n--;
+    pthread_cond_broadcast(&p->done);
+}
+
 static void *helper(void *arg)
 {
     struct kvt_prefault *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
         pop_empty(p);
-        while (!p->stop && p->n == 0)
+        while (!p->stop && p->n == 0 && (p->pc_n == 0 || p->pc_running))
             pthread_cond_wait(&p->work, &p->mu);
         if (p->stop)
             break;
+        if (p->pc_n > 0 && !p->pc_running) {
+            run_piece(p);
+            continue;
+        }
         p->busy = claim(p, slot(p, 0), BLOCK);
         pthread_mutex_unlock(&p->mu);
         populate(p->busy);
@@ -195,6 +226,39 @@ void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len)
     pthread_mutex_unlock(&p->mu);
 }
 
+bool kvt_prefault_defer(struct kvt_prefault *p, void (*fn)(void *ud, const void *data, size_t len),
+                        void *ud, const void *data, size_t len)
+{
+    if (!p)
+        return false;
+    pthread_mutex_lock(&p->mu);
+    while (p->pc_n == PIECES) { /* the helper is behind: take its oldest piece */
+        if (p->pc_running)
+            pthread_cond_wait(&p->done, &p->mu);
+        else
+            run_piece(p);
+    }
+    p->pc[(p->pc_head + p->pc_n) % PIECES] = (struct piece){fn, ud, data, len};
+    p->pc_n++;
+    pthread_cond_signal(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    return true;
+}
+
+void kvt_prefault_drain(struct kvt_prefault *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    while (p->pc_n > 0) {
+        if (p->pc_running)
+            pthread_cond_wait(&p->done, &p->mu);
+        else
+            run_piece(p);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 void kvt_prefault_cancel(struct kvt_prefault *p)
 {
     if (!p)
@@ -208,6 +272,7 @@ void kvt_prefault_stop(struct kvt_prefault *p)
 {
     if (!p)
         return;
+    kvt_prefault_drain(p);
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     p->n = 0;

@@ -1,8 +1,10 @@
 /*
  * A helper thread that faults in destination memory ahead of the copy that fills it, so that
  * on a machine where first-touch page faults are slow they run on a second core in parallel
- * with the I/O and the hashing instead of in series with them. Purely an accelerator: every
- * failure (old kernel, no thread) leaves the copy to fault the pages itself.
+ * with the I/O and the hashing instead of in series with them. It also runs the per-piece
+ * work (the hash) of pieces already in place, so the copying thread can go on copying.
+ * Purely an accelerator: every failure (old kernel, no thread) leaves the copy to fault the
+ * pages itself, and the copying thread to run its pieces.
  */
 #ifndef KVT_PREFAULT_H
 #define KVT_PREFAULT_H
@@ -27,9 +29,22 @@ bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len);
  * caller fills its ranges in order). Memory never queued is left alone. No-op on NULL.
  */
 void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len);
+/**
+ * Run @p fn(@p ud, @p data, @p len) on the helper, after every piece deferred before it: the
+ * pieces of one helper run one at a time, in order. @p data must stay valid and unchanged,
+ * and @p ud untouched by the caller, until kvt_prefault_drain(). Waits while the queue of
+ * pieces is full. @return false on NULL (the caller runs @p fn itself).
+ */
+bool kvt_prefault_defer(struct kvt_prefault *p, void (*fn)(void *ud, const void *data, size_t len),
+                        void *ud, const void *data, size_t len);
+/**
+ * Return once every deferred piece has run, running those the helper has not started on
+ * this thread. No-op on NULL.
+ */
+void kvt_prefault_drain(struct kvt_prefault *p);
 /** Drop every range not yet started (call before the memory may be freed). */
 void kvt_prefault_cancel(struct kvt_prefault *p);
-/** Cancel, wait for the block in progress and end the helper. Accepts NULL. */
+/** Drain, cancel, wait for the block in progress and end the helper. Accepts NULL. */
 void kvt_prefault_stop(struct kvt_prefault *p);
 
 #endif

@@ -58,7 +58,8 @@ bool kvt_stream_fast_ok(void);
 
 struct kvt_rstream;
 
-/** Called with each piece of a kvt_rstream_read() in order, once it is in place. */
+/** Called with each piece of a kvt_rstream_read() in order, once it is in place (one call at
+ * a time, not always on the calling thread). */
 typedef void (*kvt_piece_fn)(void *ud, const void *data, size_t len);
 
 /**
@@ -71,8 +72,10 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
                      struct kvt_rstream **out);
 /**
  * Deliver the next @p len bytes of the stream into @p dst (NULL: only pass them to @p fn),
- * calling @p fn (may be NULL) on every piece once it is in place, in order. For a range
- * opened with a destination, @p dst should be that destination (another one gets a copy).
+ * calling @p fn (may be NULL) on every piece once it is in place, in order: pieces already
+ * in @p dst may be passed to @p fn on the stream's helper thread while the next ones are
+ * copied, and every call has returned when this does. For a range opened with a
+ * destination, @p dst should be that destination (another one gets a copy).
  * @return 0, -EIO when the file ends early (*@p at receives the file offset), or -errno of
  * the failed read (the stream is then broken: every later call returns the same error).
  */

@@ -397,6 +397,20 @@ static bool range_has_dst(const struct kvt_rstream *s)
     return ri < s->n && s->r[ri].dst;
 }
 
+/*
+ * Pass a piece that is in place to the caller's @p fn: on the helper when the piece is in
+ * the caller's destination (stable until the read returns), here otherwise (staging is
+ * reused), after the pieces handed to the helper before it.
+ */
+static void piece_done(struct kvt_rstream *s, kvt_piece_fn fn, void *ud, const uint8_t *p,
+                       size_t n, bool in_dst)
+{
+    if (!fn || (in_dst && kvt_prefault_defer(s->pf, fn, ud, p, n)))
+        return;
+    kvt_prefault_drain(s->pf);
+    fn(ud, p, n);
+}
+
 static int read_in_place(struct kvt_rstream *s, void *dst, size_t len, uint64_t off)
 {
     int rc = kvt_io_read_full(s->fd, dst, len, off);
@@ -428,8 +442,7 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
             int rc = read_in_place(s, dst + k, m, f + k);
             if (rc < 0)
                 return rc;
-            if (fn)
-                fn(ud, dst + k, m);
+            piece_done(s, fn, ud, dst + k, m, true);
         }
         return 0;
     }
@@ -452,8 +465,7 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
         const uint8_t *src = s->bounce + (f - s->pb_off);
         if (dst)
             memcpy(dst, src, take);
-        if (fn)
-            fn(ud, dst ? dst : src, take);
+        piece_done(s, fn, ud, dst ? dst : src, take, false);
         f += take;
         len -= take;
         if (dst)
@@ -520,8 +532,7 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
                             kvt_prefault_ensure(s->pf, d + k, m);
                             memcpy(d + k, src + k, m);
                         }
-                        if (fn)
-                            fn(ud, d ? d + k : src + k, m);
+                        piece_done(s, fn, ud, d ? d + k : src + k, m, d != NULL);
                     }
                 }
             }
@@ -544,6 +555,7 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
 out_cancel:
     if (pf_now)
         kvt_prefault_cancel(s->pf);
+    kvt_prefault_drain(s->pf); /* the caller's ud is its own again */
 out:
     if (s->err) {
         rc = s->err;
