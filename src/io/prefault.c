@@ -109,6 +109,15 @@ static void run_piece(struct kvt_prefault *p)
     pthread_cond_broadcast(&p->done);
 }
 
+/* Make progress on the queued pieces: run the front one, or wait while another thread does. */
+static void take_or_wait(struct kvt_prefault *p)
+{
+    if (p->pc_running)
+        pthread_cond_wait(&p->done, &p->mu);
+    else
+        run_piece(p);
+}
+
 static void *helper(void *arg)
 {
     struct kvt_prefault *p = arg;
@@ -232,12 +241,8 @@ bool kvt_prefault_defer(struct kvt_prefault *p, void (*fn)(void *ud, const void 
     if (!p)
         return false;
     pthread_mutex_lock(&p->mu);
-    while (p->pc_n == PIECES) { /* the helper is behind: take its oldest piece */
-        if (p->pc_running)
-            pthread_cond_wait(&p->done, &p->mu);
-        else
-            run_piece(p);
-    }
+    while (p->pc_n == PIECES) /* the helper is behind: take its oldest piece */
+        take_or_wait(p);
     p->pc[(p->pc_head + p->pc_n) % PIECES] = (struct piece){fn, ud, data, len};
     p->pc_n++;
     pthread_cond_signal(&p->work);
@@ -250,12 +255,8 @@ void kvt_prefault_drain(struct kvt_prefault *p)
     if (!p)
         return;
     pthread_mutex_lock(&p->mu);
-    while (p->pc_n > 0) {
-        if (p->pc_running)
-            pthread_cond_wait(&p->done, &p->mu);
-        else
-            run_piece(p);
-    }
+    while (p->pc_n > 0)
+        take_or_wait(p);
     pthread_mutex_unlock(&p->mu);
 }
 
