@@ -106,7 +106,8 @@ typedef struct kvt_buf kvt_buf;
 typedef void (*kvt_release_fn)(void *ud, void *data);
 
 /** A new zero-filled host buffer of @p bytes (64-byte aligned, page aligned from 64 KiB on;
- * 0 bytes is allowed). */
+ * from 4 MiB on 2 MiB aligned, with transparent huge pages asked for unless the environment
+ * sets KVT_HUGEPAGE=0; 0 bytes is allowed). */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 /** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). */
 KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);

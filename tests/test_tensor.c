@@ -10,8 +10,11 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void test_dtype_table(void **state)
 {
@@ -77,6 +80,59 @@ static void test_buf_new_zeroed_aligned(void **state)
     assert_int_equal(kvt_buf_size(NULL), 0);
     assert_null(kvt_buf_data(NULL));
     assert_int_equal(kvt_buf_new(16, NULL), -EINVAL);
+}
+
+/* The VmFlags line of the mapping holding @p p, from /proc/self/smaps ("" if not found). */
+static void vma_flags(const void *p, char *out, size_t n)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    bool inside = false;
+    out[0] = '\0';
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (inside && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(out, n, "%s", line);
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/*
+ * Large buffers start on a 2 MiB boundary and their mapping asks for transparent huge pages
+ * (VmFlags "hg"); with KVT_HUGEPAGE=0 it does not. 40 MiB is above the C library's largest
+ * mmap threshold, so each buffer is a mapping of its own.
+ */
+static void test_buf_large_huge_pages(void **state)
+{
+    (void)state;
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) != 0)
+        skip(); /* a kernel without transparent huge pages */
+    char flags[512];
+    size_t n = (size_t)40 << 20;
+    for (int zero = 0; zero < 2; zero++)
+        for (int off = 0; off < 2; off++) {
+            kvt_buf *b = NULL;
+            if (off)
+                setenv("KVT_HUGEPAGE", "0", 1);
+            assert_int_equal(zero ? kvt_buf_new(n, &b) : kvt_buf_new_uninit(n, &b), 0);
+            unsetenv("KVT_HUGEPAGE");
+            uint8_t *d = kvt_buf_data(b);
+            if (!off)
+                assert_int_equal((uintptr_t)d % ((uintptr_t)2 << 20), 0);
+            vma_flags(d, flags, sizeof(flags));
+            assert_true(flags[0] != '\0');
+            if (off ? strstr(flags, " hg") != NULL : strstr(flags, " hg") == NULL)
+                fail_msg("%s, KVT_HUGEPAGE=%s: %s", zero ? "kvt_buf_new" : "kvt_buf_new_uninit",
+                         off ? "0" : "unset", flags);
+            memset(d, 0x5a, n); /* every byte is the caller's */
+            assert_int_equal(d[n - 1], 0x5a);
+            kvt_buf_unref(b);
+        }
 }
 
 struct release_log {
@@ -493,13 +549,10 @@ static void test_slice_rows_runs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_table),
-        cmocka_unit_test(test_buf_new_zeroed_aligned),
-        cmocka_unit_test(test_buf_wrap_release_once),
-        cmocka_unit_test(test_buf_new_enomem),
-        cmocka_unit_test(test_buf_refcount_threads),
-        cmocka_unit_test(test_tensor_init_bounds),
-        cmocka_unit_test(test_strided_copies_vs_naive),
+        cmocka_unit_test(test_dtype_table),          cmocka_unit_test(test_buf_new_zeroed_aligned),
+        cmocka_unit_test(test_buf_large_huge_pages), cmocka_unit_test(test_buf_wrap_release_once),
+        cmocka_unit_test(test_buf_new_enomem),       cmocka_unit_test(test_buf_refcount_threads),
+        cmocka_unit_test(test_tensor_init_bounds),   cmocka_unit_test(test_strided_copies_vs_naive),
         cmocka_unit_test(test_slice_rows_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

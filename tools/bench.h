@@ -131,17 +131,20 @@ int bench_kvt_load(void *arg, double *secs, uint64_t *value);
 #define BENCH_MAX_REPEAT 64
 
 struct bench_peer {
-    bool ok;
-    int n;
+    bool failed; /* a run failed: no peer figures for this size */
+    int n;       /* repetitions measured */
     double save_s[BENCH_MAX_REPEAT], cold_s[BENCH_MAX_REPEAT], warm_s[BENCH_MAX_REPEAT];
     uint64_t file_bytes;
     char version[32];
 };
 /* Locate the numpy peer script: @p hint, $KVTIER_PEERS, next to the binary, ./bench/peers. */
 char *bench_peer_script(const char *hint);
-/* Run the peer on the tensors of @p src in @p dir with @p repeat repetitions. */
-int bench_peer_run(const char *python, const char *script, const char *src, const char *dir,
-                   int repeat, struct bench_peer *p);
+/*
+ * Run one repetition of the peer on the tensors of @p src in @p dir; its seconds become
+ * repetition @p i of @p p, so that each is compared with kvtier's figures of the same repetition.
+ */
+int bench_peer_step(const char *python, const char *script, const char *src, const char *dir, int i,
+                    struct bench_peer *p);
 
 /* ---- per-size results and the report (bench_report.c) ----------------------------------- */
 

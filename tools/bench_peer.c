@@ -116,29 +116,24 @@ static int capture(char *const argv[], char **out)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static int take_array(json_t *root, const char *key, double *dst, int *n)
+/* The single number in the one-element array @p key of the peer's output. */
+static int take_one(json_t *root, const char *key, double *dst)
 {
     json_t *a = json_object_get(root, key);
-    if (!json_is_array(a))
+    if (!json_is_array(a) || json_array_size(a) != 1 || !json_is_number(json_array_get(a, 0)))
         return -EINVAL;
-    int k = 0;
-    for (size_t i = 0; i < json_array_size(a) && k < BENCH_MAX_REPEAT; i++)
-        if (json_is_number(json_array_get(a, i)))
-            dst[k++] = json_number_value(json_array_get(a, i));
-    if (*n == 0 || k < *n)
-        *n = k;
+    *dst = json_number_value(json_array_get(a, 0));
     return 0;
 }
 
-int bench_peer_run(const char *python, const char *script, const char *src, const char *dir,
-                   int repeat, struct bench_peer *p)
+int bench_peer_step(const char *python, const char *script, const char *src, const char *dir, int i,
+                    struct bench_peer *p)
 {
-    char rep[16];
-    snprintf(rep, sizeof(rep), "%d", repeat);
     char *argv[] = {(char *)python, (char *)script, "--src", (char *)src, "--dir",
-                    (char *)dir,    "--repeat",     rep,     NULL};
+                    (char *)dir,    "--repeat",     "1",     NULL};
     char *text;
-    memset(p, 0, sizeof(*p));
+    if (i < 0 || i >= BENCH_MAX_REPEAT)
+        return -EINVAL;
     int st = capture(argv, &text);
     if (st != 0) {
         free(text);
@@ -149,16 +144,17 @@ int bench_peer_run(const char *python, const char *script, const char *src, cons
     free(text);
     if (!root)
         return -EINVAL;
-    int rc = take_array(root, "save_s", p->save_s, &p->n);
+    int rc = take_one(root, "save_s", &p->save_s[i]);
     if (rc == 0)
-        rc = take_array(root, "load_cold_s", p->cold_s, &p->n);
+        rc = take_one(root, "load_cold_s", &p->cold_s[i]);
     if (rc == 0)
-        rc = take_array(root, "load_warm_s", p->warm_s, &p->n);
+        rc = take_one(root, "load_warm_s", &p->warm_s[i]);
     json_t *v = json_object_get(root, "file_bytes");
     p->file_bytes = json_is_integer(v) ? (uint64_t)json_integer_value(v) : 0;
     v = json_object_get(root, "numpy");
     snprintf(p->version, sizeof(p->version), "%s", json_is_string(v) ? json_string_value(v) : "");
     json_decref(root);
-    p->ok = rc == 0 && p->n > 0;
-    return p->ok ? 0 : -EINVAL;
+    if (rc == 0)
+        p->n = i + 1;
+    return rc;
 }

@@ -83,6 +83,23 @@ static double paired_cost(const struct bench_row *r, int with, int without)
     return bench_median(v, (size_t)k);
 }
 
+/* Whether the peer ran in every repetition (its ratios pair repetition by repetition). */
+static bool bench_peer_complete(const struct bench_row *r)
+{
+    return !r->peer.failed && r->n > 0 && r->peer.n == r->n;
+}
+
+/* Median over repetitions of peer_secs / kvtier_secs: kvtier's throughput over the peer's. */
+static double peer_ratio(const struct bench_row *r, const double *peer_secs, int kvt)
+{
+    double v[BENCH_MAX_REPEAT];
+    int k = 0;
+    for (int i = 0; i < r->n; i++)
+        if (peer_secs[i] > 0 && r->secs[kvt][i] > 0)
+            v[k++] = peer_secs[i] / r->secs[kvt][i];
+    return bench_median(v, (size_t)k);
+}
+
 void bench_summarize(const struct bench_row *r, struct bench_summary *s)
 {
     memset(s, 0, sizeof(*s));
@@ -102,19 +119,17 @@ void bench_summarize(const struct bench_row *r, struct bench_summary *s)
     s->rss_save = bench_median(tmp, (size_t)r->n);
     memcpy(tmp, r->rss_restore, sizeof(tmp));
     s->rss_restore = bench_median(tmp, (size_t)r->n);
-    if (r->peer.ok) {
-        const struct bench_peer *p = &r->peer;
+    const struct bench_peer *p = &r->peer;
+    if (bench_peer_complete(r)) {
         double ps = median_of(p->save_s, p->n), pc = median_of(p->cold_s, p->n),
                pw = median_of(p->warm_s, p->n);
-        double ks = median_of(r->secs[BF_SAVE], r->n), kc = median_of(r->secs[BF_COLD], r->n),
-               kw = median_of(r->secs[BF_WARM], r->n);
         s->has_peer = true;
         s->peer_save_gbps = ps > 0 ? (double)r->file_bytes / ps / 1e9 : 0;
         s->peer_cold_gbps = pc > 0 ? (double)r->file_bytes / pc / 1e9 : 0;
         s->peer_warm_gbps = pw > 0 ? (double)r->file_bytes / pw / 1e9 : 0;
-        s->peer_save_ratio = ks > 0 ? ps / ks : 0;
-        s->peer_cold_ratio = kc > 0 ? pc / kc : 0;
-        s->peer_warm_ratio = kw > 0 ? pw / kw : 0;
+        s->peer_save_ratio = peer_ratio(r, p->save_s, BF_SAVE);
+        s->peer_cold_ratio = peer_ratio(r, p->cold_s, BF_COLD);
+        s->peer_warm_ratio = peer_ratio(r, p->warm_s, BF_WARM);
     }
 }
 
@@ -173,7 +188,7 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
     }
     bool peers = false;
     for (size_t i = 0; i < n; i++)
-        peers |= rows[i].peer.ok;
+        peers |= bench_peer_complete(&rows[i]);
     if (peers) {
         fprintf(f, "\nnumpy peer (np.save + fsync, np.load): GB/s, and kvtier / numpy\n");
         for (size_t i = 0; i < n; i++) {

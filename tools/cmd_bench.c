@@ -20,6 +20,8 @@
 
 #define DEFAULT_REPEAT 5
 #define MAX_SIZES 32
+/* kvt_bufs are page aligned from this size on, as O_DIRECT reads into them need */
+#define FRESH_MIN ((uint64_t)64 << 10)
 
 struct bench_opts {
     const char *dir;
@@ -271,54 +273,59 @@ static int warm_pair_step(struct bench_ctx *c, struct bench_row *row, int i)
     return kvt_load_pair(c, row, i, true);
 }
 
-/* Fresh buffers, one per tensor (and one for the header block), as a restore allocates them. */
-static struct bench_span *fresh_spans(const struct bench_layout *l)
+/*
+ * Fresh buffers, one per tensor (and one for the header block), allocated the way a restore
+ * allocates its tensors (kvt_buf: page aligned from 64 KiB on, huge pages from 4 MiB on), each
+ * with room for its length rounded up to the direct-I/O granule.
+ */
+static kvt_buf **fresh_buffers(const struct bench_layout *l)
 {
-    struct bench_span *s = calloc(l->n_spans, sizeof(*s));
-    for (size_t k = 0; s && k < l->n_spans; k++) {
-        s[k].off = l->spans[k].off;
-        s[k].len = l->spans[k].len;
-        if (posix_memalign(&s[k].data, 4096, (size_t)bench_round_up(s[k].len ? s[k].len : 1))) {
+    kvt_buf **b = calloc(l->n_spans, sizeof(*b));
+    for (size_t k = 0; b && k < l->n_spans; k++) {
+        uint64_t n = bench_round_up(l->spans[k].len);
+        if (kvt_buf_new_uninit((size_t)(n < FRESH_MIN ? FRESH_MIN : n), &b[k]) < 0) {
             while (k-- > 0)
-                free(s[k].data);
-            free(s);
+                kvt_buf_unref(b[k]);
+            free(b);
             return NULL;
         }
     }
-    return s;
+    return b;
 }
 
-static void free_spans(struct bench_span *s, size_t n)
+static void free_buffers(kvt_buf **b, size_t n)
 {
-    for (size_t k = 0; s && k < n; k++)
-        free(s[k].data);
-    free(s);
+    for (size_t k = 0; b && k < n; k++)
+        kvt_buf_unref(b[k]);
+    free(b);
 }
 
 static int raw_read_step(struct bench_ctx *c, struct bench_row *row, int i, bool prefaulted)
 {
     size_t n = c->lay.n_spans;
-    struct bench_span *s = prefaulted ? calloc(n, sizeof(*s)) : NULL;
+    struct bench_span *s = calloc(n, sizeof(*s));
+    kvt_buf **fresh = NULL;
     int rc = bench_make_cold(c->kvt_path);
-    if (rc < 0)
+    if (rc < 0) {
+        free(s);
         return fail("dropping the page cache", rc);
-    double t0 = bench_now();
-    if (prefaulted) {
-        for (size_t k = 0; s && k < n; k++)
-            s[k] = (struct bench_span){(char *)c->hot + c->lay.spans[k].off, c->lay.spans[k].off,
-                                       c->lay.spans[k].len};
-    } else {
-        s = fresh_spans(&c->lay);
     }
-    if (!s)
+    double t0 = bench_now();
+    if (!prefaulted)
+        fresh = fresh_buffers(&c->lay);
+    if (!s || (!prefaulted && !fresh)) {
+        free(s);
         return fail("raw read", -ENOMEM);
+    }
+    for (size_t k = 0; k < n; k++)
+        s[k] = (struct bench_span){prefaulted ? (char *)c->hot + c->lay.spans[k].off
+                                              : kvt_buf_data(fresh[k]),
+                                   c->lay.spans[k].off, c->lay.spans[k].len};
     double io;
     rc = bench_raw_read(c->kvt_path, s, n, &io, &row->direct_read);
     row->secs[prefaulted ? BF_RAW_READ_HOT : BF_RAW_READ][i] = bench_now() - t0;
-    if (prefaulted)
-        free(s);
-    else
-        free_spans(s, n);
+    free(s);
+    free_buffers(fresh, n);
     return rc < 0 ? fail("raw read", rc) : 0;
 }
 
@@ -342,19 +349,12 @@ static int memcpy_step(struct bench_ctx *c, struct bench_row *row, int i, bool p
         row->secs[BF_MEMCPY_HOT][i] = bench_now() - t0;
         return 0;
     }
-    void **dst = calloc(l->n_spans, sizeof(*dst));
-    size_t k = 0;
-    for (; dst && k < l->n_spans; k++) {
-        if (!(dst[k] = malloc(l->spans[k].len ? l->spans[k].len : 1)))
-            break;
-        memcpy(dst[k], l->spans[k].data, l->spans[k].len);
-    }
+    kvt_buf **dst = fresh_buffers(l);
+    for (size_t k = 0; dst && k < l->n_spans; k++)
+        memcpy(kvt_buf_data(dst[k]), l->spans[k].data, l->spans[k].len);
     row->secs[BF_MEMCPY][i] = bench_now() - t0;
-    bool ok = dst && k == l->n_spans;
-    while (dst && k-- > 0)
-        free(dst[k]);
-    free(dst);
-    return ok ? 0 : fail("memcpy", -ENOMEM);
+    free_buffers(dst, l->n_spans);
+    return dst ? 0 : fail("memcpy", -ENOMEM);
 }
 
 static int memcpy_fresh_step(struct bench_ctx *c, struct bench_row *row, int i)
@@ -435,6 +435,17 @@ static void release(struct bench_ctx *c, uint64_t file_bytes)
     unlink(c->raw_path);
 }
 
+/* The numpy peer's repetition @p i; a failure drops the peer for this size, not the run. */
+static void peer_step(struct bench_ctx *c, struct bench_row *row, const char *script, int i)
+{
+    int rc = bench_peer_step(c->o->python, script, c->kvt_path, c->work, i, &row->peer);
+    if (rc != 0) {
+        row->peer.failed = true;
+        fprintf(stderr, "\nkvtier bench: the numpy peer failed (%s %s): %s\n", c->o->python, script,
+                rc == -ECHILD ? "exit status" : strerror(-rc));
+    }
+}
+
 static int run_size(struct bench_ctx *c, struct bench_row *row, const struct bench_model *m,
                     char *peer_script)
 {
@@ -455,16 +466,12 @@ static int run_size(struct bench_ctx *c, struct bench_row *row, const struct ben
             progress(c, "%llu MiB: repetition %d/%d: peak RSS", mib, i + 1, c->o->repeat);
             rc = measure_rss(c, row, i);
         }
+        if (rc == 0 && c->o->peers && !row->peer.failed) {
+            progress(c, "%llu MiB: repetition %d/%d: numpy peer", mib, i + 1, c->o->repeat);
+            peer_step(c, row, peer_script, i);
+        }
         if (rc == 0)
             row->n = i + 1;
-    }
-    if (rc == 0 && c->o->peers) {
-        progress(c, "%llu MiB: numpy peer", (unsigned long long)(row->target_bytes >> 20));
-        int prc = bench_peer_run(c->o->python, peer_script, c->kvt_path, c->work, c->o->repeat,
-                                 &row->peer);
-        if (prc != 0)
-            fprintf(stderr, "\nkvtier bench: the numpy peer failed (%s %s): %s\n", c->o->python,
-                    peer_script, prc < 0 ? strerror(-prc) : "exit status");
     }
     release(c, row->file_bytes);
     return rc;

@@ -35,7 +35,7 @@ struct kvt_range {
 /*
  * Stream options. The environment can change the defaults for a whole process (operators,
  * experiments): KVT_IO_ENGINE=io_uring|threads, KVT_IO_DIRECT=0 (no O_DIRECT),
- * KVT_IO_PREFAULT=0 (no prefault helper), KVT_IO_HUGEPAGE=1 (huge pages for destinations).
+ * KVT_IO_PREFAULT=0 (no prefault helper).
  */
 struct kvt_stream_opts {
     size_t chunk;       /* bytes per request; 0 = 2 MiB reading, 16 MiB writing (rounded up
@@ -43,8 +43,6 @@ struct kvt_stream_opts {
     unsigned depth;     /* requests in flight; 0 = 8 reading, 4 writing */
     bool no_direct;     /* never use O_DIRECT */
     bool no_prefault;   /* do not fault destination pages in on a helper thread */
-    bool hugepage;      /* ask for transparent huge pages on large destinations: fewer
-                           faults when memory is recycled, slower first touch on some VMs */
     const char *engine; /* "io_uring", "threads" or NULL (best available) */
 };
 

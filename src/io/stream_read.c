@@ -12,8 +12,7 @@
  *
  * Destination pages are faulted in on a helper thread (prefault.h) ahead of the reads and
  * copies (known destinations as soon as the stream plans them); a copy that catches up with
- * the helper populates its piece first instead of faulting page by page, and large destinations may
- * ask for transparent huge pages (off by default, see stream.h).
+ * the helper populates its piece first instead of faulting page by page.
  */
 #include "io/stream.h"
 
@@ -23,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -42,8 +40,6 @@
 #define CACHE_PIECE ((size_t)256 << 10)
 /* In-place pieces at least this large are read straight into their destination. */
 #define SMALL_PIECE ((size_t)64 << 10)
-/* Destinations with at least one whole huge page get MADV_HUGEPAGE. */
-#define HUGE_PAGE ((uintptr_t)2 << 20)
 /* Destinations at least this large get the prefault helper, this far ahead of the reads. */
 #define PREFAULT_MIN ((size_t)256 << 10)
 #define PREFAULT_AHEAD ((uint64_t)64 << 20)
@@ -80,7 +76,6 @@ struct kvt_rstream {
     struct kvt_prefault *pf;
     size_t pf_ri; /* destinations of ranges before pf_ri are queued for prefaulting */
     bool fast;
-    bool hugepage;
     int err;
     uint64_t err_at;
     char engine[24];
@@ -300,19 +295,6 @@ static int reap(struct kvt_rstream *s)
     return 0;
 }
 
-/*
- * Ask for transparent huge pages on the whole huge pages of a destination before it is first
- * touched: a 2 MiB page costs one fault instead of 512, which is most of the cost of filling
- * fresh memory (the way numpy treats its large arrays). Advisory; errors are ignored.
- */
-static void advise_huge(void *dst, size_t len)
-{
-    uintptr_t lo = ((uintptr_t)dst + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    uintptr_t hi = ((uintptr_t)dst + len) & ~(HUGE_PAGE - 1);
-    if (hi > lo && (uintptr_t)dst + len > (uintptr_t)dst)
-        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-}
-
 int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct kvt_stream_opts *o,
                      struct kvt_rstream **out)
 {
@@ -373,10 +355,6 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
              s->dfd >= 0 ? "+direct" : "");
     if (kvt_stream_env("KVT_IO_PREFAULT", !o->no_prefault))
         s->pf = kvt_prefault_start();
-    s->hugepage = kvt_stream_env("KVT_IO_HUGEPAGE", o->hugepage);
-    for (size_t i = 0; s->hugepage && i < n; i++) /* before the helper touches them */
-        if (r[i].dst)
-            advise_huge(r[i].dst, (size_t)r[i].len);
     top_up(s);
     *out = s;
     return 0;
@@ -402,8 +380,8 @@ static bool range_has_dst(const struct kvt_rstream *s)
  * the caller's destination (stable until the read returns), here otherwise (staging is
  * reused), after the pieces handed to the helper before it.
  */
-static void piece_done(struct kvt_rstream *s, kvt_piece_fn fn, void *ud, const uint8_t *p,
-                       size_t n, bool in_dst)
+static void piece_done(struct kvt_rstream *s, kvt_piece_fn fn, void *ud, const uint8_t *p, size_t n,
+                       bool in_dst)
 {
     if (!fn || (in_dst && kvt_prefault_defer(s->pf, fn, ud, p, n)))
         return;
@@ -482,12 +460,8 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
     bool pf_now = false;
     if (s->err)
         goto out;
-    /* destinations the stream did not know ahead (open advised the known ones): advise and
-     * prefault them now */
-    bool unknown = d && !range_has_dst(s);
-    pf_now = s->pf && unknown && len >= PREFAULT_MIN;
-    if (s->hugepage && unknown)
-        advise_huge(d, len);
+    /* destinations the stream did not know ahead: prefault them now */
+    pf_now = s->pf && d && !range_has_dst(s) && len >= PREFAULT_MIN;
     if (pf_now)
         kvt_prefault_add(s->pf, d, len);
     while (len > 0 && !s->err) {
