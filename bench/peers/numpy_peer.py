@@ -4,8 +4,10 @@
 Takes the tensors of one .mlxkv file (the entry kvtier just saved), then saves and loads the
 same tensors with numpy the way a Python engine would: np.save of every tensor into one file,
 flush + fsync; np.load of every tensor back, from a cold page cache (fsync + fadvise
-DONTNEED) and from a warm one, each after the same memory leveling as kvtier's restores.
-Prints one JSON object with the seconds of every repetition.
+DONTNEED) and from a warm one. Prints one JSON object with the seconds of every repetition.
+Warm-up repetitions run first, unreported: a fresh process's first save and first cold load
+fill the page cache from memory the host has not backed yet (2-6x slower on a VM that backs
+guest memory lazily), while kvtier's steps run in a process that has been working.
 Run with Debian's /usr/bin/python3 (python3-numpy).
 """
 import argparse
@@ -73,14 +75,6 @@ def save(path, tensors):
     return time.perf_counter() - t0
 
 
-def level_memory(nbytes):
-    """Touch and free as much memory as a load takes, as kvtier bench does before its restores
-    (the host backs guest memory lazily); through numpy's allocator, so in the pages it uses."""
-    a = np.empty(nbytes, dtype=np.uint8)
-    a.fill(1)
-    del a
-
-
 def load(path, n):
     t0 = time.perf_counter()
     with open(path, "rb") as f:
@@ -93,6 +87,7 @@ def main():
     ap.add_argument("--src", required=True, help=".mlxkv file whose tensors to use")
     ap.add_argument("--dir", required=True, help="directory for the numpy file")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1, help="unreported repetitions first")
     args = ap.parse_args()
 
     tensors = read_tensors(args.src)
@@ -100,18 +95,19 @@ def main():
     path = os.path.join(args.dir, "numpy-peer.npy")
     res = {"peer": "numpy", "numpy": np.__version__, "tensors": len(tensors),
            "tensor_bytes": nbytes, "save_s": [], "load_cold_s": [], "load_warm_s": []}
-    for _ in range(max(1, args.repeat)):
+    warmup = max(0, args.warmup)
+    for rep in range(warmup + max(1, args.repeat)):
         if os.path.exists(path):
             os.unlink(path)
-        res["save_s"].append(save(path, tensors))
+        ts = save(path, tensors)
         drop_cache(path)
-        level_memory(nbytes)
-        t, out = load(path, len(tensors))
-        res["load_cold_s"].append(t)
+        tc, out = load(path, len(tensors))
         del out
-        level_memory(nbytes)
-        t, out = load(path, len(tensors))  # the file is now in the page cache
-        res["load_warm_s"].append(t)
+        tw, out = load(path, len(tensors))  # the file is now in the page cache
+        if rep >= warmup:
+            res["save_s"].append(ts)
+            res["load_cold_s"].append(tc)
+            res["load_warm_s"].append(tw)
         same = len(out) == len(tensors) and all(
             a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
                 a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
