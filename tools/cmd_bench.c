@@ -315,6 +315,7 @@ static int raw_read_step(struct bench_ctx *c, struct bench_row *row, int i, bool
         fresh = fresh_buffers(&c->lay);
     if (!s || (!prefaulted && !fresh)) {
         free(s);
+        free_buffers(fresh, n);
         return fail("raw read", -ENOMEM);
     }
     for (size_t k = 0; k < n; k++)
