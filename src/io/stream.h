@@ -34,7 +34,7 @@ struct kvt_range {
 
 /*
  * Stream options. The environment can change the defaults for a whole process (operators,
- * experiments): KVT_IO_ENGINE=io_uring|threads, KVT_IO_DIRECT=0 (no O_DIRECT),
+ * experiments): KVT_IO_ENGINE=io_uring|threads (reads), KVT_IO_DIRECT=0 (no O_DIRECT),
  * KVT_IO_PREFAULT=0 (no prefault helper).
  */
 struct kvt_stream_opts {
@@ -43,7 +43,8 @@ struct kvt_stream_opts {
     unsigned depth;     /* requests in flight; 0 = 8 reading, 4 writing */
     bool no_direct;     /* never use O_DIRECT */
     bool no_prefault;   /* do not fault destination pages in on a helper thread */
-    const char *engine; /* "io_uring", "threads" or NULL (best available) */
+    const char *engine; /* reads: "io_uring", "threads" or NULL (best available); writes
+                           always use threads (stream_write.c says why) */
 };
 
 /** The boolean environment setting @p name ("0" or "1"), or @p dflt when unset or other. */

@@ -99,16 +99,13 @@ void kvt_wstream_warm(const struct kvt_stream_opts *o)
 }
 
 /*
- * The engine of a write stream: the one asked for, else our own threads. Direct writes into
+ * Write streams always use our own threads, whatever engine is asked for. Direct writes into
  * a new file's blocks are not issued inline by io_uring on ext4: each goes to the kernel's
  * io-wq workers, so a ring gains nothing over our threads here, and on a 6.18 kernel such a
- * write was now and then never completed (the save waited forever).
+ * write was now and then never completed (the save waited forever, with the request taken
+ * by the kernel and no worker left to finish it).
  */
-static const char *write_engine(const struct kvt_stream_opts *o)
-{
-    const char *env = getenv("KVT_IO_ENGINE");
-    return o->engine ? o->engine : env && *env ? env : "threads";
-}
+#define WRITE_ENGINE "threads"
 
 int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream **out)
 {
@@ -135,7 +132,7 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
         if (w->dfd >= 0 && w->slot)
             w->staging = kvt_staging_get(w->staging_bytes);
         if (w->dfd >= 0 &&
-            (!w->slot || !w->staging || kvt_aq_open(&w->q, w->depth, write_engine(o)))) {
+            (!w->slot || !w->staging || kvt_aq_open(&w->q, w->depth, WRITE_ENGINE))) {
             close(w->dfd); /* fall back to plain writes */
             w->dfd = -1;
         }
