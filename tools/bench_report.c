@@ -57,47 +57,39 @@ static double best_secs(const struct bench_row *r, int a, int b, int i)
 #define LIMIT_BEST_WRITE (-1)
 #define LIMIT_BEST_READ (-2)
 
-/* Median over repetitions of limit_secs / kvtier_secs (a throughput ratio). */
-static double paired_ratio(const struct bench_row *r, int kvt, int limit)
+/* Median over the first @p n repetitions of num[i] / den[i], where both were measured. */
+static double median_ratio(const double *num, const double *den, int n)
 {
     double v[BENCH_MAX_REPEAT];
     int k = 0;
-    for (int i = 0; i < r->n; i++) {
-        double lim = limit == LIMIT_BEST_WRITE  ? best_secs(r, BF_RAW_WRITE, BF_RAW_WRITE_DIRECT, i)
-                     : limit == LIMIT_BEST_READ ? best_secs(r, BF_RAW_READ, BF_RAW_READ_HOT, i)
-                                                : r->secs[limit][i];
-        if (lim > 0 && r->secs[kvt][i] > 0)
-            v[k++] = lim / r->secs[kvt][i];
-    }
+    for (int i = 0; i < n; i++)
+        if (num[i] > 0 && den[i] > 0)
+            v[k++] = num[i] / den[i];
     return bench_median(v, (size_t)k);
+}
+
+/* Median over repetitions of limit_secs / kvtier_secs (a throughput ratio). */
+static double paired_ratio(const struct bench_row *r, int kvt, int limit)
+{
+    double lim[BENCH_MAX_REPEAT];
+    for (int i = 0; i < r->n; i++)
+        lim[i] = limit == LIMIT_BEST_WRITE  ? best_secs(r, BF_RAW_WRITE, BF_RAW_WRITE_DIRECT, i)
+                 : limit == LIMIT_BEST_READ ? best_secs(r, BF_RAW_READ, BF_RAW_READ_HOT, i)
+                                            : r->secs[limit][i];
+    return median_ratio(lim, r->secs[kvt], r->n);
 }
 
 /* Median over repetitions of 1 - throughput(with hash check) / throughput(without). */
 static double paired_cost(const struct bench_row *r, int with, int without)
 {
-    double v[BENCH_MAX_REPEAT];
-    int k = 0;
-    for (int i = 0; i < r->n; i++)
-        if (r->secs[with][i] > 0 && r->secs[without][i] > 0)
-            v[k++] = 1.0 - r->secs[without][i] / r->secs[with][i];
-    return bench_median(v, (size_t)k);
+    double m = median_ratio(r->secs[without], r->secs[with], r->n);
+    return m > 0 ? 1.0 - m : 0;
 }
 
 /* Whether the peer ran in every repetition (its ratios pair repetition by repetition). */
 static bool bench_peer_complete(const struct bench_row *r)
 {
     return !r->peer.failed && r->n > 0 && r->peer.n == r->n;
-}
-
-/* Median over repetitions of peer_secs / kvtier_secs: kvtier's throughput over the peer's. */
-static double peer_ratio(const struct bench_row *r, const double *peer_secs, int kvt)
-{
-    double v[BENCH_MAX_REPEAT];
-    int k = 0;
-    for (int i = 0; i < r->n; i++)
-        if (peer_secs[i] > 0 && r->secs[kvt][i] > 0)
-            v[k++] = peer_secs[i] / r->secs[kvt][i];
-    return bench_median(v, (size_t)k);
 }
 
 void bench_summarize(const struct bench_row *r, struct bench_summary *s)
@@ -127,9 +119,10 @@ void bench_summarize(const struct bench_row *r, struct bench_summary *s)
         s->peer_save_gbps = ps > 0 ? (double)r->file_bytes / ps / 1e9 : 0;
         s->peer_cold_gbps = pc > 0 ? (double)r->file_bytes / pc / 1e9 : 0;
         s->peer_warm_gbps = pw > 0 ? (double)r->file_bytes / pw / 1e9 : 0;
-        s->peer_save_ratio = peer_ratio(r, p->save_s, BF_SAVE);
-        s->peer_cold_ratio = peer_ratio(r, p->cold_s, BF_COLD);
-        s->peer_warm_ratio = peer_ratio(r, p->warm_s, BF_WARM);
+        /* kvtier's throughput over the peer's: peer seconds over kvtier's */
+        s->peer_save_ratio = median_ratio(p->save_s, r->secs[BF_SAVE], r->n);
+        s->peer_cold_ratio = median_ratio(p->cold_s, r->secs[BF_COLD], r->n);
+        s->peer_warm_ratio = median_ratio(p->warm_s, r->secs[BF_WARM], r->n);
     }
 }
 
