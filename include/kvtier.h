@@ -403,6 +403,9 @@ struct kvt_expect {
  * CACHES.md §12) checking hashes in the same pass. No mapping survives the call; on failure
  * everything built is freed. @p out_header (may be NULL) receives the header.
  * L1: an expected key the header lacks does not match, except ns (absent reads as "").
+ * Threads: the call may run short-lived helper threads on the caller's CPUs (a prefault
+ * helper; for a file wholly in the page cache, workers that copy slots in parallel), all
+ * joined before it returns.
  * @return 0, KVT_E_FORMAT / KVT_E_UNSUPPORTED / KVT_E_CORRUPT (V1-V20; L3 hash mismatch),
  *         KVT_E_MISMATCH (L1, L2) or -errno; the message names the check ("<path>: V15: ...").
  */

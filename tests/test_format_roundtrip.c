@@ -2,7 +2,8 @@
  * Writer and loader round trips for every cache kind and mixed lists (CACHES.md §11): save,
  * load with hash checks, save again gives identical files, slots and scalars, also after an
  * append + trim on the restored cache; restore capacity (§12); strided and large tensors
- * through the chunked paths; the gated N + 1 write steps; argument and cap errors.
+ * through the chunked paths; loads of files in the page cache spread over several cores; the
+ * gated N + 1 write steps; argument and cap errors.
  */
 #include "support/support.h"
 
@@ -14,7 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/par.h"
 #include "format/format.h"
+#include "io/stream.h"
 
 #define CREATED 1751500000000LL
 
@@ -468,6 +471,106 @@ static void test_cold_load_in_place(void **state)
     }
 }
 
+/* Read a file so that its pages are in the page cache; whether they all are. */
+static bool make_warm(const char *path)
+{
+    size_t n;
+    free(read_file(path, &n));
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    bool cached = kvt_stream_cached(fd, 0, n);
+    close(fd);
+    return cached;
+}
+
+static void flip_byte(const char *path, uint64_t at)
+{
+    int fd = open(path, O_RDWR);
+    uint8_t b;
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &b, 1, (off_t)at), 1);
+    b ^= 0x21;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)at), 1);
+    close(fd);
+}
+
+/*
+ * A file entirely in the page cache loads on several cores (helper threads start; not with
+ * KVT_IO_PARALLEL=0, nor for a cold file) and restores the same state either way; a corrupt
+ * file fails with the message of the first bad slot in header order, as a load in order
+ * does; a load that does not keep the cache drops the file's pages.
+ */
+static void test_warm_load_parallel(void **state)
+{
+    (void)state;
+    const struct geom g = {.heads = 8, .head_dim = 128, .tokens = 1100, .dtype = KVT_FLOAT32};
+    const int kinds[4] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_KV, KVT_KIND_SSM};
+    struct owned_entry o;
+    make_entry(&o, kinds, 4, &g, 41);
+    char *path = save(&o.e, "warm.mlxkv");
+    struct kvt_expect keep = {.keep_cache = true};
+    bool cores = kvt_par_cpus() > 1 && kvt_stream_fast_ok();
+    char msg[2][512];
+    for (int mode = 0; mode < 3; mode++) { /* warm; warm without parallel loads; cold */
+        if (mode == 1)
+            setenv("KVT_IO_PARALLEL", "0", 1);
+        bool cached = make_warm(path);
+        if (mode == 2) {
+            make_cold(path);
+            cached = false;
+        }
+        unsigned long helpers = kvt_par_helpers_started();
+        struct kvt_entry *e;
+        if (kvt_file_load(path, &keep, &e, NULL))
+            fail_msg("load: %s", kvt_last_error());
+        bool parallel = kvt_par_helpers_started() > helpers;
+        assert_int_equal(parallel, mode == 0 && cores && cached);
+        expect_same_rows(o.caches[0], e->caches[0], false);
+        char *again = save(e, "warm-again.mlxkv");
+        expect_same_file(path, again);
+        unlink(again);
+        free(again);
+        kvt_entry_free(e);
+        unsetenv("KVT_IO_PARALLEL");
+    }
+
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    const struct kvt_slot *first = &h->caches[0].slots[1], *later = &h->caches[2].slots[0];
+    flip_byte(path, kvt_slot_abs(h, later) + 7);
+    flip_byte(path, kvt_slot_abs(h, first) + first->bytes - 3);
+    kvt_header_free(h);
+    for (int mode = 0; mode < 2; mode++) {
+        if (mode == 1)
+            setenv("KVT_IO_PARALLEL", "0", 1);
+        make_warm(path);
+        struct kvt_entry *bad = (void *)1;
+        assert_int_equal(kvt_file_load(path, &keep, &bad, NULL), KVT_E_CORRUPT);
+        assert_null(bad);
+        snprintf(msg[mode], sizeof(msg[mode]), "%s", kvt_last_error());
+        unsetenv("KVT_IO_PARALLEL");
+    }
+    assert_non_null(strstr(msg[0], "L3: tensor hash mismatch"));
+    assert_non_null(strstr(msg[0], "caches[0].tensors[1]"));
+    assert_string_equal(msg[0], msg[1]);
+
+    /* a load that does not keep the cache drops the pages it read */
+    char *drop = save(&o.e, "warm-drop.mlxkv");
+    if (make_warm(drop)) {
+        kvt_entry_free(load(drop));
+        int fd = open(drop, O_RDONLY);
+        struct stat st;
+        assert_int_equal(fstat(fd, &st), 0);
+        assert_false(kvt_stream_cached(fd, 0, (uint64_t)st.st_size));
+        close(fd);
+    }
+    unlink(drop);
+    free(drop);
+    unlink(path);
+    free(path);
+    free_entry(&o);
+}
+
 struct gate {
     int calls, refuse_at, fail_at;
     char *tmp, *final;
@@ -669,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_empty_tensors),
         cmocka_unit_test(test_strided_and_large),
         cmocka_unit_test(test_cold_load_in_place),
+        cmocka_unit_test(test_warm_load_parallel),
         cmocka_unit_test(test_gated_steps),
         cmocka_unit_test(test_save_errors),
         cmocka_unit_test(test_restore_slack_bounded_by_file),

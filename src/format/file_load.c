@@ -157,9 +157,8 @@ static int load_caches(struct kvt_tensor_reader *r, kvt_cache **caches)
         }
     }
     r->dst = d;
-    for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
-        for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++)
-            rc = kvt_tensor_read(r, i, j, d[o].dst, d[o].blocks, d[o].stride);
+    if (rc == 0)
+        rc = kvt_tensor_read_all(r);
     kvt_tensor_reader_free(r); /* no read may land after this */
     r->dst = NULL;
     for (size_t o = 0; built < h->n_caches && rc == 0;) {

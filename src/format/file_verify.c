@@ -32,9 +32,7 @@ int kvt_file_verify(const char *path, const struct kvt_expect *x)
             .verify = true,
             .keep_cache = x && x->keep_cache,
         };
-        for (size_t i = 0; i < h->n_caches && !rc; i++)
-            for (int j = 0; j < h->caches[i].n_slots && !rc; j++)
-                rc = kvt_tensor_read(&r, i, j, NULL, 1, 0);
+        rc = kvt_tensor_read_all(&r);
         kvt_tensor_reader_free(&r);
     }
     kvt_header_free(h);

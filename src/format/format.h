@@ -189,6 +189,14 @@ struct kvt_tensor_reader {
  */
 int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
                     uint64_t dst_stride);
+/**
+ * Read every slot in header order into its r->dst entry (NULL r->dst: hash only), as
+ * kvt_tensor_read() on each would. When every slot is in the page cache, slots are copied
+ * and hashed on several cores at once (KVT_IO_PARALLEL=0 turns that off); the error
+ * reported is then still that of the first failing slot in header order.
+ * @return 0, KVT_E_CORRUPT (L3), -EINVAL (bad geometry) or -errno.
+ */
+int kvt_tensor_read_all(struct kvt_tensor_reader *r);
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
 
 /** Absolute file offset of slot @p s (data_start + off; V17 guarantees no overflow). */

@@ -6,6 +6,11 @@
  * of a capacity buffer one by one), each piece is hashed as soon as it is in place, and
  * nothing is read outside the validated ranges of the slots (FORMAT.md V16, V17). Nothing is
  * mapped. A caller that reads slots out of order gets a new stream from that slot on.
+ *
+ * A load whose slots are all in the page cache has no device to wait for: the copy out of
+ * the cache, the first touch of the fresh destination pages and the hash are all CPU work,
+ * so kvt_tensor_read_all() spreads whole slots over several cores instead (each slot's hash
+ * runs in order on the thread that copies it).
  */
 #include "format/format.h"
 
@@ -15,6 +20,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/par.h"
 #include "io/io.h"
 #include "io/stream.h"
 
@@ -27,6 +33,46 @@ void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 static int read_err(const struct kvt_tensor_reader *r, int rc, uint64_t off)
 {
     return kvt_fail(rc, "%s: read at offset %" PRIu64 ": %s", r->name, off, kvt_strerror(rc));
+}
+
+/* Loads of at least this many bytes, all in the page cache, are copied slot by slot on up to
+ * PAR_THREADS cores, in pieces that are hashed while they are in L2. */
+#define PAR_MIN ((uint64_t)8 << 20)
+#define PAR_THREADS 4u
+#define PAR_PIECE ((size_t)256 << 10)
+
+static int hash_err(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t got)
+{
+    const struct kvt_slot *s = &r->h->caches[ci].slots[sj];
+    return kvt_fail(KVT_E_CORRUPT,
+                    "%s: L3: tensor hash mismatch at offset %" PRIu64
+                    " (caches[%zu].tensors[%d]: stored %016" PRIx64 ", read %016" PRIx64 ")",
+                    r->name, kvt_slot_abs(r->h, s), ci, sj, s->hash, got);
+}
+
+static bool bad_geometry(const struct kvt_slot *s, const uint8_t *dst, uint64_t blocks,
+                         uint64_t dst_stride)
+{
+    uint64_t blk = blocks ? s->bytes / blocks : 0;
+    return blocks == 0 || blk * blocks != s->bytes || (dst && dst_stride < blk) ||
+           s->bytes > SIZE_MAX;
+}
+
+/* Zero the slack bytes after each of the @p blocks blocks of @p blk bytes at @p dst. */
+static void zero_slack(uint8_t *dst, uint64_t blocks, uint64_t blk, uint64_t dst_stride)
+{
+    if (dst && dst_stride > blk)
+        for (uint64_t k = 0; k < blocks; k++)
+            memset(dst + k * dst_stride + blk, 0, (size_t)(dst_stride - blk));
+}
+
+/* Let the kernel drop slot @p s from the page cache (advisory: the result does not matter). */
+static void drop_cache(const struct kvt_tensor_reader *r, const struct kvt_slot *s)
+{
+    uint64_t abs = kvt_slot_abs(r->h, s), len = kvt_align_up(s->bytes);
+    if (len > r->h->file_size - abs)
+        len = r->h->file_size - abs;
+    kvt_io()->fadvise_dontneed(r->fd, abs, len);
 }
 
 static void hash_piece(void *ud, const void *p, size_t n)
@@ -107,12 +153,10 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     const struct kvt_slot *s = &r->h->caches[ci].slots[sj];
     uint64_t abs = kvt_slot_abs(r->h, s);
     uint64_t n = s->bytes;
-    uint64_t blk = blocks ? n / blocks : 0;
-    if (blocks == 0 || blk * blocks != n || (dst && dst_stride < blk) || n > SIZE_MAX)
+    if (bad_geometry(s, dst, blocks, dst_stride))
         return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci, sj);
-    if (dst && dst_stride > blk)
-        for (uint64_t k = 0; k < blocks; k++)
-            memset(dst + k * dst_stride + blk, 0, (size_t)(dst_stride - blk));
+    uint64_t blk = n / blocks;
+    zero_slack(dst, blocks, blk, dst_stride);
     bool due = r->rs && r->next_ci == ci && r->next_sj == sj;
     if (n == 0) {
         if (due)
@@ -141,20 +185,116 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
         return read_err(r, rc, at);
     if (n > 0)
         advance(r, ci, sj);
-    if (!r->keep_cache && n > 0) {
-        uint64_t len = kvt_align_up(n);
-        if (len > r->h->file_size - abs)
-            len = r->h->file_size - abs;
-        kvt_io()->fadvise_dontneed(r->fd, abs, len); /* advisory: the result does not matter */
-    }
+    if (!r->keep_cache && n > 0)
+        drop_cache(r, s);
     if (r->verify) {
         uint64_t got = kvt_wyhash_final(&st);
         if (got != s->hash)
-            return kvt_fail(KVT_E_CORRUPT,
-                            "%s: L3: tensor hash mismatch at offset %" PRIu64
-                            " (caches[%zu].tensors[%d]: stored %016" PRIx64 ", read %016" PRIx64
-                            ")",
-                            r->name, abs, ci, sj, s->hash, got);
+            return hash_err(r, ci, sj, got);
     }
     return 0;
+}
+
+/* One slot of a parallel load: where it is, and how its copy ended. */
+struct slot_job {
+    size_t ci;
+    int sj;
+    int rc;      /* 0, -errno of a read (at `at`) or KVT_E_CORRUPT (hash `got`) */
+    uint64_t at; /* file offset of the failed read */
+    uint64_t got;
+};
+
+struct par_load {
+    const struct kvt_tensor_reader *r;
+    struct slot_job *job;
+};
+
+/* Copy slot @p o from the page cache into its destination and check its hash. */
+static bool load_slot(void *ud, size_t o)
+{
+    const struct par_load *pl = ud;
+    const struct kvt_tensor_reader *r = pl->r;
+    struct slot_job *j = &pl->job[o];
+    const struct kvt_slot *s = &r->h->caches[j->ci].slots[j->sj];
+    const struct kvt_slot_dst *d = &r->dst[o];
+    uint64_t abs = kvt_slot_abs(r->h, s), blk = s->bytes / d->blocks;
+    struct kvt_wyhash_state st;
+    kvt_wyhash_init(&st, 0);
+    zero_slack(d->dst, d->blocks, blk, d->stride);
+    for (uint64_t k = 0; k < d->blocks && blk > 0; k++)
+        for (uint64_t p = 0; p < blk; p += PAR_PIECE) {
+            size_t m = blk - p < PAR_PIECE ? (size_t)(blk - p) : PAR_PIECE;
+            uint8_t *to = d->dst + k * d->stride + p;
+            j->rc = kvt_io_read_full(r->fd, to, m, abs + k * blk + p);
+            if (j->rc) {
+                j->at = abs + k * blk + p;
+                return false;
+            }
+            if (r->verify)
+                kvt_wyhash_update(&st, to, m);
+        }
+    if (!r->keep_cache && s->bytes > 0)
+        drop_cache(r, s);
+    j->got = kvt_wyhash_final(&st);
+    if (r->verify && j->got != s->hash)
+        j->rc = KVT_E_CORRUPT;
+    return j->rc == 0;
+}
+
+/* The cores a load of @p n slots holding @p bytes may use: 1 unless they are all cached. */
+static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n, uint64_t bytes)
+{
+    if (!r->dst || n < 2 || bytes < PAR_MIN || !kvt_stream_fast_ok() ||
+        !kvt_stream_env("KVT_IO_PARALLEL", true))
+        return 1;
+    unsigned t = kvt_par_cpus();
+    if (t < 2)
+        return 1;
+    for (size_t i = 0; i < r->h->n_caches; i++)
+        for (int j = 0; j < r->h->caches[i].n_slots; j++) {
+            const struct kvt_slot *s = &r->h->caches[i].slots[j];
+            if (s->bytes > 0 && !kvt_stream_cached(r->fd, kvt_slot_abs(r->h, s), s->bytes))
+                return 1;
+        }
+    return t < PAR_THREADS ? t : PAR_THREADS;
+}
+
+int kvt_tensor_read_all(struct kvt_tensor_reader *r)
+{
+    const struct kvt_header *h = r->h;
+    size_t n = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++, n++)
+            bytes += h->caches[i].slots[j].bytes;
+    unsigned threads = par_threads(r, n, bytes);
+    struct slot_job *job = threads > 1 ? calloc(n, sizeof(*job)) : NULL;
+    int rc = 0;
+    if (!job) { /* one slot after the other through the read-ahead stream */
+        for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
+            for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++)
+                rc = kvt_tensor_read(r, i, j, r->dst ? r->dst[o].dst : NULL,
+                                     r->dst ? r->dst[o].blocks : 1, r->dst ? r->dst[o].stride : 0);
+        return rc;
+    }
+    for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
+        for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++) {
+            job[o] = (struct slot_job){.ci = i, .sj = j};
+            if (bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
+                             r->dst[o].stride))
+                rc = kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name,
+                              i, j);
+        }
+    if (rc == 0) {
+        kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
+        /* slots are handed out in order, so every slot before the first failure ran: the
+         * error reported is the one a load in order would have met first */
+        for (size_t o = 0; o < n && rc == 0; o++)
+            if (job[o].rc == KVT_E_CORRUPT)
+                rc = hash_err(r, job[o].ci, job[o].sj, job[o].got);
+            else if (job[o].rc)
+                rc = read_err(r, job[o].rc, job[o].at);
+    }
+    free(job);
+    return rc;
 }

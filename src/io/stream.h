@@ -53,6 +53,10 @@ bool kvt_stream_env(const char *name, bool dflt);
 /** Whether the streams may take the fast path (the io vtable is the POSIX backend). */
 bool kvt_stream_fast_ok(void);
 
+/** Whether every page of [@p off, @p off + @p len) of @p fd is in the page cache (asked with
+ * cachestat(2), Linux 6.5+; false where it cannot be asked). */
+bool kvt_stream_cached(int fd, uint64_t off, uint64_t len);
+
 /* ---- reading ------------------------------------------------------------------------------ */
 
 struct kvt_rstream;

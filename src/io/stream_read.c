@@ -102,8 +102,7 @@ bool kvt_stream_env(const char *name, bool dflt)
 #define __NR_cachestat 451
 #endif
 
-/* Whether every page of [off, off + len) of @p fd is in the page cache (Linux 6.5+). */
-static bool range_cached(int fd, uint64_t off, uint64_t len)
+bool kvt_stream_cached(int fd, uint64_t off, uint64_t len)
 {
 #ifdef __NR_cachestat
     struct {
@@ -253,7 +252,7 @@ static void top_up(struct kvt_rstream *s)
         if (!plan_next(s, c))
             return;
         s->count++;
-        if (s->dfd < 0 || range_cached(s->fd, c->a, c->hi - c->a)) {
+        if (s->dfd < 0 || kvt_stream_cached(s->fd, c->a, c->hi - c->a)) {
             c->state = C_INPLACE;
             continue;
         }
