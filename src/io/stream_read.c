@@ -256,6 +256,14 @@ static void top_up(struct kvt_rstream *s)
             c->state = C_INPLACE;
             continue;
         }
+        /* staging is taken when first needed: a restore whose ranges are all read into
+         * place never pays for faulting it in */
+        if (!c->in_dst && !s->staging)
+            s->staging = kvt_staging_get(s->staging_bytes);
+        if (!c->in_dst && !s->staging) {
+            c->state = C_INPLACE; /* no memory for staging: read it in place instead */
+            continue;
+        }
         if (!c->in_dst)
             c->buf = (char *)s->staging + (size_t)k * s->chunk;
         c->state = C_INFLIGHT;
@@ -344,8 +352,7 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     }
     if (s->dfd >= 0) {
         s->staging_bytes = s->chunk * s->depth;
-        s->staging = kvt_staging_get(s->staging_bytes);
-        if (!s->staging || kvt_aq_open(&s->q, s->depth, o->engine) < 0) {
+        if (kvt_aq_open(&s->q, s->depth, o->engine) < 0) {
             close(s->dfd); /* read in place through the page cache instead */
             s->dfd = -1;
         }
