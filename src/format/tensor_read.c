@@ -50,6 +50,11 @@ static int hash_err(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64
                     r->name, kvt_slot_abs(r->h, s), ci, sj, s->hash, got);
 }
 
+static int geometry_err(const struct kvt_tensor_reader *r, size_t ci, int sj)
+{
+    return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci, sj);
+}
+
 static bool bad_geometry(const struct kvt_slot *s, const uint8_t *dst, uint64_t blocks,
                          uint64_t dst_stride)
 {
@@ -154,7 +159,7 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     uint64_t abs = kvt_slot_abs(r->h, s);
     uint64_t n = s->bytes;
     if (bad_geometry(s, dst, blocks, dst_stride))
-        return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci, sj);
+        return geometry_err(r, ci, sj);
     uint64_t blk = n / blocks;
     zero_slack(dst, blocks, blk, dst_stride);
     bool due = r->rs && r->next_ci == ci && r->next_sj == sj;
@@ -235,13 +240,13 @@ static bool load_slot(void *ud, size_t o)
         }
     if (!r->keep_cache && s->bytes > 0)
         drop_cache(r, s);
-    j->got = kvt_wyhash_final(&st);
-    if (r->verify && j->got != s->hash)
+    if (r->verify && (j->got = kvt_wyhash_final(&st)) != s->hash)
         j->rc = KVT_E_CORRUPT;
     return j->rc == 0;
 }
 
-/* The cores a load of @p n slots holding @p bytes may use: 1 unless they are all cached. */
+/* The cores a load of @p n slots holding @p bytes may use: 1 unless every slot that has
+ * bytes has a destination and is in the page cache. */
 static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n, uint64_t bytes)
 {
     if (!r->dst || n < 2 || bytes < PAR_MIN || !kvt_stream_fast_ok() ||
@@ -250,10 +255,11 @@ static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n, uint64_
     unsigned t = kvt_par_cpus();
     if (t < 2)
         return 1;
-    for (size_t i = 0; i < r->h->n_caches; i++)
-        for (int j = 0; j < r->h->caches[i].n_slots; j++) {
+    for (size_t i = 0, o = 0; i < r->h->n_caches; i++)
+        for (int j = 0; j < r->h->caches[i].n_slots; j++, o++) {
             const struct kvt_slot *s = &r->h->caches[i].slots[j];
-            if (s->bytes > 0 && !kvt_stream_cached(r->fd, kvt_slot_abs(r->h, s), s->bytes))
+            if (s->bytes > 0 && (!r->dst[o].dst ||
+                                 !kvt_stream_cached(r->fd, kvt_slot_abs(r->h, s), s->bytes)))
                 return 1;
         }
     return t < PAR_THREADS ? t : PAR_THREADS;
@@ -282,8 +288,7 @@ int kvt_tensor_read_all(struct kvt_tensor_reader *r)
             job[o] = (struct slot_job){.ci = i, .sj = j};
             if (bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
                              r->dst[o].stride))
-                rc = kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name,
-                              i, j);
+                rc = geometry_err(r, i, j);
         }
     if (rc == 0) {
         kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
