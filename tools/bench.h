@@ -46,6 +46,10 @@ int bench_raw_read(const char *path, const struct bench_span *s, size_t n, doubl
                    bool *was_direct);
 /* Make @p path cold: fsync, then drop its pages from the page cache. */
 int bench_make_cold(const char *path);
+/** Commit the file system holding @p dir (syncfs), so that the blocks of files removed
+ * before are freed (and discarded, on a disk mounted with discard) before a timed write
+ * starts, not during it. 0 or -errno. */
+int bench_settle_disk(const char *dir);
 /* Make @p path warm: read it all through the page cache. */
 int bench_make_warm(const char *path);
 /*

@@ -455,6 +455,16 @@ int bench_make_cold(const char *path)
     return rc;
 }
 
+int bench_settle_disk(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = syncfs(fd) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
 int bench_make_warm(const char *path)
 {
     size_t n = (size_t)8 << 20;

@@ -205,7 +205,9 @@ static int kvt_save_step(struct bench_ctx *c, struct bench_row *row, int i)
     struct bench_kvt_job job = {.path = c->kvt_path, .e = c->e};
     uint64_t bytes;
     unlink(c->kvt_path);
-    int rc = bench_kvt_save(&job, &row->secs[BF_SAVE][i], &bytes);
+    int rc = bench_settle_disk(c->work);
+    if (rc == 0)
+        rc = bench_kvt_save(&job, &row->secs[BF_SAVE][i], &bytes);
     return rc < 0 ? fail("save", rc) : 0;
 }
 
@@ -213,8 +215,10 @@ static int raw_write_step(struct bench_ctx *c, struct bench_row *row, int i, boo
 {
     double *secs = &row->secs[direct ? BF_RAW_WRITE_DIRECT : BF_RAW_WRITE][i];
     unlink(c->raw_path);
-    int rc =
-        bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes, direct, secs);
+    int rc = bench_settle_disk(c->work);
+    if (rc == 0)
+        rc = bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes, direct,
+                             secs);
     unlink(c->raw_path);
     if (rc == -EINVAL && direct) { /* no O_DIRECT here: the buffered figure stands */
         *secs = 0;
