@@ -140,6 +140,17 @@ static int read_all(int fd, void *buf, size_t n, uint64_t off, size_t *got)
     return 0;
 }
 
+/* fsync the directory @p dir, or with @p whole_fs commit its whole file system (syncfs). */
+static int sync_dir(const char *dir, bool whole_fs)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = (whole_fs ? syncfs(fd) : fsync(fd)) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
 static int fsync_parent(const char *path)
 {
     char dir[4096];
@@ -151,12 +162,7 @@ static int fsync_parent(const char *path)
         n = 1; /* "/file" */
     memcpy(dir, slash ? path : ".", slash ? n : 1);
     dir[slash ? n : 1] = '\0';
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = fsync(fd) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
+    return sync_dir(dir, false);
 }
 
 /* One staging chunk of a direct write: the bytes of a span piece padded to the granule. */
@@ -457,12 +463,7 @@ int bench_make_cold(const char *path)
 
 int bench_settle_disk(const char *dir)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = syncfs(fd) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
+    return sync_dir(dir, true);
 }
 
 int bench_make_warm(const char *path)
