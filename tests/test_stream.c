@@ -20,6 +20,7 @@
 #include "io/aq.h"
 #include "io/io.h"
 #include "io/io_fault.h"
+#include "io/staging.h"
 #include "io/stream.h"
 
 static char *dir;
@@ -500,6 +501,36 @@ static void test_write_errors(void **state)
     free(path);
 }
 
+/*
+ * Staging sits on huge pages (a 2 MiB boundary, VmFlags "hg"), so that a direct request over
+ * it is a few physically contiguous segments, not one per 4 KiB page; with KVT_HUGEPAGE=0 it
+ * does not ask. Unusual sizes, so that the staging cache has no block of them yet.
+ */
+static void test_staging_huge_pages(void **state)
+{
+    (void)state;
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) != 0)
+        skip(); /* a kernel without transparent huge pages */
+    const size_t sizes[2] = {(size_t)6 << 20, (size_t)10 << 20};
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            setenv("KVT_HUGEPAGE", "0", 1);
+        uint8_t *p = kvt_staging_get(sizes[off]);
+        unsetenv("KVT_HUGEPAGE");
+        assert_non_null(p);
+        char flags[512];
+        vma_flags(p, flags, sizeof(flags));
+        assert_true(flags[0] != '\0');
+        if (!off)
+            assert_int_equal((uintptr_t)p % ((uintptr_t)2 << 20), 0);
+        if (off ? strstr(flags, " hg") != NULL : strstr(flags, " hg") == NULL)
+            fail_msg("staging, KVT_HUGEPAGE=%s: %s", off ? "0" : "unset", flags);
+        memset(p, 0x3c, sizes[off]); /* every byte is usable */
+        assert_int_equal(p[sizes[off] - 1], 0x3c);
+        kvt_staging_put(p, sizes[off]);
+    }
+}
+
 /* Under another io backend, short row blocks are gathered: one call per buffer-full. */
 static void test_plain_gathers_small_pieces(void **state)
 {
@@ -549,6 +580,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_read_fault_backend, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_matrix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_staging_huge_pages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plain_gathers_small_pieces, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

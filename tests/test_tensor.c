@@ -82,26 +82,6 @@ static void test_buf_new_zeroed_aligned(void **state)
     assert_int_equal(kvt_buf_new(16, NULL), -EINVAL);
 }
 
-/* The VmFlags line of the mapping holding @p p, from /proc/self/smaps ("" if not found). */
-static void vma_flags(const void *p, char *out, size_t n)
-{
-    FILE *f = fopen("/proc/self/smaps", "r");
-    char line[512];
-    bool inside = false;
-    out[0] = '\0';
-    while (f && fgets(line, sizeof(line), f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
-            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-        else if (inside && !strncmp(line, "VmFlags:", 8)) {
-            snprintf(out, n, "%s", line);
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
-}
-
 /*
  * Large buffers start on a 2 MiB boundary and their mapping asks for transparent huge pages
  * (VmFlags "hg"); with KVT_HUGEPAGE=0 it does not. 40 MiB is above the C library's largest

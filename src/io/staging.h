@@ -1,6 +1,7 @@
 /*
  * Aligned staging memory for the streams: blocks of depth x chunk bytes, page aligned (so
- * O_DIRECT accepts them), already faulted in, and cached process-wide after use so that a
+ * O_DIRECT accepts them) and on huge pages where they are on (so a direct request over them is
+ * a few large segments), already faulted in, and cached process-wide after use so that a
  * restore or save does not pay page faults for its bounce buffers again.
  */
 #ifndef KVT_STAGING_H

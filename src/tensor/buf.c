@@ -5,6 +5,7 @@
  * may live on different threads.
  */
 #include "common/error.h"
+#include "common/hugepage.h"
 #include "tensor/alloc.h"
 #include "tensor/tensor.h"
 
@@ -23,7 +24,7 @@
 /* Buffers from 4 MiB on start on a 2 MiB boundary and ask for transparent huge pages, as
  * numpy does for its large arrays: filling fresh memory, most of a restore's cost, takes one
  * fault per 2 MiB instead of 512 (PERFORMANCE.md). KVT_HUGEPAGE=0 turns this off. */
-#define HUGE_ALIGN ((size_t)2 << 20)
+#define HUGE_ALIGN KVT_HUGE_PAGE
 #define HUGE_ALIGN_MIN ((size_t)4 << 20)
 
 struct kvt_buf {
@@ -38,16 +39,7 @@ struct kvt_buf {
 
 static bool huge_pages_wanted(size_t bytes)
 {
-    const char *v = getenv("KVT_HUGEPAGE");
-    return bytes >= HUGE_ALIGN_MIN && !(v && !strcmp(v, "0"));
-}
-
-/* Advisory: whole huge pages of [p, p + bytes) only, so that no page outside is touched. */
-static void advise_huge(void *p, size_t bytes)
-{
-    size_t whole = bytes & ~(HUGE_ALIGN - 1);
-    if (whole)
-        madvise(p, whole, MADV_HUGEPAGE);
+    return bytes >= HUGE_ALIGN_MIN && kvt_hugepage_on();
 }
 
 static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
@@ -73,7 +65,7 @@ static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
     b->ud = NULL;
     b->wrapped = false;
     if (huge) /* before the first touch, which would fault 4 KiB pages */
-        advise_huge(b->data, bytes);
+        kvt_hugepage_advise(b->data, bytes);
     *out = b;
     return 0;
 }

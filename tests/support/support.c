@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,4 +148,24 @@ char *strf(const char *fmt, ...)
         s = NULL;
     va_end(ap);
     return s;
+}
+
+/* The VmFlags line of the mapping holding @p p, from /proc/self/smaps ("" if not found). */
+void vma_flags(const void *p, char *out, size_t n)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    bool inside = false;
+    out[0] = '\0';
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (inside && !strncmp(line, "VmFlags:", 8)) {
+            snprintf(out, n, "%s", line);
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
 }

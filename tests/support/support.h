@@ -33,6 +33,8 @@ void *load_json(const char *path);
 /** xorshift64* stream as the golden files use (golden/README.md). */
 uint64_t xs64(uint64_t *state);
 void fill_random(void *dst, size_t n, uint64_t *state);
+/** The VmFlags line of /proc/self/smaps for the mapping holding @p p ("" if not found). */
+void vma_flags(const void *p, char *out, size_t n);
 /** Remove a directory tree (best effort). */
 void rm_rf(const char *path);
 /** printf into a malloc'd string. */

@@ -1,0 +1,20 @@
+/*
+ * Transparent huge pages for the library's own large memory: tensors a restore allocates and
+ * the streams' staging. KVT_HUGEPAGE=0 in the environment turns them off.
+ */
+#ifndef KVT_HUGEPAGE_H
+#define KVT_HUGEPAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define KVT_HUGE_PAGE ((size_t)2 << 20)
+
+/** Whether large memory should ask for huge pages (KVT_HUGEPAGE is not "0"). */
+bool kvt_hugepage_on(void);
+
+/** Advise the whole huge pages of [@p p, @p p + @p bytes) (@p p on a KVT_HUGE_PAGE
+ * boundary) for huge pages, before anything touches them. Advisory: errors are ignored. */
+void kvt_hugepage_advise(void *p, size_t bytes);
+
+#endif
