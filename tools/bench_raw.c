@@ -30,6 +30,8 @@
 #define RAW_DEPTH 8u                  /* read requests in flight */
 #define RAW_WCHUNK ((size_t)16 << 20) /* bytes per direct write request */
 #define RAW_WDEPTH 4u                 /* direct write requests in flight */
+#define HUGE ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
 #define RAW_BUFFERED_PIECE ((size_t)64 << 20)
 
 double bench_now(void)
@@ -70,9 +72,19 @@ uint64_t bench_round_up(uint64_t len)
 void *bench_map(uint64_t len, bool prefault)
 {
     size_t n = (size_t)bench_round_up(len ? len : 1);
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    /* from 4 MiB on, on huge pages, as kvtier's large buffers and staging: over scattered
+     * 4 KiB pages a direct request is split at the device's segment limit */
+    size_t extra = n >= HUGE_MIN ? HUGE : 0;
+    uint8_t *m = mmap(NULL, n + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
         return NULL;
+    uint8_t *p = extra ? (uint8_t *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1)) : m;
+    if (p > m) /* keep exactly [p, p + n): bench_unmap() unmaps that */
+        munmap(m, (size_t)(p - m));
+    if (p + n < m + n + extra)
+        munmap(p + n, (size_t)(m + n + extra - (p + n)));
+    if (extra)
+        madvise(p, n & ~(HUGE - 1), MADV_HUGEPAGE);
     if (prefault) {
         /* not inherited by the measuring children: a fork would make every page copy-on-write
          * again and the next write here would fault it back in */
@@ -85,12 +97,11 @@ void *bench_map(uint64_t len, bool prefault)
 
 void bench_level_memory(uint64_t bytes)
 {
+    /* in huge pages (bench_map), as restores use them: memory freed in 4 KiB pieces comes back
+     * slowly to a huge-page fault on this kind of VM, and 2 MiB blocks serve 4 KiB faults too */
     void *p = bench_map(bytes, false);
     if (!p)
         return;
-    /* in huge pages, as restores use them: memory freed in 4 KiB pieces comes back slowly to
-     * a huge-page fault on this kind of VM, and 2 MiB blocks serve 4 KiB faults as well */
-    madvise(p, (size_t)bench_round_up(bytes), MADV_HUGEPAGE);
     if (madvise(p, (size_t)bench_round_up(bytes), MADV_POPULATE_WRITE) != 0)
         memset(p, 0, (size_t)bytes);
     bench_unmap(p, bytes);
