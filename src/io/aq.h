@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define KVT_AQ_MAX_DEPTH 32
 
@@ -27,6 +28,7 @@ struct kvt_aq_ops {
     int (*open)(unsigned depth, void **impl);
     void (*close)(void *impl); /* every request was reaped */
     int (*submit)(void *impl, int fd, int write, void *buf, size_t len, uint64_t off, uint64_t tag);
+    int (*readv)(void *impl, int fd, const struct iovec *iov, int n, uint64_t off, uint64_t tag);
     int (*wait)(void *impl, uint64_t *tag, int64_t *res);
 };
 
@@ -49,6 +51,13 @@ void kvt_aq_close(struct kvt_aq *q);
  */
 int kvt_aq_submit(struct kvt_aq *q, int fd, int write, void *buf, size_t len, uint64_t off,
                   uint64_t tag);
+/**
+ * Start a read of the file bytes at @p off into the @p n buffers of @p iov, in order (one
+ * request however many buffers). @p iov must stay valid and unchanged until the completion is
+ * reaped. As kvt_aq_submit() otherwise.
+ */
+int kvt_aq_readv(struct kvt_aq *q, int fd, const struct iovec *iov, int n, uint64_t off,
+                 uint64_t tag);
 /**
  * Wait for one completion: *@p res is the byte count (possibly short) or -errno of that
  * request. @return 0, -EINVAL when nothing is in flight, or -errno of the queue itself.

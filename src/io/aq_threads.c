@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define MAX_WORKERS 8
@@ -19,6 +21,8 @@ struct req {
     int fd, write;
     void *buf;
     size_t len;
+    const struct iovec *iov; /* a vectored read: iovcnt buffers instead of buf */
+    int iovcnt;
     uint64_t off, tag;
     int64_t res;
 };
@@ -38,8 +42,9 @@ static int64_t run_req(const struct req *r)
     if (r->len > 0x7ffff000u || r->off > (uint64_t)INT64_MAX)
         return -EINVAL;
     for (;;) {
-        ssize_t n = r->write ? pwrite(r->fd, r->buf, r->len, (off_t)r->off)
-                             : pread(r->fd, r->buf, r->len, (off_t)r->off);
+        ssize_t n = r->iov     ? preadv(r->fd, r->iov, r->iovcnt, (off_t)r->off)
+                    : r->write ? pwrite(r->fd, r->buf, r->len, (off_t)r->off)
+                               : pread(r->fd, r->buf, r->len, (off_t)r->off);
         if (n >= 0)
             return n;
         if (errno != EINTR)
@@ -104,21 +109,31 @@ static int pool_open(unsigned depth, void **impl)
     return 0;
 }
 
-static int pool_submit(void *impl, int fd, int write, void *buf, size_t len, uint64_t off,
-                       uint64_t tag)
+static int pool_queue(struct pool *p, const struct req *r)
 {
-    struct pool *p = impl;
     pthread_mutex_lock(&p->mu);
     if (p->todo_n == KVT_AQ_MAX_DEPTH) {
         pthread_mutex_unlock(&p->mu);
         return -EBUSY;
     }
-    p->todo[(p->todo_head + p->todo_n) % KVT_AQ_MAX_DEPTH] =
-        (struct req){.fd = fd, .write = write, .buf = buf, .len = len, .off = off, .tag = tag};
+    p->todo[(p->todo_head + p->todo_n) % KVT_AQ_MAX_DEPTH] = *r;
     p->todo_n++;
     pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
     return 0;
+}
+
+static int pool_submit(void *impl, int fd, int write, void *buf, size_t len, uint64_t off,
+                       uint64_t tag)
+{
+    return pool_queue(impl, &(struct req){
+                                .fd = fd, .write = write, .buf = buf, .len = len, .off = off, .tag = tag});
+}
+
+static int pool_readv(void *impl, int fd, const struct iovec *iov, int n, uint64_t off,
+                      uint64_t tag)
+{
+    return pool_queue(impl, &(struct req){.fd = fd, .iov = iov, .iovcnt = n, .off = off, .tag = tag});
 }
 
 static int pool_wait(void *impl, uint64_t *tag, int64_t *res)
@@ -141,6 +156,7 @@ static const struct kvt_aq_ops pool_ops = {
     .open = pool_open,
     .close = pool_close,
     .submit = pool_submit,
+    .readv = pool_readv,
     .wait = pool_wait,
 };
 
@@ -195,6 +211,19 @@ int kvt_aq_submit(struct kvt_aq *q, int fd, int write, void *buf, size_t len, ui
     if (q->inflight >= q->depth)
         return -EBUSY;
     int rc = q->ops->submit(q->impl, fd, write, buf, len, off, tag);
+    if (rc == 0)
+        q->inflight++;
+    return rc;
+}
+
+int kvt_aq_readv(struct kvt_aq *q, int fd, const struct iovec *iov, int n, uint64_t off,
+                 uint64_t tag)
+{
+    if (q->inflight >= q->depth)
+        return -EBUSY;
+    if (n <= 0 || n > IOV_MAX)
+        return -EINVAL;
+    int rc = q->ops->readv(q->impl, fd, iov, n, off, tag);
     if (rc == 0)
         q->inflight++;
     return rc;

@@ -54,6 +54,22 @@ static int uring_submit(void *impl, int fd, int write, void *buf, size_t len, ui
     return rc < 0 ? rc : 0;
 }
 
+static int uring_readv(void *impl, int fd, const struct iovec *iov, int n, uint64_t off,
+                       uint64_t tag)
+{
+    struct io_uring *ring = impl;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    if (!sqe)
+        return -EBUSY;
+    io_uring_prep_readv(sqe, fd, iov, (unsigned)n, off);
+    io_uring_sqe_set_data64(sqe, tag);
+    int rc;
+    do {
+        rc = io_uring_submit(ring);
+    } while (rc == -EINTR || rc == -EAGAIN);
+    return rc < 0 ? rc : 0;
+}
+
 static int uring_wait(void *impl, uint64_t *tag, int64_t *res)
 {
     struct io_uring *ring = impl;
@@ -75,6 +91,7 @@ static const struct kvt_aq_ops uring_ops = {
     .open = uring_open,
     .close = uring_close,
     .submit = uring_submit,
+    .readv = uring_readv,
     .wait = uring_wait,
 };
 

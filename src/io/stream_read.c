@@ -23,6 +23,7 @@
 #include <string.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "io/aq.h"
@@ -44,6 +45,10 @@
 #define PREFAULT_MIN ((size_t)256 << 10)
 #define PREFAULT_AHEAD ((uint64_t)64 << 20)
 
+/* A chunk read into place spans at most this many ranges (the row blocks of a capacity
+ * buffer lie back to back in the file: one vectored request reads several). */
+#define CHUNK_IOV 16
+
 enum { C_FREE, C_INFLIGHT, C_DONE, C_INPLACE };
 
 struct chunk {
@@ -52,8 +57,10 @@ struct chunk {
     uint64_t got;  /* bytes arrived, from a */
     int err;       /* the read failed after `got` bytes: surfaces when they are consumed */
     int state;
-    bool in_dst; /* read straight into its range's destination */
+    bool in_dst; /* read straight into its ranges' destinations */
     void *buf;   /* where byte a lands: a staging slot or the destination */
+    struct iovec iov[CHUNK_IOV]; /* in_dst: the destination pieces still to read, in order */
+    int niov;
 };
 
 struct kvt_rstream {
@@ -174,10 +181,25 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     if (f >= da && f < db) { /* f is on a block: da is, and chunks are whole blocks */
         uint64_t end = db - f < s->chunk ? db : f + s->chunk;
         c->a = f;
-        c->hi = c->b = end;
         c->in_dst = true;
         c->buf = (uint8_t *)r0->dst + (f - r0->off);
+        c->iov[0] = (struct iovec){c->buf, (size_t)(end - f)};
+        c->niov = 1;
         s->plan_pos += end - f;
+        /* the next ranges while each starts where this one ended, wholly read into place */
+        while (end == range_end(&s->r[s->plan_ri]) && end - f < s->chunk &&
+               c->niov < CHUNK_IOV && s->plan_ri + 1 < s->n) {
+            const struct kvt_range *rn = &s->r[s->plan_ri + 1];
+            direct_span(s, rn, &da, &db);
+            if (rn->off != end || da != rn->off || db <= da)
+                break;
+            uint64_t stop = db - da < s->chunk - (end - f) ? db : da + (s->chunk - (end - f));
+            c->iov[c->niov++] = (struct iovec){rn->dst, (size_t)(stop - da)};
+            s->plan_ri++;
+            s->plan_pos = stop - da;
+            end = stop;
+        }
+        c->hi = c->b = end;
         return true;
     }
     uint64_t a = f / BLK * BLK, limit = a + s->chunk, hi = f;
@@ -231,8 +253,24 @@ static void prefault_ahead(struct kvt_rstream *s)
 static int submit_chunk(struct kvt_rstream *s, unsigned k)
 {
     struct chunk *c = &s->ring[k];
+    if (c->in_dst && c->niov > 1)
+        return kvt_aq_readv(&s->q, s->dfd, c->iov, c->niov, c->a + c->got, k);
     return kvt_aq_submit(&s->q, s->dfd, 0, (char *)c->buf + c->got, (size_t)(c->b - c->a - c->got),
                          c->a + c->got, k);
+}
+
+/* @p n more bytes of in_dst chunk @p c arrived: drop them from the pieces still to read. */
+static void iov_advance(struct chunk *c, uint64_t n)
+{
+    int i = 0;
+    while (i < c->niov && n >= c->iov[i].iov_len)
+        n -= c->iov[i++].iov_len;
+    c->niov -= i;
+    memmove(c->iov, c->iov + i, (size_t)c->niov * sizeof(c->iov[0]));
+    if (c->niov > 0) {
+        c->iov[0].iov_base = (uint8_t *)c->iov[0].iov_base + n;
+        c->iov[0].iov_len -= (size_t)n;
+    }
 }
 
 static void fail_at(struct kvt_rstream *s, int rc, uint64_t at)
@@ -289,6 +327,8 @@ static int reap(struct kvt_rstream *s)
         return 0;
     }
     c->got += (uint64_t)res;
+    if (c->in_dst)
+        iov_advance(c, (uint64_t)res);
     if (c->a + c->got >= c->hi) {
         c->state = C_DONE;
     } else if (res == 0 || c->got % 512) {
@@ -504,7 +544,9 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
                 if (rc == 0 && c->err && f + take > c->a + c->got)
                     fail_at(s, c->err, c->a + c->got); /* a later chunk's error waits its turn */
                 if (rc == 0 && !s->err) {
-                    const uint8_t *src = (const uint8_t *)c->buf + (f - c->a);
+                    /* in place: in the destination of the consumer's range */
+                    const uint8_t *src = c->in_dst ? (const uint8_t *)s->r[s->ri].dst + s->pos
+                                                   : (const uint8_t *)c->buf + (f - c->a);
                     for (size_t k = 0; k < take; k += CACHE_PIECE) {
                         /* hash each piece right after its copy, while it is in L2 */
                         size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
