@@ -255,6 +255,9 @@ static int submit_chunk(struct kvt_rstream *s, unsigned k)
     struct chunk *c = &s->ring[k];
     if (c->in_dst && c->niov > 1)
         return kvt_aq_readv(&s->q, s->dfd, c->iov, c->niov, c->a + c->got, k);
+    if (c->in_dst) /* what is left may lie in a later range's destination */
+        return kvt_aq_submit(&s->q, s->dfd, 0, c->iov[0].iov_base, c->iov[0].iov_len,
+                             c->a + c->got, k);
     return kvt_aq_submit(&s->q, s->dfd, 0, (char *)c->buf + c->got, (size_t)(c->b - c->a - c->got),
                          c->a + c->got, k);
 }
