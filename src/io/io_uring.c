@@ -33,6 +33,17 @@ static void uring_close(void *impl)
     free(impl);
 }
 
+/* Tag @p sqe and hand it to the kernel. */
+static int submit_tagged(struct io_uring *ring, struct io_uring_sqe *sqe, uint64_t tag)
+{
+    io_uring_sqe_set_data64(sqe, tag);
+    int rc;
+    do {
+        rc = io_uring_submit(ring);
+    } while (rc == -EINTR || rc == -EAGAIN);
+    return rc < 0 ? rc : 0;
+}
+
 static int uring_submit(void *impl, int fd, int write, void *buf, size_t len, uint64_t off,
                         uint64_t tag)
 {
@@ -46,12 +57,7 @@ static int uring_submit(void *impl, int fd, int write, void *buf, size_t len, ui
         io_uring_prep_write(sqe, fd, buf, (unsigned)len, off);
     else
         io_uring_prep_read(sqe, fd, buf, (unsigned)len, off);
-    io_uring_sqe_set_data64(sqe, tag);
-    int rc;
-    do {
-        rc = io_uring_submit(ring);
-    } while (rc == -EINTR || rc == -EAGAIN);
-    return rc < 0 ? rc : 0;
+    return submit_tagged(ring, sqe, tag);
 }
 
 static int uring_readv(void *impl, int fd, const struct iovec *iov, int n, uint64_t off,
@@ -62,12 +68,7 @@ static int uring_readv(void *impl, int fd, const struct iovec *iov, int n, uint6
     if (!sqe)
         return -EBUSY;
     io_uring_prep_readv(sqe, fd, iov, (unsigned)n, off);
-    io_uring_sqe_set_data64(sqe, tag);
-    int rc;
-    do {
-        rc = io_uring_submit(ring);
-    } while (rc == -EINTR || rc == -EAGAIN);
-    return rc < 0 ? rc : 0;
+    return submit_tagged(ring, sqe, tag);
 }
 
 static int uring_wait(void *impl, uint64_t *tag, int64_t *res)
