@@ -258,8 +258,8 @@ static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n, uint64_
     for (size_t i = 0, o = 0; i < r->h->n_caches; i++)
         for (int j = 0; j < r->h->caches[i].n_slots; j++, o++) {
             const struct kvt_slot *s = &r->h->caches[i].slots[j];
-            if (s->bytes > 0 && (!r->dst[o].dst ||
-                                 !kvt_stream_cached(r->fd, kvt_slot_abs(r->h, s), s->bytes)))
+            if (s->bytes > 0 &&
+                (!r->dst[o].dst || !kvt_stream_cached(r->fd, kvt_slot_abs(r->h, s), s->bytes)))
                 return 1;
         }
     return t < PAR_THREADS ? t : PAR_THREADS;

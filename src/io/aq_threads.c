@@ -126,14 +126,16 @@ static int pool_queue(struct pool *p, const struct req *r)
 static int pool_submit(void *impl, int fd, int write, void *buf, size_t len, uint64_t off,
                        uint64_t tag)
 {
-    return pool_queue(impl, &(struct req){
-                                .fd = fd, .write = write, .buf = buf, .len = len, .off = off, .tag = tag});
+    return pool_queue(
+        impl,
+        &(struct req){.fd = fd, .write = write, .buf = buf, .len = len, .off = off, .tag = tag});
 }
 
 static int pool_readv(void *impl, int fd, const struct iovec *iov, int n, uint64_t off,
                       uint64_t tag)
 {
-    return pool_queue(impl, &(struct req){.fd = fd, .iov = iov, .iovcnt = n, .off = off, .tag = tag});
+    return pool_queue(impl,
+                      &(struct req){.fd = fd, .iov = iov, .iovcnt = n, .off = off, .tag = tag});
 }
 
 static int pool_wait(void *impl, uint64_t *tag, int64_t *res)

@@ -37,8 +37,8 @@ static void *map_aligned(size_t bytes)
 {
     bool huge = kvt_hugepage_on() && bytes >= KVT_HUGE_PAGE;
     size_t extra = huge ? KVT_HUGE_PAGE : 0;
-    uint8_t *m = mmap(NULL, bytes + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
+    uint8_t *m =
+        mmap(NULL, bytes + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return NULL;
     if (!huge)

@@ -57,8 +57,8 @@ struct chunk {
     uint64_t got;  /* bytes arrived, from a */
     int err;       /* the read failed after `got` bytes: surfaces when they are consumed */
     int state;
-    bool in_dst; /* read straight into its ranges' destinations */
-    void *buf;   /* where byte a lands: a staging slot or the destination */
+    bool in_dst;                 /* read straight into its ranges' destinations */
+    void *buf;                   /* where byte a lands: a staging slot or the destination */
     struct iovec iov[CHUNK_IOV]; /* in_dst: the destination pieces still to read, in order */
     int niov;
 };
@@ -187,8 +187,8 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
         c->niov = 1;
         s->plan_pos += end - f;
         /* the next ranges while each starts where this one ended, wholly read into place */
-        while (end == range_end(&s->r[s->plan_ri]) && end - f < s->chunk &&
-               c->niov < CHUNK_IOV && s->plan_ri + 1 < s->n) {
+        while (end == range_end(&s->r[s->plan_ri]) && end - f < s->chunk && c->niov < CHUNK_IOV &&
+               s->plan_ri + 1 < s->n) {
             const struct kvt_range *rn = &s->r[s->plan_ri + 1];
             direct_span(s, rn, &da, &db);
             if (rn->off != end || da != rn->off || db <= da)
@@ -256,8 +256,8 @@ static int submit_chunk(struct kvt_rstream *s, unsigned k)
     if (c->in_dst && c->niov > 1)
         return kvt_aq_readv(&s->q, s->dfd, c->iov, c->niov, c->a + c->got, k);
     if (c->in_dst) /* what is left may lie in a later range's destination */
-        return kvt_aq_submit(&s->q, s->dfd, 0, c->iov[0].iov_base, c->iov[0].iov_len,
-                             c->a + c->got, k);
+        return kvt_aq_submit(&s->q, s->dfd, 0, c->iov[0].iov_base, c->iov[0].iov_len, c->a + c->got,
+                             k);
     return kvt_aq_submit(&s->q, s->dfd, 0, (char *)c->buf + c->got, (size_t)(c->b - c->a - c->got),
                          c->a + c->got, k);
 }
