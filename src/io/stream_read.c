@@ -58,7 +58,7 @@ struct chunk {
     int err;       /* the read failed after `got` bytes: surfaces when they are consumed */
     int state;
     bool in_dst;                 /* read straight into its ranges' destinations */
-    void *buf;                   /* where byte a lands: a staging slot or the destination */
+    void *buf;                   /* not in_dst: the staging slot where byte a lands */
     struct iovec iov[CHUNK_IOV]; /* in_dst: the destination pieces still to read, in order */
     int niov;
 };
@@ -182,8 +182,7 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
         uint64_t end = db - f < s->chunk ? db : f + s->chunk;
         c->a = f;
         c->in_dst = true;
-        c->buf = (uint8_t *)r0->dst + (f - r0->off);
-        c->iov[0] = (struct iovec){c->buf, (size_t)(end - f)};
+        c->iov[0] = (struct iovec){(uint8_t *)r0->dst + (f - r0->off), (size_t)(end - f)};
         c->niov = 1;
         s->plan_pos += end - f;
         /* the next ranges while each starts where this one ended, wholly read into place */

@@ -12,9 +12,6 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 
 #define BUF_ALIGN 64
 /* Large buffers start on a page, so that a restore can read file blocks straight into them
