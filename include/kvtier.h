@@ -109,8 +109,21 @@ typedef void (*kvt_release_fn)(void *ud, void *data);
  * from 4 MiB on 2 MiB aligned, with transparent huge pages asked for unless the environment
  * sets KVT_HUGEPAGE=0; 0 bytes is allowed). */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
-/** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). */
+/** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). From
+ * 4 MiB on it may come from the buffer cache (below). */
 KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
+/**
+ * The buffer cache: host buffers of 4 MiB and more are kept when their last reference drops,
+ * up to a limit in bytes, and handed out again by kvt_buf_new_uninit() (restores allocate their
+ * tensors with it). A restore that follows an eviction then reads into memory the process
+ * already holds instead of faulting in and zeroing fresh pages (PERFORMANCE.md). The default
+ * limit is an eighth of physical memory, at most 8 GiB; KVT_BUF_CACHE in the environment
+ * (bytes, with an optional K, M or G) sets another. Sets the limit to @p bytes, unmapping the
+ * longest-kept buffers beyond it (0: keep none and release all), and returns the previous one.
+ */
+KVT_API size_t kvt_buf_cache_limit(size_t bytes);
+/** Bytes the buffer cache holds now (memory the process keeps for later buffers). */
+KVT_API size_t kvt_buf_cache_bytes(void);
 /**
  * Wrap engine memory without copying. @p release (may be NULL) runs exactly once, on the thread
  * that drops the last reference, including when this call itself fails (-ENOMEM, -EINVAL).

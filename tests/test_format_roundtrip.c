@@ -280,6 +280,27 @@ static void test_mixed(void **state)
     roundtrip(token_kinds, 5, &g, "tokens");
 }
 
+/* Every tensor of token-axis cache @p c holds @p cap rows, those past its offset zero. */
+static void expect_zero_slack(kvt_cache *c, int64_t cap)
+{
+    struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
+    int n = kvt_cache_state(c, t);
+    assert_true(n > 0);
+    size_t offset = (size_t)kvt_cache_offset(c);
+    for (int j = 0; j < n; j++) {
+        /* the rows past offset of every [B, H] block are zero */
+        const uint8_t *p = kvt_buf_data(t[j].buf);
+        size_t row = kvt_dtype_size(t[j].dtype) * (size_t)t[j].shape[3];
+        size_t blocks = (size_t)(t[j].shape[0] * t[j].shape[1]);
+        assert_int_equal(kvt_buf_size(t[j].buf), blocks * (size_t)cap * row);
+        for (size_t b = 0; b < blocks; b++)
+            for (size_t x = offset * row; x < (size_t)cap * row; x++)
+                if (p[b * (size_t)cap * row + x])
+                    fail_msg("slack byte %zu of block %zu is not zero", x, b);
+        kvt_tensor_release(&t[j]);
+    }
+}
+
 /* Restore capacity ceil((offset + 1) / 256) * 256, zero slack, in-place first append. */
 static void test_restore_capacity(void **state)
 {
@@ -303,18 +324,9 @@ static void test_restore_capacity(void **state)
             int n = kvt_cache_state(c, t);
             assert_true(n > 0);
             void *before = kvt_buf_data(t[0].buf);
-            for (int j = 0; j < n; j++) {
-                /* the rows past offset of every [B, H] block are zero */
-                const uint8_t *p = kvt_buf_data(t[j].buf);
-                size_t row = kvt_dtype_size(t[j].dtype) * (size_t)t[j].shape[3];
-                size_t blocks = (size_t)(t[j].shape[0] * t[j].shape[1]);
-                assert_int_equal(kvt_buf_size(t[j].buf), blocks * (size_t)cap * row);
-                for (size_t b = 0; b < blocks; b++)
-                    for (size_t x = (size_t)offsets[oi] * row; x < (size_t)cap * row; x++)
-                        if (p[b * (size_t)cap * row + x])
-                            fail_msg("slack byte %zu of block %zu is not zero", x, b);
+            for (int j = 0; j < n; j++)
                 kvt_tensor_release(&t[j]);
-            }
+            expect_zero_slack(c, cap);
             uint64_t rng = 11;
             append_rows(c, &g, 1, &rng);
             assert_int_equal(kvt_cache_capacity(c), cap);
@@ -577,6 +589,74 @@ struct gate {
     bool tmp_seen_after_first;
 };
 
+/* Fill every tensor buffer of @p e with @p byte and free it; returns the bytes they held. */
+static size_t scribble_and_free(struct kvt_entry *e, int byte)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
+        int n = kvt_cache_state(e->caches[i], t);
+        for (int j = 0; j < n; j++) {
+            memset(kvt_buf_data(t[j].buf), byte, kvt_buf_size(t[j].buf));
+            bytes += kvt_buf_size(t[j].buf);
+            kvt_tensor_release(&t[j]);
+        }
+    }
+    kvt_entry_free(e);
+    return bytes;
+}
+
+/*
+ * A restore whose tensors come from the buffer cache (the memory a freed entry left, full of
+ * other bytes) gives the same state as one into fresh memory: the file's rows, zero slack.
+ * Cold (the read stream) and warm (whole slots on several cores).
+ */
+static void test_restore_into_kept_buffers(void **state)
+{
+    (void)state;
+    /* capacity 1280 rows: K tensors of 8 x 1280 x 256 x 4 bytes = 10 MiB, V of 5 MiB */
+    const struct geom g = {.heads = 8, .head_dim = 256, .tokens = 1100, .dtype = KVT_FLOAT32};
+    const int kinds[2] = {KVT_KIND_KV, KVT_KIND_KV};
+    struct owned_entry o;
+    make_entry(&o, kinds, 2, &g, 43);
+    char *path = save(&o.e, "kept.mlxkv");
+    size_t old = kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit((size_t)256 << 20);
+    for (int warm = 0; warm < 2; warm++) {
+        struct kvt_expect x = {.keep_cache = warm};
+        struct kvt_entry *e;
+        if (kvt_file_load(path, &x, &e, NULL))
+            fail_msg("load: %s", kvt_last_error());
+        size_t bytes = scribble_and_free(e, 0xa5);
+        assert_int_equal(bytes, (size_t)30 << 20);
+        assert_int_equal(kvt_buf_cache_bytes(), bytes);
+        if (warm)
+            make_warm(path);
+        else
+            make_cold(path);
+        if (kvt_file_load(path, &x, &e, NULL))
+            fail_msg("load: %s", kvt_last_error());
+        assert_int_equal(kvt_buf_cache_bytes(), 0); /* every tensor took a kept buffer */
+        for (int i = 0; i < 2; i++) {
+            expect_zero_slack(e->caches[i], 1280);
+            expect_same_rows(o.caches[i], e->caches[i], false);
+        }
+        char *again = save(e, "kept-again.mlxkv");
+        expect_same_file(path, again);
+        unlink(again);
+        free(again);
+        size_t before = kvt_buf_cache_bytes(); /* the comparisons' copies went there too */
+        kvt_entry_free(e);
+        assert_int_equal(kvt_buf_cache_bytes(), before + bytes);
+        kvt_buf_cache_limit(0);
+        kvt_buf_cache_limit((size_t)256 << 20);
+    }
+    kvt_buf_cache_limit(old);
+    unlink(path);
+    free(path);
+    free_entry(&o);
+}
+
 static int gate_run(void *engine, kvt_step_fn step, void *arg)
 {
     struct gate *g = engine;
@@ -773,6 +853,7 @@ int main(void)
         cmocka_unit_test(test_strided_and_large),
         cmocka_unit_test(test_cold_load_in_place),
         cmocka_unit_test(test_warm_load_parallel),
+        cmocka_unit_test(test_restore_into_kept_buffers),
         cmocka_unit_test(test_gated_steps),
         cmocka_unit_test(test_save_errors),
         cmocka_unit_test(test_restore_slack_bounded_by_file),

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static void test_dtype_table(void **state)
@@ -94,6 +96,7 @@ static void test_buf_large_huge_pages(void **state)
         skip(); /* a kernel without transparent huge pages */
     char flags[512];
     size_t n = (size_t)40 << 20;
+    size_t limit = kvt_buf_cache_limit(0); /* no kept mapping from before the switch */
     for (int zero = 0; zero < 2; zero++)
         for (int off = 0; off < 2; off++) {
             kvt_buf *b = NULL;
@@ -113,6 +116,129 @@ static void test_buf_large_huge_pages(void **state)
             assert_int_equal(d[n - 1], 0x5a);
             kvt_buf_unref(b);
         }
+    kvt_buf_cache_limit(limit);
+}
+
+/* Whether [@p p, @p p + 4096) is mapped in this process. */
+static bool mapped(const void *p)
+{
+    return msync((void *)((uintptr_t)p & ~(uintptr_t)4095), 4096, MS_ASYNC) == 0;
+}
+
+/*
+ * The buffer cache: a freed large buffer is kept and handed to the next uninitialized one that
+ * fits (the very memory, old bytes and all), a larger kept one is cut on a 2 MiB boundary and
+ * its tail kept, zero-filled buffers never come from it, the limit unmaps the longest-kept
+ * ones, and a limit of 0 releases everything.
+ */
+static void test_buf_cache(void **state)
+{
+    (void)state;
+    const size_t mib = (size_t)1 << 20;
+    size_t old = kvt_buf_cache_limit(0);
+    assert_int_equal(kvt_buf_cache_limit(64 * mib), 0);
+    assert_int_equal(kvt_buf_cache_bytes(), 0);
+
+    kvt_buf *b, *c;
+    assert_int_equal(kvt_buf_new_uninit(8 * mib, &b), 0);
+    uint8_t *p = kvt_buf_data(b);
+    memset(p, 0x3c, 8 * mib);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_cache_bytes(), 8 * mib);
+    assert_true(mapped(p));
+    assert_int_equal(kvt_buf_new(8 * mib, &b), 0); /* zero filled: a fresh mapping */
+    assert_ptr_not_equal(kvt_buf_data(b), p);
+    assert_int_equal(((uint8_t *)kvt_buf_data(b))[8 * mib - 1], 0);
+    assert_int_equal(kvt_buf_new_uninit(8 * mib - 100, &c), 0);
+    assert_ptr_equal(kvt_buf_data(c), p);
+    assert_int_equal(p[0], 0x3c); /* kept, not refaulted */
+    assert_int_equal(kvt_buf_size(c), 8 * mib - 100);
+    assert_int_equal(kvt_buf_cache_bytes(), 0);
+    kvt_buf_unref(c);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_cache_bytes(), 16 * mib);
+
+    /* 5 MiB out of a kept 8 MiB: the first 6 MiB go, the 2 MiB tail stays kept */
+    kvt_buf_cache_limit(0);
+    assert_false(mapped(p));
+    kvt_buf_cache_limit(64 * mib);
+    assert_int_equal(kvt_buf_new_uninit(8 * mib, &b), 0);
+    p = kvt_buf_data(b);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new_uninit(5 * mib, &b), 0);
+    assert_ptr_equal(kvt_buf_data(b), p);
+    assert_int_equal(kvt_buf_cache_bytes(), 2 * mib);
+    assert_int_equal(kvt_buf_new_uninit(4 * mib, &c), 0); /* the tail is too small */
+    assert_ptr_not_equal(kvt_buf_data(c), p + 6 * mib);
+    kvt_buf_unref(c);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_cache_bytes(), 12 * mib);
+
+    /* over the limit the longest-kept go; a buffer larger than the limit is not kept */
+    kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(20 * mib);
+    kvt_buf *v[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvt_buf_new_uninit(8 * mib, &v[i]), 0);
+    uint8_t *first = kvt_buf_data(v[0]), *last = kvt_buf_data(v[2]);
+    for (int i = 0; i < 3; i++)
+        kvt_buf_unref(v[i]);
+    assert_int_equal(kvt_buf_cache_bytes(), 16 * mib);
+    assert_false(mapped(first));
+    assert_true(mapped(last));
+    assert_int_equal(kvt_buf_new_uninit(32 * mib, &b), 0);
+    p = kvt_buf_data(b);
+    kvt_buf_unref(b);
+    assert_false(mapped(p));
+    assert_int_equal(kvt_buf_cache_bytes(), 16 * mib);
+    assert_int_equal(kvt_buf_cache_limit(old), 20 * mib);
+}
+
+struct churn_arg {
+    int id;
+    bool ok;
+};
+
+/* Take and free buffers of varied sizes, each filled with this thread's mark and checked: a
+ * buffer handed to two holders at once would show the other's mark. */
+static void *cache_churn(void *p)
+{
+    struct churn_arg *a = p;
+    a->ok = true;
+    for (int i = 0; i < 40 && a->ok; i++) {
+        size_t n = ((size_t)4 << 20) + (size_t)((i * 7 + a->id * 3) % 9) * ((size_t)1 << 20);
+        kvt_buf *b;
+        if (kvt_buf_new_uninit(n, &b)) {
+            a->ok = false;
+            break;
+        }
+        uint8_t *d = kvt_buf_data(b);
+        memset(d, a->id, n);
+        sched_yield();
+        for (size_t k = 0; k < n; k += 4096)
+            a->ok &= d[k] == a->id && d[n - 1] == a->id;
+        kvt_buf_unref(b);
+    }
+    return NULL;
+}
+
+static void test_buf_cache_threads(void **state)
+{
+    (void)state;
+    size_t old = kvt_buf_cache_limit((size_t)48 << 20);
+    enum { N = 4 };
+    pthread_t th[N];
+    struct churn_arg arg[N];
+    for (int i = 0; i < N; i++) {
+        arg[i].id = i + 1;
+        assert_int_equal(pthread_create(&th[i], NULL, cache_churn, &arg[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(arg[i].ok);
+    }
+    assert_true(kvt_buf_cache_bytes() <= (size_t)48 << 20);
+    kvt_buf_cache_limit(old);
 }
 
 struct release_log {
@@ -530,7 +656,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_table),          cmocka_unit_test(test_buf_new_zeroed_aligned),
-        cmocka_unit_test(test_buf_large_huge_pages), cmocka_unit_test(test_buf_wrap_release_once),
+        cmocka_unit_test(test_buf_large_huge_pages), cmocka_unit_test(test_buf_cache),
+        cmocka_unit_test(test_buf_cache_threads),    cmocka_unit_test(test_buf_wrap_release_once),
         cmocka_unit_test(test_buf_new_enomem),       cmocka_unit_test(test_buf_refcount_threads),
         cmocka_unit_test(test_tensor_init_bounds),   cmocka_unit_test(test_strided_copies_vs_naive),
         cmocka_unit_test(test_slice_rows_runs),

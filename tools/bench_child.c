@@ -2,7 +2,7 @@
  * Peak-RSS measurement for `kvtier bench`: the measured call runs in a forked child whose
  * high-water mark is reset first (writing "5" to /proc/self/clear_refs sets VmHWM to the
  * current RSS), so VmHWM at the end minus VmRSS at the start is exactly the memory the call
- * added at its peak. The child reports through a pipe and exits without running atexit code.
+ * added at its peak. The child starts with an empty buffer cache and reports through a pipe and exits without running atexit code.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -72,6 +72,9 @@ int bench_in_child(bench_child_fn fn, void *arg, struct bench_child_result *r)
     if (pid == 0) {
         struct bench_child_result res = {0};
         close(p[0]);
+        /* start like a new process: the buffers the parent keeps for reuse are not the child's
+         * to take (reusing them would hide the restore's memory from its peak) */
+        kvt_buf_cache_limit(kvt_buf_cache_limit(0));
         res.rc = reset_peak();
         uint64_t base = status_kb("VmRSS:");
         if (res.rc == 0) {

@@ -278,16 +278,17 @@ static int warm_pair_step(struct bench_ctx *c, struct bench_row *row, int i)
 }
 
 /*
- * Fresh buffers, one per tensor (and one for the header block), allocated the way a restore
- * allocates its tensors (kvt_buf: page aligned from 64 KiB on, huge pages from 4 MiB on), each
- * with room for its length rounded up to the direct-I/O granule.
+ * Fresh buffers, one per tensor (and one for the header block), laid out the way a restore's
+ * tensors are (kvt_buf: page aligned from 64 KiB on, huge pages from 4 MiB on), each with room
+ * for its length rounded up to the direct-I/O granule. Zero-filled buffers never come from the
+ * buffer cache, so these are new memory whatever the restores before left there.
  */
 static kvt_buf **fresh_buffers(const struct bench_layout *l)
 {
     kvt_buf **b = calloc(l->n_spans, sizeof(*b));
     for (size_t k = 0; b && k < l->n_spans; k++) {
         uint64_t n = bench_round_up(l->spans[k].len);
-        if (kvt_buf_new_uninit((size_t)(n < FRESH_MIN ? FRESH_MIN : n), &b[k]) < 0) {
+        if (kvt_buf_new((size_t)(n < FRESH_MIN ? FRESH_MIN : n), &b[k]) < 0) {
             while (k-- > 0)
                 kvt_buf_unref(b[k]);
             free(b);

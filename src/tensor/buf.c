@@ -1,11 +1,12 @@
 /*
- * Refcounted byte buffers: 64-byte aligned host memory (page aligned from 64 KiB on, on a huge
- * page from 4 MiB on; header and data in one block) or wrapped engine memory with a release
- * callback that runs exactly once. Refcounts and the exposed-rows mark are atomic so holders
+ * Refcounted byte buffers: 64-byte aligned host memory (page aligned from 64 KiB on, header and
+ * data in one block; from 4 MiB on a mapping of the buffer cache, on huge pages) or wrapped
+ * engine memory with a release callback that runs exactly once. Refcounts and the exposed-rows mark are atomic so holders
  * may live on different threads.
  */
 #include "common/error.h"
 #include "common/hugepage.h"
+#include "common/mapcache.h"
 #include "tensor/alloc.h"
 #include "tensor/tensor.h"
 
@@ -18,11 +19,11 @@
  * (O_DIRECT needs block-aligned memory); the waste is under one page per buffer. */
 #define PAGE_ALIGN ((size_t)4096)
 #define PAGE_ALIGN_MIN ((size_t)64 << 10)
-/* Buffers from 4 MiB on start on a 2 MiB boundary and ask for transparent huge pages, as
- * numpy does for its large arrays: filling fresh memory, most of a restore's cost, takes one
- * fault per 2 MiB instead of 512 (PERFORMANCE.md). KVT_HUGEPAGE=0 turns this off. */
-#define HUGE_ALIGN KVT_HUGE_PAGE
-#define HUGE_ALIGN_MIN ((size_t)4 << 20)
+/* Buffers from 4 MiB on are mappings of their own: they start on a 2 MiB boundary and ask for
+ * transparent huge pages, as numpy does for its large arrays, so filling fresh memory takes one
+ * fault per 2 MiB instead of 512 (KVT_HUGEPAGE=0 turns this off); and freed ones go to the
+ * buffer cache, so the next restore reads into memory the process holds (PERFORMANCE.md). */
+#define MAP_MIN ((size_t)4 << 20)
 
 struct kvt_buf {
     atomic_int refs;
@@ -31,12 +32,35 @@ struct kvt_buf {
     size_t size;
     kvt_release_fn release;
     void *ud;
+    size_t map_len; /* data is a buffer-cache mapping of this length; 0: in the block */
     bool wrapped;
 };
 
-static bool huge_pages_wanted(size_t bytes)
+static struct kvt_buf *init(struct kvt_buf *b, void *data, size_t bytes)
 {
-    return bytes >= HUGE_ALIGN_MIN && kvt_hugepage_on();
+    atomic_init(&b->refs, 1);
+    atomic_init(&b->exposed, 0);
+    b->data = data;
+    b->size = bytes;
+    b->release = NULL;
+    b->ud = NULL;
+    b->map_len = 0;
+    b->wrapped = false;
+    return b;
+}
+
+static int map_alloc(size_t bytes, bool zero, kvt_buf **out)
+{
+    struct kvt_buf *b = kvt_malloc(sizeof(*b));
+    size_t len = 0;
+    void *p = b ? kvt_mapcache_take(bytes, zero, &len) : NULL;
+    if (!p) {
+        kvt_free(b);
+        return kvt_fail(-ENOMEM, "kvt_buf_new: cannot allocate %zu bytes", bytes);
+    }
+    init(b, p, bytes)->map_len = len;
+    *out = b;
+    return 0;
 }
 
 static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
@@ -44,8 +68,9 @@ static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
     if (!out)
         return kvt_fail(-EINVAL, "kvt_buf_new: out is NULL");
     *out = NULL;
-    bool huge = huge_pages_wanted(bytes);
-    size_t total, align = huge ? HUGE_ALIGN : bytes >= PAGE_ALIGN_MIN ? PAGE_ALIGN : BUF_ALIGN;
+    if (bytes >= MAP_MIN)
+        return map_alloc(bytes, zero, out);
+    size_t total, align = bytes >= PAGE_ALIGN_MIN ? PAGE_ALIGN : BUF_ALIGN;
     if (__builtin_add_overflow(sizeof(struct kvt_buf) + align, bytes, &total))
         return kvt_fail(-ENOMEM, "kvt_buf_new: %zu bytes overflow", bytes);
     /* calloc of a large block maps fresh zero pages: no memset pass for big buffers */
@@ -53,17 +78,7 @@ static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
     if (!b)
         return kvt_fail(-ENOMEM, "kvt_buf_new: cannot allocate %zu bytes", bytes);
     uintptr_t p = (uintptr_t)(b + 1);
-    p = (p + align - 1) & ~(uintptr_t)(align - 1);
-    atomic_init(&b->refs, 1);
-    atomic_init(&b->exposed, 0);
-    b->data = (void *)p;
-    b->size = bytes;
-    b->release = NULL;
-    b->ud = NULL;
-    b->wrapped = false;
-    if (huge) /* before the first touch, which would fault 4 KiB pages */
-        kvt_hugepage_advise(b->data, bytes);
-    *out = b;
+    *out = init(b, (void *)((p + align - 1) & ~(uintptr_t)(align - 1)), bytes);
     return 0;
 }
 
@@ -95,10 +110,7 @@ int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud, kvt
         rc = kvt_fail(-ENOMEM, "kvt_buf_wrap: cannot allocate the buffer header");
         goto out_release;
     }
-    atomic_init(&b->refs, 1);
-    atomic_init(&b->exposed, 0);
-    b->data = data;
-    b->size = bytes;
+    init(b, data, bytes);
     b->release = release;
     b->ud = ud;
     b->wrapped = true;
@@ -126,6 +138,7 @@ void kvt_buf_unref(kvt_buf *b)
         return;
     if (b->wrapped && b->release)
         b->release(b->ud, b->data);
+    kvt_mapcache_give(b->map_len ? b->data : NULL, b->map_len);
     kvt_free(b);
 }
 

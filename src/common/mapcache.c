@@ -1,0 +1,158 @@
+/*
+ * The buffer cache (common/mapcache.h): a small table of kept mappings under one lock. A take
+ * picks the smallest kept mapping that is large enough and keeps its tail beyond the request
+ * (cut on a huge-page boundary) for later takes; a give that pushes the cache over its limit
+ * unmaps the longest-kept mappings, outside the lock.
+ */
+#include "common/mapcache.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/hugepage.h"
+#include "kvtier.h"
+
+#define SLOTS 256
+/* Default limit: an eighth of physical memory, at most this. */
+#define DEFAULT_MAX ((size_t)8 << 30)
+
+struct kept {
+    uint8_t *p;
+    size_t len;
+    uint64_t seq; /* when it was kept: the oldest goes first */
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static struct kept kept[SLOTS];
+static size_t n_kept, held, limit;
+static uint64_t seq;
+
+/* KVT_BUF_CACHE: bytes with an optional K, M or G (binary); anything else is ignored. */
+static void init_limit(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    limit = pages > 0 && page > 0 ? (size_t)pages / 8 * (size_t)page : 0;
+    if (limit > DEFAULT_MAX)
+        limit = DEFAULT_MAX;
+    const char *v = getenv("KVT_BUF_CACHE");
+    if (!v || !isdigit((unsigned char)*v))
+        return;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    if ((shift && end[1]) || (!shift && *end) || n > (SIZE_MAX >> shift))
+        return;
+    limit = (size_t)n << shift;
+}
+
+static size_t page_round(size_t bytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (bytes + page - 1) & ~(page - 1);
+}
+
+static void drop(size_t i)
+{
+    held -= kept[i].len;
+    kept[i] = kept[--n_kept];
+}
+
+/* Keep [p, p + len) (the lock held); false when the table is full. */
+static bool keep(uint8_t *p, size_t len)
+{
+    if (n_kept == SLOTS)
+        return false;
+    kept[n_kept++] = (struct kept){p, len, ++seq};
+    held += len;
+    return true;
+}
+
+/* Take the oldest kept mappings out while more than @p max bytes or @p slots entries stay (the
+ * lock held); they go to @p out. */
+static size_t shrink_to(size_t max, size_t slots, struct kept *out)
+{
+    size_t n = 0;
+    while ((held > max || n_kept > slots) && n_kept) {
+        size_t old = 0;
+        for (size_t i = 1; i < n_kept; i++)
+            if (kept[i].seq < kept[old].seq)
+                old = i;
+        out[n++] = kept[old];
+        drop(old);
+    }
+    return n;
+}
+
+void *kvt_mapcache_take(size_t bytes, bool zeroed, size_t *len)
+{
+    pthread_once(&once, init_limit);
+    size_t want = page_round(bytes);
+    if (!zeroed) {
+        pthread_mutex_lock(&mu);
+        size_t best = n_kept;
+        for (size_t i = 0; i < n_kept; i++)
+            if (kept[i].len >= want && (best == n_kept || kept[i].len < kept[best].len))
+                best = i;
+        if (best < n_kept) {
+            struct kept k = kept[best];
+            drop(best);
+            /* the tail past the next huge-page boundary stays kept, still on huge pages */
+            size_t cut = (want + KVT_HUGE_PAGE - 1) & ~(KVT_HUGE_PAGE - 1);
+            if (cut < k.len && keep(k.p + cut, k.len - cut))
+                k.len = cut;
+            pthread_mutex_unlock(&mu);
+            *len = k.len;
+            return k.p;
+        }
+        pthread_mutex_unlock(&mu);
+    }
+    void *p = kvt_hugepage_map(want);
+    *len = want;
+    return p;
+}
+
+void kvt_mapcache_give(void *p, size_t len)
+{
+    if (!p)
+        return;
+    pthread_once(&once, init_limit);
+    struct kept out[SLOTS];
+    size_t n = 0;
+    pthread_mutex_lock(&mu);
+    if (len <= limit) {
+        n = shrink_to(limit - len, SLOTS - 1, out);
+        keep(p, len);
+    } else {
+        out[n++] = (struct kept){p, len, 0};
+    }
+    pthread_mutex_unlock(&mu);
+    for (size_t i = 0; i < n; i++)
+        munmap(out[i].p, out[i].len);
+}
+
+size_t kvt_buf_cache_limit(size_t bytes)
+{
+    pthread_once(&once, init_limit);
+    struct kept out[SLOTS];
+    pthread_mutex_lock(&mu);
+    size_t old = limit;
+    limit = bytes;
+    size_t n = shrink_to(limit, SLOTS, out);
+    pthread_mutex_unlock(&mu);
+    for (size_t i = 0; i < n; i++)
+        munmap(out[i].p, out[i].len);
+    return old;
+}
+
+size_t kvt_buf_cache_bytes(void)
+{
+    pthread_mutex_lock(&mu);
+    size_t n = held;
+    pthread_mutex_unlock(&mu);
+    return n;
+}

@@ -1,0 +1,24 @@
+/*
+ * The buffer cache (kvt_buf_cache_limit() in kvtier.h): freed large mappings are kept, up to a
+ * limit, and handed to the next large buffer. A restore after an eviction then reads into
+ * memory the process already holds instead of faulting in fresh zeroed pages, which on a VM
+ * that backs guest memory lazily can also cost a host fault per page.
+ */
+#ifndef KVT_MAPCACHE_H
+#define KVT_MAPCACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/**
+ * A mapping of at least @p bytes: a kept one when one is large enough and @p zeroed is false
+ * (its contents are then whatever its last user left), else a fresh one (kvt_hugepage_map(),
+ * zero filled). *@p len receives its length, to pass to kvt_mapcache_give().
+ * @return the mapping, or NULL when memory is exhausted.
+ */
+void *kvt_mapcache_take(size_t bytes, bool zeroed, size_t *len);
+
+/** Give back a mapping from kvt_mapcache_take(): kept while the cache has room, else unmapped. */
+void kvt_mapcache_give(void *p, size_t len);
+
+#endif
