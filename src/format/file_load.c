@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "tensor/alloc.h"
+#include "tensor/tensor.h"
 
 static bool has_capacity(int kind)
 {
@@ -106,8 +107,9 @@ static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, ui
     if (rc < 0)
         return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: bad tensor geometry", r->name, ci, sj);
     /* nothing to place when empty; kvt_tensor_read() still verifies */
-    *d = total ? (struct kvt_slot_dst){kvt_buf_data(t->buf), blocks, stride}
-               : (struct kvt_slot_dst){NULL, 1, 0};
+    *d = total ? (struct kvt_slot_dst){kvt_buf_data(t->buf), blocks, stride,
+                                       kvt_buf_small_tail(t->buf)}
+               : (struct kvt_slot_dst){NULL, 1, 0, UINT64_MAX};
     return 0;
 }
 

@@ -158,10 +158,15 @@ static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info, const st
 int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
                             const char *name);
 
-/** Where a slot's bytes go: @p blocks equal blocks, block k at dst + k * stride. */
+/**
+ * Where a slot's bytes go: @p blocks equal blocks, block k at dst + k * stride. Bytes from
+ * dst + small_tail on (a buffer's small-page tail, kvt_buf_small_tail()) are read through
+ * staging rather than straight into place; UINT64_MAX when there is none.
+ */
 struct kvt_slot_dst {
     uint8_t *dst;
     uint64_t blocks, stride;
+    uint64_t small_tail;
 };
 
 /** Streams the tensor ranges of one open file, reading ahead (io/stream.h). */

@@ -98,6 +98,39 @@ static size_t dst_ranges(const struct kvt_slot *s, const struct kvt_slot_dst *d)
     return d->stride == s->bytes / d->blocks ? 1 : (size_t)d->blocks;
 }
 
+/*
+ * The ranges of slot @p s in a stream with destination @p d, written to @p out unless it is
+ * NULL; returns how many. One range per block of a strided destination, one for a contiguous
+ * one, each cut where the destination's small-page tail begins: the part past it gets no
+ * destination, so it is read through staging (huge pages, one segment) and copied. One range
+ * without a destination when @p d has none (or a geometry kvt_tensor_read() will refuse).
+ */
+static size_t slot_ranges(const struct kvt_header *h, const struct kvt_slot *s,
+                          const struct kvt_slot_dst *d, struct kvt_range *out)
+{
+    uint64_t abs = kvt_slot_abs(h, s);
+    size_t nr = dst_ranges(s, d), n = 0;
+    if (nr == 0) {
+        if (out)
+            out[0] = (struct kvt_range){abs, s->bytes, NULL};
+        return 1;
+    }
+    uint64_t blk = s->bytes / nr;
+    for (size_t k = 0; k < nr; k++) {
+        uint64_t at = k * d->stride; /* where block k starts in the destination */
+        uint64_t in_place = d->small_tail <= at ? 0 : d->small_tail - at;
+        if (in_place > blk)
+            in_place = blk;
+        if (in_place && out)
+            out[n] = (struct kvt_range){abs + k * blk, in_place, d->dst + at};
+        n += in_place > 0;
+        if (in_place < blk && out)
+            out[n] = (struct kvt_range){abs + k * blk + in_place, blk - in_place, NULL};
+        n += in_place < blk;
+    }
+    return n;
+}
+
 /* A new stream over slot @p sj of cache @p ci and every slot after it, in header order. */
 static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj)
 {
@@ -109,28 +142,15 @@ static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj)
         ord += (size_t)h->caches[i].n_slots;
     ord += (size_t)sj;
     for (size_t i = ci, o = ord; i < h->n_caches; i++)
-        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++) {
-            size_t nr = dst_ranges(&h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL);
-            n += nr ? nr : 1;
-        }
+        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++)
+            n += slot_ranges(h, &h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL, NULL);
     struct kvt_range *rg = malloc((n ? n : 1) * sizeof(*rg));
     if (!rg)
         return kvt_fail(-ENOMEM, "%s: out of memory for the read stream", r->name);
     n = 0;
     for (size_t i = ci, o = ord; i < h->n_caches; i++)
-        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++) {
-            const struct kvt_slot *s = &h->caches[i].slots[j];
-            const struct kvt_slot_dst *d = r->dst ? &r->dst[o] : NULL;
-            size_t nr = dst_ranges(s, d);
-            if (nr == 0) {
-                rg[n++] = (struct kvt_range){kvt_slot_abs(h, s), s->bytes, NULL};
-                continue;
-            }
-            uint64_t blk = s->bytes / nr;
-            for (size_t k = 0; k < nr; k++)
-                rg[n++] =
-                    (struct kvt_range){kvt_slot_abs(h, s) + k * blk, blk, d->dst + k * d->stride};
-        }
+        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++)
+            n += slot_ranges(h, &h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL, rg + n);
     int rc = kvt_rstream_open(r->fd, rg, n, NULL, &r->rs);
     free(rg);
     if (rc < 0)

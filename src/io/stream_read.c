@@ -61,6 +61,10 @@ struct chunk {
     void *buf;                   /* not in_dst: the staging slot where byte a lands */
     struct iovec iov[CHUNK_IOV]; /* in_dst: the destination pieces still to read, in order */
     int niov;
+    /* in_dst: a range without destination inside the chunk, [st_a, st_a + st_len), is read
+     * into the staging slot buf (iov[st_iov]) and copied from there; st_len 0: none */
+    uint64_t st_a, st_len;
+    int st_iov;
 };
 
 struct kvt_rstream {
@@ -177,6 +181,7 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     c->got = 0;
     c->err = 0;
     c->buf = NULL;
+    c->st_len = 0;
     direct_span(s, r0, &da, &db);
     if (f >= da && f < db) { /* f is on a block: da is, and chunks are whole blocks */
         uint64_t end = db - f < s->chunk ? db : f + s->chunk;
@@ -185,10 +190,24 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
         c->iov[0] = (struct iovec){(uint8_t *)r0->dst + (f - r0->off), (size_t)(end - f)};
         c->niov = 1;
         s->plan_pos += end - f;
-        /* the next ranges while each starts where this one ended, wholly read into place */
+        /* the next ranges while each starts where this one ended, wholly read into place; and
+         * one range without a destination among them (the loader gives none to a buffer's
+         * small-page tail) that lies on whole blocks and fits: it goes to the chunk's staging
+         * slot in the same request, so the request stays large */
         while (end == range_end(&s->r[s->plan_ri]) && end - f < s->chunk && c->niov < CHUNK_IOV &&
                s->plan_ri + 1 < s->n) {
             const struct kvt_range *rn = &s->r[s->plan_ri + 1];
+            if (!rn->dst && rn->off == end && !c->st_len && rn->len % BLK == 0 &&
+                rn->len <= s->chunk - (end - f)) {
+                c->st_a = rn->off;
+                c->st_len = rn->len;
+                c->st_iov = c->niov;
+                c->iov[c->niov++] = (struct iovec){NULL, (size_t)rn->len}; /* set in top_up */
+                s->plan_ri++;
+                s->plan_pos = rn->len;
+                end += rn->len;
+                continue;
+            }
             direct_span(s, rn, &da, &db);
             if (rn->off != end || da != rn->off || db <= da)
                 break;
@@ -298,14 +317,17 @@ static void top_up(struct kvt_rstream *s)
         }
         /* staging is taken when first needed: a restore whose ranges are all read into
          * place never pays for faulting it in */
-        if (!c->in_dst && !s->staging)
+        bool staged = !c->in_dst || c->st_len;
+        if (staged && !s->staging)
             s->staging = kvt_staging_get(s->staging_bytes);
-        if (!c->in_dst && !s->staging) {
+        if (staged && !s->staging) {
             c->state = C_INPLACE; /* no memory for staging: read it in place instead */
             continue;
         }
-        if (!c->in_dst)
+        if (staged)
             c->buf = (char *)s->staging + (size_t)k * s->chunk;
+        if (c->in_dst && c->st_len)
+            c->iov[c->st_iov].iov_base = c->buf;
         c->state = C_INFLIGHT;
         int rc = submit_chunk(s, k);
         if (rc < 0)
@@ -546,9 +568,12 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
                 if (rc == 0 && c->err && f + take > c->a + c->got)
                     fail_at(s, c->err, c->a + c->got); /* a later chunk's error waits its turn */
                 if (rc == 0 && !s->err) {
-                    /* in place: in the destination of the consumer's range */
-                    const uint8_t *src = c->in_dst ? (const uint8_t *)s->r[s->ri].dst + s->pos
-                                                   : (const uint8_t *)c->buf + (f - c->a);
+                    /* in place: in the destination of the consumer's range (or, for its
+                     * range without one, in the chunk's staging slot) */
+                    const uint8_t *src = !c->in_dst ? (const uint8_t *)c->buf + (f - c->a)
+                                         : s->r[s->ri].dst
+                                             ? (const uint8_t *)s->r[s->ri].dst + s->pos
+                                             : (const uint8_t *)c->buf + (f - c->st_a);
                     for (size_t k = 0; k < take; k += CACHE_PIECE) {
                         /* hash each piece right after its copy, while it is in L2 */
                         size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;

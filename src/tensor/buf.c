@@ -163,6 +163,14 @@ bool kvt_buf_is_wrapped(const kvt_buf *b)
     return b && b->wrapped;
 }
 
+size_t kvt_buf_small_tail(const kvt_buf *b)
+{
+    /* a mapping is advised in whole huge pages from its start (also each piece the buffer
+     * cache cuts, which it cuts on a huge-page boundary) */
+    size_t whole = b && b->map_len ? b->map_len & ~(KVT_HUGE_PAGE - 1) : 0;
+    return whole && whole < b->size && kvt_hugepage_on() ? whole : SIZE_MAX;
+}
+
 void kvt_buf_expose(kvt_buf *b, int64_t rows)
 {
     if (!b)

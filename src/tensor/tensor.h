@@ -48,6 +48,14 @@ uint64_t kvt_tensor_hash(const struct kvt_tensor *t);
 /** Whether @p b wraps engine memory (the cache layer never writes into such buffers). */
 bool kvt_buf_is_wrapped(const kvt_buf *b);
 
+/**
+ * Where the small-page tail of @p b begins: a buffer on huge pages whose mapping does not end
+ * on a huge-page boundary has its last part in 4 KiB pages, and a direct read into those
+ * costs the device one segment per page. SIZE_MAX when there is no such tail (the buffer is
+ * wholly on huge pages, or on none).
+ */
+size_t kvt_buf_small_tail(const kvt_buf *b);
+
 /*
  * Exposed rows: a per-buffer high-water mark, in token rows of the views the cache layer
  * keeps, of what holders other than the buffer's writer may read (CACHES.md §13). Atomic;
