@@ -146,6 +146,9 @@ static void test_buf_cache(void **state)
     kvt_buf_unref(b);
     assert_int_equal(kvt_buf_cache_bytes(), 8 * mib);
     assert_true(mapped(p));
+    assert_int_equal(kvt_buf_new_uninit(SIZE_MAX - 8, &b), -ENOMEM); /* not the kept one */
+    assert_null(b);
+    assert_int_equal(kvt_buf_cache_bytes(), 8 * mib);
     assert_int_equal(kvt_buf_new(8 * mib, &b), 0); /* zero filled: a fresh mapping */
     assert_ptr_not_equal(kvt_buf_data(b), p);
     assert_int_equal(((uint8_t *)kvt_buf_data(b))[8 * mib - 1], 0);

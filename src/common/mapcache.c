@@ -62,9 +62,12 @@ static void init_limit(void)
     limit = (size_t)n << shift;
 }
 
+/* @p bytes rounded up to whole pages; 0 when that leaves no room to align the mapping. */
 static size_t page_round(size_t bytes)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes > SIZE_MAX - 2 * KVT_HUGE_PAGE)
+        return 0;
     return (bytes + page - 1) & ~(page - 1);
 }
 
@@ -104,6 +107,8 @@ void *kvt_mapcache_take(size_t bytes, bool zeroed, size_t *len)
 {
     pthread_once(&once, init_limit);
     size_t want = page_round(bytes);
+    if (want == 0)
+        return NULL;
     if (!zeroed) {
         pthread_mutex_lock(&mu);
         size_t best = n_kept;
