@@ -279,13 +279,13 @@ static void test_read_staged_between_places(void **state)
     (void)state;
     const uint64_t mib = (uint64_t)1 << 20;
     const struct kvt_range shape[] = {
-        {0, mib, NULL},                        /* into place */
-        {mib, mib / 4, NULL},                  /* none, whole blocks: in the same request */
-        {mib + mib / 4, 3 * mib / 4, NULL},    /* into place */
-        {2 * mib, 100003, NULL},               /* none, not whole blocks: staged on its own */
+        {0, mib, NULL},                         /* into place */
+        {mib, mib / 4, NULL},                   /* none, whole blocks: in the same request */
+        {mib + mib / 4, 3 * mib / 4, NULL},     /* into place */
+        {2 * mib, 100003, NULL},                /* none, not whole blocks: staged on its own */
         {2 * mib + 100003, mib - 100003, NULL}, /* into place from its first whole block */
-        {3 * mib, mib / 2, NULL},              /* none, whole blocks */
-        {3 * mib + mib / 2, 4096, NULL},       /* into place, the file's last bytes */
+        {3 * mib, mib / 2, NULL},               /* none, whole blocks */
+        {3 * mib + mib / 2, 4096, NULL},        /* into place, the file's last bytes */
     };
     const bool place[] = {true, false, true, false, true, false, true};
     const size_t nr = sizeof(shape) / sizeof(shape[0]), bytes = 3 * mib + mib / 2 + 4096;

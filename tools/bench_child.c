@@ -2,7 +2,8 @@
  * Peak-RSS measurement for `kvtier bench`: the measured call runs in a forked child whose
  * high-water mark is reset first (writing "5" to /proc/self/clear_refs sets VmHWM to the
  * current RSS), so VmHWM at the end minus VmRSS at the start is exactly the memory the call
- * added at its peak. The child starts with an empty buffer cache and reports through a pipe and exits without running atexit code.
+ * added at its peak. The child starts with an empty buffer cache and reports through a pipe and
+ * exits without running atexit code.
  */
 #include <errno.h>
 #include <fcntl.h>

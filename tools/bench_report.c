@@ -162,8 +162,9 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
                 " %4.1f%% %5.1f%% | %7.0f %7.0f\n",
                 label, rows[i].tokens, s.gbps[BF_SAVE], raw_w, s.save_ratio, s.gbps[BF_COLD],
                 fmax(s.gbps[BF_RAW_READ], s.gbps[BF_RAW_READ_HOT]), s.cold_ratio, s.gbps[BF_WARM],
-                fmax(s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT]), s.warm_ratio, 100 * s.verify_cost, 100 * s.verify_cost_warm,
-                s.rss_restore / MIB, (double)rows[i].restored_bytes / MIB);
+                fmax(s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT]), s.warm_ratio, 100 * s.verify_cost,
+                100 * s.verify_cost_warm, s.rss_restore / MIB,
+                (double)rows[i].restored_bytes / MIB);
     }
     fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh"
                " buffers / prefaulted memory, memcpy into fresh buffers / prefaulted memory\n");

@@ -204,8 +204,8 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     else if (!dst || dst_stride == blk)
         rc = kvt_rstream_read(r->rs, dst, (size_t)n, fn, &st, &at);
     else
-        for (uint64_t k = 0; k < blocks && !rc; k++)
-            rc = kvt_rstream_read(r->rs, dst + k * dst_stride, (size_t)blk, fn, &st, &at);
+        rc = kvt_rstream_read_blocks(r->rs, dst, (size_t)blocks, (size_t)blk, (size_t)dst_stride,
+                                     fn, &st, &at);
     if (rc)
         return read_err(r, rc, at);
     if (n > 0)

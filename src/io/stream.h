@@ -84,6 +84,13 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
  */
 int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn fn, void *ud,
                      uint64_t *at);
+/**
+ * kvt_rstream_read() of @p blocks runs of @p len bytes, run k into @p dst + k * @p stride
+ * (@p dst NULL: only to @p fn), as one call: the pieces of a run are still being passed to
+ * @p fn while the next run is read, and all calls have returned when this does.
+ */
+int kvt_rstream_read_blocks(struct kvt_rstream *s, void *dst, size_t blocks, size_t len,
+                            size_t stride, kvt_piece_fn fn, void *ud, uint64_t *at);
 /** Stop reading ahead, wait for requests in flight and free the stream. Accepts NULL. */
 void kvt_rstream_close(struct kvt_rstream *s);
 /** How the stream reads: "io_uring+direct", "threads+direct", "buffered" (no O_DIRECT), "plain". */

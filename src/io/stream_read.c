@@ -522,14 +522,14 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
     return 0;
 }
 
-int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn fn, void *ud,
-                     uint64_t *at)
+/* The next @p len bytes into @p d (see kvt_rstream_read()), without waiting for the pieces
+ * handed to the helper; a failed read is left in s->err. */
+static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn fn, void *ud)
 {
-    uint8_t *d = dst;
     int rc = 0;
     bool pf_now = false;
     if (s->err)
-        goto out;
+        return 0;
     /* destinations the stream did not know ahead: prefault them now */
     pf_now = s->pf && d && !range_has_dst(s) && len >= PREFAULT_MIN;
     if (pf_now)
@@ -604,14 +604,29 @@ int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn 
 out_cancel:
     if (pf_now)
         kvt_prefault_cancel(s->pf);
+    return rc;
+}
+
+int kvt_rstream_read_blocks(struct kvt_rstream *s, void *dst, size_t blocks, size_t len,
+                            size_t stride, kvt_piece_fn fn, void *ud, uint64_t *at)
+{
+    int rc = 0;
+    for (size_t k = 0; k < blocks && rc == 0 && !s->err; k++)
+        rc = read_run(s, dst ? (uint8_t *)dst + k * stride : NULL, len, fn, ud);
+    /* once per call, not per block: the helper hashes a block while the next one arrives */
     kvt_prefault_drain(s->pf); /* the caller's ud is its own again */
-out:
     if (s->err) {
         rc = s->err;
         if (at)
             *at = s->err_at;
     }
     return rc;
+}
+
+int kvt_rstream_read(struct kvt_rstream *s, void *dst, size_t len, kvt_piece_fn fn, void *ud,
+                     uint64_t *at)
+{
+    return kvt_rstream_read_blocks(s, dst, 1, len, 0, fn, ud, at);
 }
 
 void kvt_rstream_close(struct kvt_rstream *s)
