@@ -115,8 +115,10 @@ KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
 /**
  * The buffer cache: host buffers of 4 MiB and more are kept when their last reference drops,
  * up to a limit in bytes, and handed out again by kvt_buf_new_uninit() (restores allocate their
- * tensors with it). A restore that follows an eviction then reads into memory the process
- * already holds instead of faulting in and zeroing fresh pages (PERFORMANCE.md). The default
+ * tensors with it) and, cleared, by kvt_buf_new(). A restore that follows an eviction then
+ * reads into memory the process already holds instead of faulting in and zeroing fresh pages;
+ * a request that no kept buffer fits first gives back as much of the longest-kept memory, so
+ * that the fresh mapping reuses it (PERFORMANCE.md). The default
  * limit is an eighth of physical memory, at most 8 GiB; KVT_BUF_CACHE in the environment
  * (bytes, with an optional K, M or G) sets another. Sets the limit to @p bytes, unmapping the
  * longest-kept buffers beyond it (0: keep none and release all), and returns the previous one.

@@ -10,12 +10,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void test_dtype_table(void **state)
@@ -127,9 +129,9 @@ static bool mapped(const void *p)
 
 /*
  * The buffer cache: a freed large buffer is kept and handed to the next uninitialized one that
- * fits (the very memory, old bytes and all), a larger kept one is cut on a 2 MiB boundary and
- * its tail kept, zero-filled buffers never come from it, the limit unmaps the longest-kept
- * ones, and a limit of 0 releases everything.
+ * fits (the very memory, old bytes and all), or cleared to a zero-filled one; a larger kept one
+ * is cut on a 2 MiB boundary and its tail kept; the limit unmaps the longest-kept ones, and a
+ * limit of 0 releases everything.
  */
 static void test_buf_cache(void **state)
 {
@@ -149,15 +151,25 @@ static void test_buf_cache(void **state)
     assert_int_equal(kvt_buf_new_uninit(SIZE_MAX - 8, &b), -ENOMEM); /* not the kept one */
     assert_null(b);
     assert_int_equal(kvt_buf_cache_bytes(), 8 * mib);
-    assert_int_equal(kvt_buf_new(8 * mib, &b), 0); /* zero filled: a fresh mapping */
-    assert_ptr_not_equal(kvt_buf_data(b), p);
-    assert_int_equal(((uint8_t *)kvt_buf_data(b))[8 * mib - 1], 0);
     assert_int_equal(kvt_buf_new_uninit(8 * mib - 100, &c), 0);
     assert_ptr_equal(kvt_buf_data(c), p);
     assert_int_equal(p[0], 0x3c); /* kept, not refaulted */
     assert_int_equal(kvt_buf_size(c), 8 * mib - 100);
     assert_int_equal(kvt_buf_cache_bytes(), 0);
+    assert_int_equal(kvt_buf_new(8 * mib, &b), 0); /* nothing kept: a fresh mapping */
+    assert_ptr_not_equal(kvt_buf_data(b), p);
     kvt_buf_unref(c);
+    memset(kvt_buf_data(b), 0x5a, 8 * mib);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_cache_bytes(), 16 * mib);
+    /* a zero-filled buffer takes a kept one too, cleared: both kept ones were written */
+    assert_int_equal(kvt_buf_new(8 * mib - 4096, &b), 0);
+    const uint8_t *z = kvt_buf_data(b);
+    assert_true(z == p || mapped(z));
+    for (size_t i = 0; i < 8 * mib - 4096; i++)
+        if (z[i])
+            fail_msg("byte %zu of a zero-filled buffer from the cache is %u", i, z[i]);
+    assert_int_equal(kvt_buf_cache_bytes(), 8 * mib);
     kvt_buf_unref(b);
     assert_int_equal(kvt_buf_cache_bytes(), 16 * mib);
 
@@ -171,11 +183,11 @@ static void test_buf_cache(void **state)
     assert_int_equal(kvt_buf_new_uninit(5 * mib, &b), 0);
     assert_ptr_equal(kvt_buf_data(b), p);
     assert_int_equal(kvt_buf_cache_bytes(), 2 * mib);
-    assert_int_equal(kvt_buf_new_uninit(4 * mib, &c), 0); /* the tail is too small */
-    assert_ptr_not_equal(kvt_buf_data(c), p + 6 * mib);
+    assert_int_equal(kvt_buf_new_uninit(4 * mib, &c), 0); /* the tail is too small: it goes */
+    assert_int_equal(kvt_buf_cache_bytes(), 0);
     kvt_buf_unref(c);
     kvt_buf_unref(b);
-    assert_int_equal(kvt_buf_cache_bytes(), 12 * mib);
+    assert_int_equal(kvt_buf_cache_bytes(), 10 * mib);
 
     /* over the limit the longest-kept go; a buffer larger than the limit is not kept */
     kvt_buf_cache_limit(0);
@@ -193,7 +205,20 @@ static void test_buf_cache(void **state)
     p = kvt_buf_data(b);
     kvt_buf_unref(b);
     assert_false(mapped(p));
-    assert_int_equal(kvt_buf_cache_bytes(), 16 * mib);
+    assert_int_equal(kvt_buf_cache_bytes(), 0);
+
+    /* a request no kept buffer fits first gives back as much of the longest-kept memory */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(kvt_buf_new_uninit(8 * mib, &v[i]), 0);
+    assert_int_equal(kvt_buf_new_uninit(4 * mib, &v[2]), 0);
+    last = kvt_buf_data(v[2]);
+    for (int i = 0; i < 3; i++)
+        kvt_buf_unref(v[i]); /* kept in this order: 8, 8, 4 MiB */
+    assert_int_equal(kvt_buf_cache_bytes(), 20 * mib);
+    assert_int_equal(kvt_buf_new_uninit(10 * mib, &b), 0);
+    assert_int_equal(kvt_buf_cache_bytes(), 4 * mib); /* both 8 MiB ones went */
+    assert_true(mapped(last));
+    kvt_buf_unref(b);
     assert_int_equal(kvt_buf_cache_limit(old), 20 * mib);
 }
 
@@ -242,6 +267,54 @@ static void test_buf_cache_threads(void **state)
     }
     assert_true(kvt_buf_cache_bytes() <= (size_t)48 << 20);
     kvt_buf_cache_limit(old);
+}
+
+static atomic_bool churn_stop;
+
+static void *churn_until_stopped(void *p)
+{
+    (void)p;
+    while (!atomic_load(&churn_stop)) {
+        kvt_buf *b;
+        if (kvt_buf_new_uninit((size_t)4 << 20, &b) == 0)
+            kvt_buf_unref(b);
+    }
+    return NULL;
+}
+
+/*
+ * A process that forks while another thread takes and frees large buffers: the child can
+ * use the buffer cache (its lock is never inherited held). A child that hangs is killed by
+ * its alarm and fails the test.
+ */
+static void test_buf_cache_fork(void **state)
+{
+    (void)state;
+    size_t old = kvt_buf_cache_limit((size_t)64 << 20);
+    atomic_store(&churn_stop, false);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, churn_until_stopped, NULL), 0);
+    int bad = 0;
+    for (int i = 0; i < 200 && !bad; i++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            alarm(5);
+            kvt_buf *b;
+            int rc = kvt_buf_new_uninit((size_t)4 << 20, &b);
+            if (rc == 0)
+                kvt_buf_unref(b);
+            kvt_buf_cache_limit(0);
+            _exit(rc == 0 && kvt_buf_cache_bytes() == 0 ? 0 : 1);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        bad = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    atomic_store(&churn_stop, true);
+    pthread_join(th, NULL);
+    kvt_buf_cache_limit(old);
+    assert_false(bad);
 }
 
 struct release_log {
@@ -658,11 +731,17 @@ static void test_slice_rows_runs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_table),          cmocka_unit_test(test_buf_new_zeroed_aligned),
-        cmocka_unit_test(test_buf_large_huge_pages), cmocka_unit_test(test_buf_cache),
-        cmocka_unit_test(test_buf_cache_threads),    cmocka_unit_test(test_buf_wrap_release_once),
-        cmocka_unit_test(test_buf_new_enomem),       cmocka_unit_test(test_buf_refcount_threads),
-        cmocka_unit_test(test_tensor_init_bounds),   cmocka_unit_test(test_strided_copies_vs_naive),
+        cmocka_unit_test(test_dtype_table),
+        cmocka_unit_test(test_buf_new_zeroed_aligned),
+        cmocka_unit_test(test_buf_large_huge_pages),
+        cmocka_unit_test(test_buf_cache),
+        cmocka_unit_test(test_buf_cache_threads),
+        cmocka_unit_test(test_buf_cache_fork),
+        cmocka_unit_test(test_buf_wrap_release_once),
+        cmocka_unit_test(test_buf_new_enomem),
+        cmocka_unit_test(test_buf_refcount_threads),
+        cmocka_unit_test(test_tensor_init_bounds),
+        cmocka_unit_test(test_strided_copies_vs_naive),
         cmocka_unit_test(test_slice_rows_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,8 +20,6 @@
 
 #define DEFAULT_REPEAT 5
 #define MAX_SIZES 32
-/* kvt_bufs are page aligned from this size on, as O_DIRECT reads into them need */
-#define FRESH_MIN ((uint64_t)64 << 10)
 
 struct bench_opts {
     const char *dir;
@@ -278,19 +276,18 @@ static int warm_pair_step(struct bench_ctx *c, struct bench_row *row, int i)
 }
 
 /*
- * Fresh buffers, one per tensor (and one for the header block), laid out the way a restore's
- * tensors are (kvt_buf: page aligned from 64 KiB on, huge pages from 4 MiB on), each with room
- * for its length rounded up to the direct-I/O granule. Zero-filled buffers never come from the
- * buffer cache, so these are new memory whatever the restores before left there.
+ * Fresh buffers, one per tensor (and one for the header block), mapped the way a restore's
+ * tensors are on a first restore (page aligned, huge pages from 4 MiB on), each with room for
+ * its length rounded up to the direct-I/O granule. Mapped here, not taken from the library,
+ * whose buffer cache would hand out memory the process holds.
  */
-static kvt_buf **fresh_buffers(const struct bench_layout *l)
+static void **fresh_buffers(const struct bench_layout *l)
 {
-    kvt_buf **b = calloc(l->n_spans, sizeof(*b));
+    void **b = calloc(l->n_spans, sizeof(*b));
     for (size_t k = 0; b && k < l->n_spans; k++) {
-        uint64_t n = bench_round_up(l->spans[k].len);
-        if (kvt_buf_new((size_t)(n < FRESH_MIN ? FRESH_MIN : n), &b[k]) < 0) {
+        if (!(b[k] = bench_map(bench_round_up(l->spans[k].len), false))) {
             while (k-- > 0)
-                kvt_buf_unref(b[k]);
+                bench_unmap(b[k], bench_round_up(l->spans[k].len));
             free(b);
             return NULL;
         }
@@ -298,10 +295,10 @@ static kvt_buf **fresh_buffers(const struct bench_layout *l)
     return b;
 }
 
-static void free_buffers(kvt_buf **b, size_t n)
+static void free_buffers(const struct bench_layout *l, void **b)
 {
-    for (size_t k = 0; b && k < n; k++)
-        kvt_buf_unref(b[k]);
+    for (size_t k = 0; b && k < l->n_spans; k++)
+        bench_unmap(b[k], bench_round_up(l->spans[k].len));
     free(b);
 }
 
@@ -309,7 +306,7 @@ static int raw_read_step(struct bench_ctx *c, struct bench_row *row, int i, bool
 {
     size_t n = c->lay.n_spans;
     struct bench_span *s = calloc(n, sizeof(*s));
-    kvt_buf **fresh = NULL;
+    void **fresh = NULL;
     int rc = bench_make_cold(c->kvt_path);
     if (rc < 0) {
         free(s);
@@ -320,18 +317,17 @@ static int raw_read_step(struct bench_ctx *c, struct bench_row *row, int i, bool
         fresh = fresh_buffers(&c->lay);
     if (!s || (!prefaulted && !fresh)) {
         free(s);
-        free_buffers(fresh, n);
+        free_buffers(&c->lay, fresh);
         return fail("raw read", -ENOMEM);
     }
     for (size_t k = 0; k < n; k++)
-        s[k] = (struct bench_span){prefaulted ? (char *)c->hot + c->lay.spans[k].off
-                                              : kvt_buf_data(fresh[k]),
+        s[k] = (struct bench_span){prefaulted ? (char *)c->hot + c->lay.spans[k].off : fresh[k],
                                    c->lay.spans[k].off, c->lay.spans[k].len};
     double io;
     rc = bench_raw_read(c->kvt_path, s, n, &io, &row->direct_read);
     row->secs[prefaulted ? BF_RAW_READ_HOT : BF_RAW_READ][i] = bench_now() - t0;
     free(s);
-    free_buffers(fresh, n);
+    free_buffers(&c->lay, fresh);
     return rc < 0 ? fail("raw read", rc) : 0;
 }
 
@@ -355,11 +351,11 @@ static int memcpy_step(struct bench_ctx *c, struct bench_row *row, int i, bool p
         row->secs[BF_MEMCPY_HOT][i] = bench_now() - t0;
         return 0;
     }
-    kvt_buf **dst = fresh_buffers(l);
+    void **dst = fresh_buffers(l);
     for (size_t k = 0; dst && k < l->n_spans; k++)
-        memcpy(kvt_buf_data(dst[k]), l->spans[k].data, l->spans[k].len);
+        memcpy(dst[k], l->spans[k].data, l->spans[k].len);
     row->secs[BF_MEMCPY][i] = bench_now() - t0;
-    free_buffers(dst, l->n_spans);
+    free_buffers(l, dst);
     return dst ? 0 : fail("memcpy", -ENOMEM);
 }
 

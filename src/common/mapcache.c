@@ -1,8 +1,9 @@
 /*
  * The buffer cache (common/mapcache.h): a small table of kept mappings under one lock. A take
  * picks the smallest kept mapping that is large enough and keeps its tail beyond the request
- * (cut on a huge-page boundary) for later takes; a give that pushes the cache over its limit
- * unmaps the longest-kept mappings, outside the lock.
+ * (cut on a huge-page boundary) for later takes; a take that finds none unmaps as much of the
+ * longest-kept memory as it asks for before mapping afresh; a give that pushes the cache over
+ * its limit unmaps the longest-kept mappings. Unmapping happens outside the lock.
  */
 #include "common/mapcache.h"
 
@@ -44,9 +45,21 @@ static uint64_t seq;
 #endif
 #endif
 
+/* A fork never finds the lock held by a thread that does not exist in the child. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&mu);
+}
+
+static void fork_done(void)
+{
+    pthread_mutex_unlock(&mu);
+}
+
 /* KVT_BUF_CACHE: bytes with an optional K, M or G (binary); anything else is ignored. */
 static void init_limit(void)
 {
+    pthread_atfork(fork_prepare, fork_done, fork_done);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     limit = pages > 0 && page > 0 && !SANITIZED ? (size_t)pages / 8 * (size_t)page : 0;
     if (limit > DEFAULT_MAX)
@@ -103,31 +116,38 @@ static size_t shrink_to(size_t max, size_t slots, struct kept *out)
     return n;
 }
 
-void *kvt_mapcache_take(size_t bytes, bool zeroed, size_t *len)
+void *kvt_mapcache_take(size_t bytes, size_t *len, bool *was_kept)
 {
     pthread_once(&once, init_limit);
     size_t want = page_round(bytes);
+    *was_kept = false;
     if (want == 0)
         return NULL;
-    if (!zeroed) {
-        pthread_mutex_lock(&mu);
-        size_t best = n_kept;
-        for (size_t i = 0; i < n_kept; i++)
-            if (kept[i].len >= want && (best == n_kept || kept[i].len < kept[best].len))
-                best = i;
-        if (best < n_kept) {
-            struct kept k = kept[best];
-            drop(best);
-            /* the tail past the next huge-page boundary stays kept, still on huge pages */
-            size_t cut = (want + KVT_HUGE_PAGE - 1) & ~(KVT_HUGE_PAGE - 1);
-            if (cut < k.len && keep(k.p + cut, k.len - cut))
-                k.len = cut;
-            pthread_mutex_unlock(&mu);
-            *len = k.len;
-            return k.p;
-        }
+    pthread_mutex_lock(&mu);
+    size_t best = n_kept;
+    for (size_t i = 0; i < n_kept; i++)
+        if (kept[i].len >= want && (best == n_kept || kept[i].len < kept[best].len))
+            best = i;
+    if (best < n_kept) {
+        struct kept k = kept[best];
+        drop(best);
+        /* the tail past the next huge-page boundary stays kept, still on huge pages */
+        size_t cut = (want + KVT_HUGE_PAGE - 1) & ~(KVT_HUGE_PAGE - 1);
+        if (cut < k.len && keep(k.p + cut, k.len - cut))
+            k.len = cut;
         pthread_mutex_unlock(&mu);
+        *len = k.len;
+        *was_kept = true;
+        return k.p;
     }
+    /* None fits (a cache growing past every kept size): give back at least as much of the
+     * longest-kept memory first, so the new mapping can fault in those pages, which are
+     * backed and warm, rather than memory the host may have taken back. */
+    struct kept out[SLOTS];
+    size_t n = shrink_to(held > want ? held - want : 0, SLOTS, out);
+    pthread_mutex_unlock(&mu);
+    for (size_t i = 0; i < n; i++)
+        munmap(out[i].p, out[i].len);
     void *p = kvt_hugepage_map(want);
     *len = want;
     return p;
@@ -168,6 +188,7 @@ size_t kvt_buf_cache_limit(size_t bytes)
 
 size_t kvt_buf_cache_bytes(void)
 {
+    pthread_once(&once, init_limit);
     pthread_mutex_lock(&mu);
     size_t n = held;
     pthread_mutex_unlock(&mu);

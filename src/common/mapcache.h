@@ -11,12 +11,12 @@
 #include <stddef.h>
 
 /**
- * A mapping of at least @p bytes: a kept one when one is large enough and @p zeroed is false
- * (its contents are then whatever its last user left), else a fresh one (kvt_hugepage_map(),
- * zero filled). *@p len receives its length, to pass to kvt_mapcache_give().
- * @return the mapping, or NULL when memory is exhausted.
+ * A mapping of at least @p bytes: the smallest kept one that is large enough, else a fresh one
+ * (kvt_hugepage_map(), zero filled). *@p len receives its length, to pass to
+ * kvt_mapcache_give(); *@p was_kept whether it was kept (its contents are then whatever its last
+ * user left). @return the mapping, or NULL when memory is exhausted.
  */
-void *kvt_mapcache_take(size_t bytes, bool zeroed, size_t *len);
+void *kvt_mapcache_take(size_t bytes, size_t *len, bool *was_kept);
 
 /** Give back a mapping from kvt_mapcache_take(): kept while the cache has room, else unmapped. */
 void kvt_mapcache_give(void *p, size_t len);

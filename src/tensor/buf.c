@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #define BUF_ALIGN 64
 /* Large buffers start on a page, so that a restore can read file blocks straight into them
@@ -22,7 +23,8 @@
 /* Buffers from 4 MiB on are mappings of their own: they start on a 2 MiB boundary and ask for
  * transparent huge pages, as numpy does for its large arrays, so filling fresh memory takes one
  * fault per 2 MiB instead of 512 (KVT_HUGEPAGE=0 turns this off); and freed ones go to the
- * buffer cache, so the next restore reads into memory the process holds (PERFORMANCE.md). */
+ * buffer cache, so the next large buffer (a restore's, a growing cache's) uses memory the
+ * process holds (PERFORMANCE.md). */
 #define MAP_MIN ((size_t)4 << 20)
 
 struct kvt_buf {
@@ -53,11 +55,16 @@ static int map_alloc(size_t bytes, bool zero, kvt_buf **out)
 {
     struct kvt_buf *b = kvt_malloc(sizeof(*b));
     size_t len = 0;
-    void *p = b ? kvt_mapcache_take(bytes, zero, &len) : NULL;
+    bool kept = false;
+    void *p = b ? kvt_mapcache_take(bytes, &len, &kept) : NULL;
     if (!p) {
         kvt_free(b);
         return kvt_fail(-ENOMEM, "kvt_buf_new: cannot allocate %zu bytes", bytes);
     }
+    /* a fresh mapping is zero already; clearing a kept one is cheaper than faulting in new
+     * memory (which, where a hypervisor backs guest memory lazily, costs a host fault too) */
+    if (zero && kept)
+        memset(p, 0, bytes);
     init(b, p, bytes)->map_len = len;
     *out = b;
     return 0;
