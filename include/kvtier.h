@@ -107,7 +107,8 @@ typedef void (*kvt_release_fn)(void *ud, void *data);
 
 /** A new zero-filled host buffer of @p bytes (64-byte aligned, page aligned from 64 KiB on;
  * from 4 MiB on 2 MiB aligned, with transparent huge pages asked for unless the environment
- * sets KVT_HUGEPAGE=0; 0 bytes is allowed). */
+ * sets KVT_HUGEPAGE=0, and possibly a cleared buffer from the buffer cache; 0 bytes is
+ * allowed). */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 /** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). From
  * 4 MiB on it may come from the buffer cache (below). */
@@ -118,10 +119,10 @@ KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
  * tensors with it) and, cleared, by kvt_buf_new(). A restore that follows an eviction then
  * reads into memory the process already holds instead of faulting in and zeroing fresh pages;
  * a request that no kept buffer fits first gives back as much of the longest-kept memory, so
- * that the fresh mapping reuses it (PERFORMANCE.md). The default
- * limit is an eighth of physical memory, at most 8 GiB; KVT_BUF_CACHE in the environment
- * (bytes, with an optional K, M or G) sets another. Sets the limit to @p bytes, unmapping the
- * longest-kept buffers beyond it (0: keep none and release all), and returns the previous one.
+ * that the fresh mapping reuses it (PERFORMANCE.md). The default limit is an eighth of
+ * physical memory, at most 8 GiB; KVT_BUF_CACHE in the environment (bytes, with an optional
+ * K, M or G) sets another. Sets the limit to @p bytes, unmapping the longest-kept buffers
+ * beyond it (0: keep none and release all), and returns the previous one.
  */
 KVT_API size_t kvt_buf_cache_limit(size_t bytes);
 /** Bytes the buffer cache holds now (memory the process keeps for later buffers). */
