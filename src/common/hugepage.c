@@ -14,7 +14,9 @@ bool kvt_hugepage_on(void)
     return !(v && !strcmp(v, "0"));
 }
 
-void kvt_hugepage_advise(void *p, size_t bytes)
+/* Advise the whole huge pages of [p, p + bytes) (p on a huge-page boundary), before anything
+ * touches them. Advisory: errors are ignored. */
+static void advise(void *p, size_t bytes)
 {
     size_t whole = bytes & ~(KVT_HUGE_PAGE - 1);
     if (whole)
@@ -37,6 +39,6 @@ void *kvt_hugepage_map(size_t bytes)
         munmap(m, (size_t)(p - m));
     if (p + bytes < m + bytes + extra)
         munmap(p + bytes, (size_t)(m + bytes + extra - (p + bytes)));
-    kvt_hugepage_advise(p, bytes);
+    advise(p, bytes);
     return p;
 }

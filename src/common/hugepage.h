@@ -13,10 +13,6 @@
 /** Whether large memory should ask for huge pages (KVT_HUGEPAGE is not "0"). */
 bool kvt_hugepage_on(void);
 
-/** Advise the whole huge pages of [@p p, @p p + @p bytes) (@p p on a KVT_HUGE_PAGE
- * boundary) for huge pages, before anything touches them. Advisory: errors are ignored. */
-void kvt_hugepage_advise(void *p, size_t bytes);
-
 /**
  * A fresh private anonymous mapping of exactly @p bytes (a multiple of the page size). From
  * KVT_HUGE_PAGE on, where huge pages are on, it starts on a huge-page boundary and is advised

@@ -34,15 +34,15 @@ static size_t n_kept, held, limit;
 static uint64_t seq;
 
 /* Off by default under AddressSanitizer: a use after free then faults on the unmapped buffer. */
-#define SANITIZED 0
 #if defined(__SANITIZE_ADDRESS__)
-#undef SANITIZED
 #define SANITIZED 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#undef SANITIZED
 #define SANITIZED 1
 #endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
 #endif
 
 /* A fork never finds the lock held by a thread that does not exist in the child. */
@@ -116,6 +116,13 @@ static size_t shrink_to(size_t max, size_t slots, struct kept *out)
     return n;
 }
 
+/* Unmap the @p n mappings taken out into @p out (the lock not held). */
+static void unmap_all(const struct kept *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        munmap(out[i].p, out[i].len);
+}
+
 void *kvt_mapcache_take(size_t bytes, size_t *len, bool *was_kept)
 {
     pthread_once(&once, init_limit);
@@ -146,8 +153,7 @@ void *kvt_mapcache_take(size_t bytes, size_t *len, bool *was_kept)
     struct kept out[SLOTS];
     size_t n = shrink_to(held > want ? held - want : 0, SLOTS, out);
     pthread_mutex_unlock(&mu);
-    for (size_t i = 0; i < n; i++)
-        munmap(out[i].p, out[i].len);
+    unmap_all(out, n);
     void *p = kvt_hugepage_map(want);
     *len = want;
     return p;
@@ -168,8 +174,7 @@ void kvt_mapcache_give(void *p, size_t len)
         out[n++] = (struct kept){p, len, 0};
     }
     pthread_mutex_unlock(&mu);
-    for (size_t i = 0; i < n; i++)
-        munmap(out[i].p, out[i].len);
+    unmap_all(out, n);
 }
 
 size_t kvt_buf_cache_limit(size_t bytes)
@@ -181,8 +186,7 @@ size_t kvt_buf_cache_limit(size_t bytes)
     limit = bytes;
     size_t n = shrink_to(limit, SLOTS, out);
     pthread_mutex_unlock(&mu);
-    for (size_t i = 0; i < n; i++)
-        munmap(out[i].p, out[i].len);
+    unmap_all(out, n);
     return old;
 }
 

@@ -7,11 +7,11 @@
 #include "io/aq.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
