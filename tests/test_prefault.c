@@ -2,7 +2,7 @@
  * The prefault helper: a consumer that asks for a queued range finds its pages faulted in
  * (whichever thread did it), memory never queued is left alone, contents never change, and
  * memory freed while queued is harmless; deferred pieces run once each, in order, and are all
- * done when drain (or stop) returns.
+ * done when drain (or stop) returns. Only memory with a page not yet resident wants the helper.
  */
 #include "support/support.h"
 
@@ -177,6 +177,26 @@ static void test_deferred_pieces_run_in_order(void **state)
     munmap(dst, len);
 }
 
+static void test_wanted_only_for_missing_pages(void **state)
+{
+    (void)state;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 8 * MIB + 3 * pg;
+    uint8_t *m = map(len);
+    assert_true(kvt_prefault_wanted(m, len)); /* nothing touched */
+    memset(m, 1, len);
+    assert_false(kvt_prefault_wanted(m, len));
+    assert_false(kvt_prefault_wanted(m + 17, len - 40)); /* not on page boundaries */
+    assert_false(kvt_prefault_wanted(m, 0));
+    /* one page given back, far past the first mincore window of the check */
+    assert_int_equal(madvise(m + 6 * MIB + pg, pg, MADV_DONTNEED), 0);
+    assert_true(kvt_prefault_wanted(m, len));
+    assert_true(kvt_prefault_wanted(m + 6 * MIB + pg + 100, 1));
+    assert_false(kvt_prefault_wanted(m, 6 * MIB + pg));
+    assert_false(kvt_prefault_wanted(m + 6 * MIB + 2 * pg, len - 6 * MIB - 2 * pg));
+    munmap(m, len);
+    assert_true(kvt_prefault_wanted(m, len)); /* unmapped: the check cannot say no */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_contents_are_kept),
         cmocka_unit_test(test_freed_memory_is_harmless),
         cmocka_unit_test(test_deferred_pieces_run_in_order),
+        cmocka_unit_test(test_wanted_only_for_missing_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -155,6 +155,28 @@ static bool can_populate(void)
     return ok;
 }
 
+bool kvt_prefault_wanted(const void *addr, size_t len)
+{
+    uintptr_t pg = page_size();
+    uintptr_t lo = (uintptr_t)addr & ~(pg - 1), hi = (uintptr_t)addr + len;
+    if (len == 0)
+        return false;
+    if (hi < lo)
+        return true;
+    unsigned char vec[1024];
+    while (lo < hi) {
+        size_t pages = (hi - lo + pg - 1) / pg;
+        pages = pages < sizeof(vec) ? pages : sizeof(vec);
+        if (mincore((void *)lo, pages * pg, vec) != 0)
+            return true;
+        for (size_t k = 0; k < pages; k++)
+            if (!(vec[k] & 1))
+                return true;
+        lo += pages * pg;
+    }
+    return false;
+}
+
 struct kvt_prefault *kvt_prefault_start(void)
 {
     static atomic_int supported = -1; /* a racy first call is harmless: both agree */

@@ -14,6 +14,12 @@
 
 struct kvt_prefault;
 
+/**
+ * Whether some page of [@p addr, @p addr + @p len) is not resident (asked with mincore(2); true
+ * where it cannot be asked): memory the process already holds, such as a buffer taken back
+ * from the buffer cache, needs no helper, and handing work to one would only cost wake-ups.
+ */
+bool kvt_prefault_wanted(const void *addr, size_t len);
 /** Start a helper, or return NULL when the kernel cannot populate memory in advance. */
 struct kvt_prefault *kvt_prefault_start(void);
 /**
