@@ -106,15 +106,15 @@ typedef struct kvt_buf kvt_buf;
 typedef void (*kvt_release_fn)(void *ud, void *data);
 
 /** A new zero-filled host buffer of @p bytes (64-byte aligned, page aligned from 64 KiB on;
- * from 4 MiB on 2 MiB aligned, with transparent huge pages asked for unless the environment
- * sets KVT_HUGEPAGE=0, and possibly a cleared buffer from the buffer cache; 0 bytes is
- * allowed). */
+ * from 1 MiB on a mapping of its own, possibly a cleared one from the buffer cache, and from
+ * 2 MiB on 2 MiB aligned, with transparent huge pages asked for unless the environment sets
+ * KVT_HUGEPAGE=0; 0 bytes is allowed). */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 /** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). From
- * 4 MiB on it may come from the buffer cache (below). */
+ * 1 MiB on it may come from the buffer cache (below). */
 KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
 /**
- * The buffer cache: host buffers of 4 MiB and more are kept when their last reference drops,
+ * The buffer cache: host buffers of 1 MiB and more are kept when their last reference drops,
  * up to a limit in bytes, and handed out again by kvt_buf_new_uninit() (restores allocate their
  * tensors with it) and, cleared, by kvt_buf_new(). A restore that follows an eviction then
  * reads into memory the process already holds instead of faulting in and zeroing fresh pages;

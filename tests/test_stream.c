@@ -140,9 +140,9 @@ struct read_case {
  * zero-length one, and the last reaching the end of the file exactly.
  */
 static const struct kvt_range ranges[] = {
-    {0, 16384, NULL},   {16384, 100000, NULL},    {116400, 3, NULL},
-    {116403, 0, NULL},  {120000, 2500000, NULL},  {2700000, 4096, NULL},
-    {4000000, 1, NULL}, {4001000, 2000000, NULL}, {6301000, 299, NULL},
+    {0, 16384, NULL, NULL},   {16384, 100000, NULL, NULL},    {116400, 3, NULL, NULL},
+    {116403, 0, NULL, NULL},  {120000, 2500000, NULL, NULL},  {2700000, 4096, NULL, NULL},
+    {4000000, 1, NULL, NULL}, {4001000, 2000000, NULL, NULL}, {6301000, 299, NULL, NULL},
 };
 #define FILE_BYTES 6301299u
 
@@ -272,60 +272,69 @@ static void test_read_matrix(void **state)
  * small-page tail without one): those on whole blocks ride in the same request, through the
  * staging slot, the others in a staging chunk of their own. Every byte lands where the
  * consumer asks, cold (direct) and warm, on both engines, with chunks that take the staged
- * range whole or cannot.
+ * range whole or cannot, into memory already resident or fresh (the prefault helper at work),
+ * with the ranges without a destination naming where they are copied to or not.
  */
 static void test_read_staged_between_places(void **state)
 {
     (void)state;
     const uint64_t mib = (uint64_t)1 << 20;
     const struct kvt_range shape[] = {
-        {0, mib, NULL},                         /* into place */
-        {mib, mib / 4, NULL},                   /* none, whole blocks: in the same request */
-        {mib + mib / 4, 3 * mib / 4, NULL},     /* into place */
-        {2 * mib, 100003, NULL},                /* none, not whole blocks: staged on its own */
-        {2 * mib + 100003, mib - 100003, NULL}, /* into place from its first whole block */
-        {3 * mib, mib / 2, NULL},               /* none, whole blocks */
-        {3 * mib + mib / 2, 4096, NULL},        /* into place, the file's last bytes */
+        {0, mib, NULL, NULL},                     /* into place */
+        {mib, mib / 4, NULL, NULL},               /* none, whole blocks: in the same request */
+        {mib + mib / 4, 3 * mib / 4, NULL, NULL}, /* into place */
+        {2 * mib, 100003, NULL, NULL},            /* none, not whole blocks: staged on its own */
+        {2 * mib + 100003, mib - 100003, NULL, NULL}, /* into place from its first whole block */
+        {3 * mib, mib / 2, NULL, NULL},               /* none, whole blocks */
+        {3 * mib + mib / 2, 4096, NULL, NULL},        /* into place, the file's last bytes */
     };
     const bool place[] = {true, false, true, false, true, false, true};
     const size_t nr = sizeof(shape) / sizeof(shape[0]), bytes = 3 * mib + mib / 2 + 4096;
     char *path = strf("%s/staged.bin", dir);
     uint8_t *want = make_file(path, bytes, 23);
     const size_t chunks[] = {0, 512 << 10};
-    for (size_t e = 0; e < 2; e++)
-        for (size_t k = 0; k < 2; k++)
-            for (int warm = 0; warm < 2; warm++) {
-                if (warm)
-                    warm_cache(path);
-                else
-                    drop_cache(path);
-                uint8_t *mem = aligned_alloc(4096, bytes);
-                memset(mem, 0xee, bytes);
-                struct kvt_range rr[sizeof(shape) / sizeof(shape[0])];
-                for (size_t i = 0; i < nr; i++) {
-                    rr[i] = shape[i];
-                    rr[i].dst = place[i] ? mem + shape[i].off : NULL;
-                }
-                struct kvt_stream_opts o = {.engine = engines[e], .chunk = chunks[k]};
-                int fd = open(path, O_RDONLY);
-                assert_true(fd >= 0);
-                struct kvt_rstream *s;
-                assert_int_equal(kvt_rstream_open(fd, rr, nr, &o, &s), 0);
-                for (size_t i = 0; i < nr; i++) /* each range in two calls */
-                    for (uint64_t h = 0; h < 2; h++) {
-                        uint64_t a = h ? shape[i].len / 3 : 0;
-                        uint64_t b = h ? shape[i].len : shape[i].len / 3;
-                        assert_int_equal(kvt_rstream_read(s, mem + shape[i].off + a,
-                                                          (size_t)(b - a), NULL, NULL, NULL),
-                                         0);
-                    }
-                kvt_rstream_close(s);
-                close(fd);
-                if (memcmp(mem, want, bytes))
-                    fail_msg("%s, chunk %zu, %s: bytes differ", engines[e], chunks[k],
-                             warm ? "warm" : "cold");
-                free(mem);
+    for (int v = 0; v < 32; v++) {
+        size_t e = v & 1, k = (v >> 1) & 1;
+        bool warm = v & 4, fresh = v & 8, copy_to = v & 16;
+        if (warm)
+            warm_cache(path);
+        else
+            drop_cache(path);
+        uint8_t *mem =
+            fresh ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                  : aligned_alloc(4096, bytes);
+        assert_true(mem != MAP_FAILED && mem != NULL);
+        if (!fresh)
+            memset(mem, 0xee, bytes);
+        struct kvt_range rr[sizeof(shape) / sizeof(shape[0])];
+        for (size_t i = 0; i < nr; i++) {
+            rr[i] = shape[i];
+            rr[i].dst = place[i] ? mem + shape[i].off : NULL;
+            rr[i].copy_to = !place[i] && copy_to ? mem + shape[i].off : NULL;
+        }
+        struct kvt_stream_opts o = {.engine = engines[e], .chunk = chunks[k]};
+        int fd = open(path, O_RDONLY);
+        assert_true(fd >= 0);
+        struct kvt_rstream *s;
+        assert_int_equal(kvt_rstream_open(fd, rr, nr, &o, &s), 0);
+        for (size_t i = 0; i < nr; i++) /* each range in two calls */
+            for (uint64_t h = 0; h < 2; h++) {
+                uint64_t a = h ? shape[i].len / 3 : 0;
+                uint64_t b = h ? shape[i].len : shape[i].len / 3;
+                assert_int_equal(
+                    kvt_rstream_read(s, mem + shape[i].off + a, (size_t)(b - a), NULL, NULL, NULL),
+                    0);
             }
+        kvt_rstream_close(s);
+        close(fd);
+        if (memcmp(mem, want, bytes))
+            fail_msg("%s, chunk %zu, %s, %s memory: bytes differ", engines[e], chunks[k],
+                     warm ? "warm" : "cold", fresh ? "fresh" : "resident");
+        if (fresh)
+            munmap(mem, bytes);
+        else
+            free(mem);
+    }
     free(want);
     free(path);
 }
@@ -335,7 +344,7 @@ static void test_read_engine_names(void **state)
     (void)state;
     char *path = strf("%s/names.bin", dir);
     uint8_t *want = make_file(path, 2 << 20, 5);
-    struct kvt_range r = {0, 2 << 20, NULL};
+    struct kvt_range r = {0, 2 << 20, NULL, NULL};
     int fd = open(path, O_RDONLY);
     struct kvt_rstream *s;
     assert_int_equal(kvt_rstream_open(fd, &r, 1, &(struct kvt_stream_opts){.no_direct = true}, &s),
@@ -360,12 +369,12 @@ static void test_read_bad_ranges(void **state)
 {
     (void)state;
     struct kvt_rstream *s = (void *)1;
-    struct kvt_range overlap[] = {{0, 100, NULL}, {99, 10, NULL}};
+    struct kvt_range overlap[] = {{0, 100, NULL, NULL}, {99, 10, NULL, NULL}};
     assert_int_equal(kvt_rstream_open(0, overlap, 2, NULL, &s), -EINVAL);
     assert_null(s);
-    struct kvt_range wrap[] = {{UINT64_MAX - 5, 10, NULL}};
+    struct kvt_range wrap[] = {{UINT64_MAX - 5, 10, NULL, NULL}};
     assert_int_equal(kvt_rstream_open(0, wrap, 1, NULL, &s), -EINVAL);
-    struct kvt_range desc[] = {{5000, 10, NULL}, {0, 10, NULL}};
+    struct kvt_range desc[] = {{5000, 10, NULL, NULL}, {0, 10, NULL, NULL}};
     assert_int_equal(kvt_rstream_open(0, desc, 2, NULL, &s), -EINVAL);
 }
 
@@ -377,7 +386,7 @@ static void test_read_short_file(void **state)
     for (int mode = 0; mode < 4; mode++) {
         /* the ranges promise 4 MiB, the file has 3 (mode 3: read straight into place) */
         uint8_t *dst = aligned_alloc(4096, 4 << 20);
-        struct kvt_range r[] = {{0, 1 << 20, NULL}, {1 << 20, 3 << 20, NULL}};
+        struct kvt_range r[] = {{0, 1 << 20, NULL, NULL}, {1 << 20, 3 << 20, NULL, NULL}};
         if (mode == 3) {
             r[0].dst = dst;
             r[1].dst = dst + (1 << 20);
@@ -603,7 +612,7 @@ static void test_plain_gathers_small_pieces(void **state)
     kvt_fault_reset();
     kvt_io_set(kvt_io_fault());
     int fd = open(path, O_RDWR);
-    struct kvt_range r = {1000, 100000, NULL};
+    struct kvt_range r = {1000, 100000, NULL, NULL};
     struct kvt_rstream *s;
     assert_int_equal(kvt_rstream_open(fd, &r, 1, NULL, &s), 0);
     uint8_t got[100];

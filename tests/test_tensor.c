@@ -219,7 +219,61 @@ static void test_buf_cache(void **state)
     assert_int_equal(kvt_buf_cache_bytes(), 4 * mib); /* both 8 MiB ones went */
     assert_true(mapped(last));
     kvt_buf_unref(b);
+
+    /* from 1 MiB on buffers are kept; smaller ones come from malloc and are not */
+    kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(20 * mib);
+    assert_int_equal(kvt_buf_new_uninit(mib + mib / 2, &b), 0);
+    p = kvt_buf_data(b);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_cache_bytes(), mib + mib / 2);
+    assert_int_equal(kvt_buf_new_uninit(mib, &b), 0);
+    assert_ptr_equal(kvt_buf_data(b), p);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new_uninit(mib - 4096, &b), 0);
+    assert_ptr_not_equal(kvt_buf_data(b), p);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_cache_bytes(), mib + mib / 2); /* only the first one is kept */
     assert_int_equal(kvt_buf_cache_limit(old), 20 * mib);
+}
+
+/*
+ * Where a buffer's small-page tail begins: a mapping taken back from the buffer cache is on
+ * huge pages up to its last whole one (none under 2 MiB); fresh memory, buffers that are no
+ * mapping of their own and exact multiples of 2 MiB have no tail.
+ */
+static void test_buf_small_tail(void **state)
+{
+    (void)state;
+    const size_t mib = (size_t)1 << 20;
+    const struct {
+        size_t bytes, tail;
+    } cases[] = {{mib / 2, SIZE_MAX},       {mib + mib / 2, 0},           {2 * mib, SIZE_MAX},
+                 {2 * mib + 4096, 2 * mib}, {4 * mib + mib / 2, 4 * mib}, {8 * mib, SIZE_MAX}};
+    size_t old = kvt_buf_cache_limit(0);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kvt_buf_cache_limit(0); /* nothing kept: the second take gets the first one's mapping */
+        kvt_buf_cache_limit(64 * mib);
+        kvt_buf *b;
+        assert_int_equal(kvt_buf_new_uninit(cases[i].bytes, &b), 0);
+        assert_int_equal(kvt_buf_small_tail(b), SIZE_MAX); /* fresh */
+        kvt_buf_unref(b);
+        assert_int_equal(kvt_buf_new_uninit(cases[i].bytes, &b), 0);
+        if (kvt_buf_small_tail(b) != cases[i].tail)
+            fail_msg("%zu bytes: small-page tail at %zu, want %zu", cases[i].bytes,
+                     kvt_buf_small_tail(b), cases[i].tail);
+        kvt_buf_unref(b);
+    }
+    setenv("KVT_HUGEPAGE", "0", 1);
+    kvt_buf *b;
+    assert_int_equal(kvt_buf_new_uninit(mib + mib / 2, &b), 0);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new_uninit(mib + mib / 2, &b), 0);
+    assert_int_equal(kvt_buf_small_tail(b), SIZE_MAX); /* no huge pages anywhere */
+    kvt_buf_unref(b);
+    unsetenv("KVT_HUGEPAGE");
+    kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(old);
 }
 
 struct churn_arg {
@@ -731,17 +785,12 @@ static void test_slice_rows_runs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_table),
-        cmocka_unit_test(test_buf_new_zeroed_aligned),
-        cmocka_unit_test(test_buf_large_huge_pages),
-        cmocka_unit_test(test_buf_cache),
-        cmocka_unit_test(test_buf_cache_threads),
-        cmocka_unit_test(test_buf_cache_fork),
-        cmocka_unit_test(test_buf_wrap_release_once),
-        cmocka_unit_test(test_buf_new_enomem),
-        cmocka_unit_test(test_buf_refcount_threads),
-        cmocka_unit_test(test_tensor_init_bounds),
-        cmocka_unit_test(test_strided_copies_vs_naive),
+        cmocka_unit_test(test_dtype_table),          cmocka_unit_test(test_buf_new_zeroed_aligned),
+        cmocka_unit_test(test_buf_large_huge_pages), cmocka_unit_test(test_buf_cache),
+        cmocka_unit_test(test_buf_small_tail),       cmocka_unit_test(test_buf_cache_threads),
+        cmocka_unit_test(test_buf_cache_fork),       cmocka_unit_test(test_buf_wrap_release_once),
+        cmocka_unit_test(test_buf_new_enomem),       cmocka_unit_test(test_buf_refcount_threads),
+        cmocka_unit_test(test_tensor_init_bounds),   cmocka_unit_test(test_strided_copies_vs_naive),
         cmocka_unit_test(test_slice_rows_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -31,7 +31,7 @@
 #define RAW_WCHUNK ((size_t)16 << 20) /* bytes per direct write request */
 #define RAW_WDEPTH 4u                 /* direct write requests in flight */
 #define HUGE ((size_t)2 << 20)
-#define HUGE_MIN ((size_t)4 << 20)
+#define HUGE_MIN ((size_t)2 << 20)
 #define RAW_BUFFERED_PIECE ((size_t)64 << 20)
 
 double bench_now(void)

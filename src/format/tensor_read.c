@@ -102,7 +102,8 @@ static size_t dst_ranges(const struct kvt_slot *s, const struct kvt_slot_dst *d)
  * The ranges of slot @p s in a stream with destination @p d, written to @p out unless it is
  * NULL; returns how many. One range per block of a strided destination, one for a contiguous
  * one, each cut where the destination's small-page tail begins: the part past it gets no
- * destination, so it is read through staging (huge pages, one segment) and copied. One range
+ * destination, only a copy target, so it is read through staging (huge pages, one segment)
+ * and copied. One range
  * without a destination when @p d has none (or a geometry kvt_tensor_read() will refuse).
  */
 static size_t slot_ranges(const struct kvt_header *h, const struct kvt_slot *s,
@@ -112,7 +113,7 @@ static size_t slot_ranges(const struct kvt_header *h, const struct kvt_slot *s,
     size_t nr = dst_ranges(s, d), n = 0;
     if (nr == 0) {
         if (out)
-            out[0] = (struct kvt_range){abs, s->bytes, NULL};
+            out[0] = (struct kvt_range){abs, s->bytes, NULL, NULL};
         return 1;
     }
     uint64_t blk = s->bytes / nr;
@@ -122,10 +123,11 @@ static size_t slot_ranges(const struct kvt_header *h, const struct kvt_slot *s,
         if (in_place > blk)
             in_place = blk;
         if (in_place && out)
-            out[n] = (struct kvt_range){abs + k * blk, in_place, d->dst + at};
+            out[n] = (struct kvt_range){abs + k * blk, in_place, d->dst + at, NULL};
         n += in_place > 0;
         if (in_place < blk && out)
-            out[n] = (struct kvt_range){abs + k * blk + in_place, blk - in_place, NULL};
+            out[n] = (struct kvt_range){abs + k * blk + in_place, blk - in_place, NULL,
+                                        d->dst + at + in_place};
         n += in_place < blk;
     }
     return n;

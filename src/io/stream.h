@@ -24,12 +24,16 @@
  * consumer will ask for the range in one or more kvt_rstream_read() calls into dst, dst + k
  * ..., and the stream may read the range's whole blocks straight into that memory (direct
  * I/O, no staging copy) before they are asked for. dst must stay valid until the stream is
- * closed, and the stream owns [dst, dst + len) until the range is delivered.
+ * closed, and the stream owns [dst, dst + len) until the range is delivered. With @p dst NULL,
+ * @p copy_to may name where the consumer will copy the range (memory on small pages, which a
+ * direct read would cost one device segment per page): it is read through staging, and only
+ * its pages are faulted in ahead, like a destination's.
  */
 struct kvt_range {
     uint64_t off;
     uint64_t len;
     void *dst;
+    void *copy_to;
 };
 
 /*

@@ -263,7 +263,8 @@ static void prefault_ahead(struct kvt_rstream *s)
     horizon = horizon > UINT64_MAX - PREFAULT_AHEAD ? UINT64_MAX : horizon + PREFAULT_AHEAD;
     for (; s->pf_ri < s->n && s->r[s->pf_ri].off < horizon; s->pf_ri++) {
         const struct kvt_range *r = &s->r[s->pf_ri];
-        if (r->dst && r->len >= PREFAULT_MIN && !kvt_prefault_add(s->pf, r->dst, r->len))
+        void *to = r->dst ? r->dst : r->copy_to;
+        if (to && r->len >= PREFAULT_MIN && !kvt_prefault_add(s->pf, to, r->len))
             return; /* the helper's queue is full: try again after the next chunk */
     }
 }
@@ -279,9 +280,10 @@ static bool prefault_wanted(const struct kvt_rstream *s)
     bool any = false;
     for (size_t i = 0; i < s->n; i++) {
         const struct kvt_range *r = &s->r[i];
-        if (!r->dst || r->len < PREFAULT_MIN)
+        void *to = r->dst ? r->dst : r->copy_to;
+        if (!to || r->len < PREFAULT_MIN)
             continue;
-        if (kvt_prefault_wanted(r->dst, (size_t)r->len))
+        if (kvt_prefault_wanted(to, (size_t)r->len))
             return true;
         any = true;
     }
@@ -455,14 +457,15 @@ const char *kvt_rstream_engine(const struct kvt_rstream *s)
     return s->engine;
 }
 
-/* Whether the range at the consumer's cursor came with a destination. */
+/* Whether the range at the consumer's cursor came with a destination (or a copy target):
+ * its pages are queued for prefaulting already. */
 static bool range_has_dst(const struct kvt_rstream *s)
 {
     size_t ri = s->ri;
     uint64_t pos = s->pos;
     for (; ri < s->n && pos >= s->r[ri].len; ri++)
         pos = 0;
-    return ri < s->n && s->r[ri].dst;
+    return ri < s->n && (s->r[ri].dst || s->r[ri].copy_to);
 }
 
 /*

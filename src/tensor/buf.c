@@ -1,6 +1,7 @@
 /*
  * Refcounted byte buffers: 64-byte aligned host memory (page aligned from 64 KiB on, header and
- * data in one block; from 4 MiB on a mapping of the buffer cache, on huge pages) or wrapped
+ * data in one block; from 1 MiB on a mapping of the buffer cache, on huge pages where it holds
+ * whole ones) or wrapped
  * engine memory with a release callback that runs exactly once. Refcounts and the
  * exposed-rows mark are atomic so holders may live on different threads.
  */
@@ -20,12 +21,14 @@
  * (O_DIRECT needs block-aligned memory); the waste is under one page per buffer. */
 #define PAGE_ALIGN ((size_t)4096)
 #define PAGE_ALIGN_MIN ((size_t)64 << 10)
-/* Buffers from 4 MiB on are mappings of their own: they start on a 2 MiB boundary and ask for
- * transparent huge pages, as numpy does for its large arrays, so filling fresh memory takes one
- * fault per 2 MiB instead of 512 (KVT_HUGEPAGE=0 turns this off); and freed ones go to the
- * buffer cache, so the next large buffer (a restore's, a growing cache's) uses memory the
- * process holds (PERFORMANCE.md). */
-#define MAP_MIN ((size_t)4 << 20)
+/* Buffers from 1 MiB on are mappings of their own: from 2 MiB on they start on a 2 MiB boundary
+ * and ask for transparent huge pages, as numpy does for its large arrays, so filling fresh
+ * memory takes one fault per 2 MiB instead of 512 (KVT_HUGEPAGE=0 turns this off); and freed
+ * ones go to the buffer cache, so the next buffer of a restore or a growing cache uses memory
+ * the process holds (PERFORMANCE.md). From 1 MiB, not from 2: the tensors of entries of a few
+ * hundred tokens (1.5 MiB for 512 tokens of an 8-head, 128-dim bf16 layer) gain the most,
+ * since malloc gives their memory back to the system when they are freed. */
+#define MAP_MIN ((size_t)1 << 20)
 
 struct kvt_buf {
     atomic_int refs;
@@ -35,6 +38,7 @@ struct kvt_buf {
     kvt_release_fn release;
     void *ud;
     size_t map_len; /* data is a buffer-cache mapping of this length; 0: in the block */
+    bool was_kept;  /* the mapping came back from the buffer cache: its pages are resident */
     bool wrapped;
 };
 
@@ -47,6 +51,7 @@ static struct kvt_buf *init(struct kvt_buf *b, void *data, size_t bytes)
     b->release = NULL;
     b->ud = NULL;
     b->map_len = 0;
+    b->was_kept = false;
     b->wrapped = false;
     return b;
 }
@@ -66,6 +71,7 @@ static int map_alloc(size_t bytes, bool zero, kvt_buf **out)
     if (zero && kept)
         memset(p, 0, bytes);
     init(b, p, bytes)->map_len = len;
+    b->was_kept = kept;
     *out = b;
     return 0;
 }
@@ -173,9 +179,14 @@ bool kvt_buf_is_wrapped(const kvt_buf *b)
 size_t kvt_buf_small_tail(const kvt_buf *b)
 {
     /* a mapping is advised in whole huge pages from its start (also each piece the buffer
-     * cache cuts, which it cuts on a huge-page boundary) */
-    size_t whole = b && b->map_len ? b->map_len & ~(KVT_HUGE_PAGE - 1) : 0;
-    return whole && whole < b->size && kvt_hugepage_on() ? whole : SIZE_MAX;
+     * cache cuts, which it cuts on a huge-page boundary); one under 2 MiB has none. Fresh
+     * memory has no tail to avoid: a direct read faults its pages in as it pins them, and
+     * 64 MiB entries (1.5 MiB tensors) restored in a new process took twice as long when
+     * read through staging and copied into fresh pages. */
+    if (!b || !b->map_len || !b->was_kept || !kvt_hugepage_on())
+        return SIZE_MAX;
+    size_t whole = b->map_len & ~(KVT_HUGE_PAGE - 1);
+    return whole < b->size ? whole : SIZE_MAX;
 }
 
 void kvt_buf_expose(kvt_buf *b, int64_t rows)

@@ -49,10 +49,11 @@ uint64_t kvt_tensor_hash(const struct kvt_tensor *t);
 bool kvt_buf_is_wrapped(const kvt_buf *b);
 
 /**
- * Where the small-page tail of @p b begins: a buffer on huge pages whose mapping does not end
- * on a huge-page boundary has its last part in 4 KiB pages, and a direct read into those
- * costs the device one segment per page. SIZE_MAX when there is no such tail (the buffer is
- * wholly on huge pages, or on none).
+ * Where the small-page tail of @p b begins: a buffer-cache mapping whose length is not a whole
+ * number of huge pages has its last part in 4 KiB pages (all of it, under 2 MiB), and a direct
+ * read into those costs the device one segment per page. SIZE_MAX when there is no such tail
+ * (the buffer is wholly on huge pages, is no mapping of its own or fresh memory, or huge
+ * pages are off).
  */
 size_t kvt_buf_small_tail(const kvt_buf *b);
 
