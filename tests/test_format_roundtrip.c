@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -657,6 +658,69 @@ static void test_restore_into_kept_buffers(void **state)
     free_entry(&o);
 }
 
+/* Whole pages of the slack rows of cache @p c (capacity @p cap) that are resident. */
+static size_t resident_slack_pages(kvt_cache *c, int64_t cap)
+{
+    struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
+    int n = kvt_cache_state(c, t);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), offset = (size_t)kvt_cache_offset(c), count = 0;
+    for (int j = 0; j < n; j++) {
+        uintptr_t p = (uintptr_t)kvt_buf_data(t[j].buf);
+        size_t row = kvt_dtype_size(t[j].dtype) * (size_t)t[j].shape[3];
+        size_t blocks = (size_t)(t[j].shape[0] * t[j].shape[1]);
+        for (size_t b = 0; b < blocks; b++) {
+            uintptr_t lo = p + b * (size_t)cap * row + offset * row,
+                      hi = lo - offset * row + cap * row;
+            lo = (lo + pg - 1) & ~(uintptr_t)(pg - 1);
+            hi &= ~(uintptr_t)(pg - 1);
+            unsigned char v[1024];
+            for (; lo < hi; lo += pg) {
+                assert_int_equal(mincore((void *)lo, pg, v), 0);
+                count += v[0] & 1;
+            }
+        }
+        kvt_tensor_release(&t[j]);
+    }
+    return count;
+}
+
+/*
+ * A restore into fresh memory (an empty buffer cache) leaves the capacity slack untouched:
+ * the fresh pages are zero already, and faulting them in would only cost time and memory.
+ * On 4 KiB pages (with huge pages the slack shares pages with the rows), cold and warm.
+ */
+static void test_restore_leaves_fresh_slack_untouched(void **state)
+{
+    (void)state;
+    /* capacity 1280 rows: 180 slack rows of 1 KiB after each of 8 blocks of each tensor */
+    const struct geom g = {.heads = 8, .head_dim = 256, .tokens = 1100, .dtype = KVT_FLOAT32};
+    const int kinds[1] = {KVT_KIND_KV};
+    struct owned_entry o;
+    make_entry(&o, kinds, 1, &g, 47);
+    char *path = save(&o.e, "fresh.mlxkv");
+    size_t old = kvt_buf_cache_limit(0);
+    setenv("KVT_HUGEPAGE", "0", 1);
+    for (int warm = 0; warm < 2; warm++) {
+        struct kvt_expect x = {.keep_cache = warm};
+        struct kvt_entry *e;
+        if (warm)
+            make_warm(path);
+        else
+            make_cold(path);
+        if (kvt_file_load(path, &x, &e, NULL))
+            fail_msg("load: %s", kvt_last_error());
+        assert_int_equal(resident_slack_pages(e->caches[0], 1280), 0);
+        expect_zero_slack(e->caches[0], 1280);
+        expect_same_rows(o.caches[0], e->caches[0], false);
+        kvt_entry_free(e);
+    }
+    unsetenv("KVT_HUGEPAGE");
+    kvt_buf_cache_limit(old);
+    unlink(path);
+    free(path);
+    free_entry(&o);
+}
+
 static int gate_run(void *engine, kvt_step_fn step, void *arg)
 {
     struct gate *g = engine;
@@ -854,6 +918,7 @@ int main(void)
         cmocka_unit_test(test_cold_load_in_place),
         cmocka_unit_test(test_warm_load_parallel),
         cmocka_unit_test(test_restore_into_kept_buffers),
+        cmocka_unit_test(test_restore_leaves_fresh_slack_untouched),
         cmocka_unit_test(test_gated_steps),
         cmocka_unit_test(test_save_errors),
         cmocka_unit_test(test_restore_slack_bounded_by_file),

@@ -133,16 +133,22 @@ static size_t slot_ranges(const struct kvt_header *h, const struct kvt_slot *s,
     return n;
 }
 
+/* The ordinal of slot (@p ci, @p sj) in header order (its index in r->dst). */
+static size_t slot_ordinal(const struct kvt_header *h, size_t ci, int sj)
+{
+    size_t ord = (size_t)sj;
+    for (size_t i = 0; i < ci; i++)
+        ord += (size_t)h->caches[i].n_slots;
+    return ord;
+}
+
 /* A new stream over slot @p sj of cache @p ci and every slot after it, in header order. */
 static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj)
 {
     const struct kvt_header *h = r->h;
-    size_t n = 0, ord = 0; /* ranges; the ordinal of slot (ci, sj) in header order */
+    size_t n = 0, ord = slot_ordinal(h, ci, sj); /* ranges; where (ci, sj) is in r->dst */
     kvt_rstream_close(r->rs);
     r->rs = NULL;
-    for (size_t i = 0; i < ci; i++)
-        ord += (size_t)h->caches[i].n_slots;
-    ord += (size_t)sj;
     for (size_t i = ci, o = ord; i < h->n_caches; i++)
         for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++)
             n += slot_ranges(h, &h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL, NULL);
@@ -183,7 +189,8 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     if (bad_geometry(s, dst, blocks, dst_stride))
         return geometry_err(r, ci, sj);
     uint64_t blk = n / blocks;
-    zero_slack(dst, blocks, blk, dst_stride);
+    if (!(r->dst && r->dst[slot_ordinal(r->h, ci, sj)].zeroed))
+        zero_slack(dst, blocks, blk, dst_stride);
     bool due = r->rs && r->next_ci == ci && r->next_sj == sj;
     if (n == 0) {
         if (due)
@@ -247,7 +254,8 @@ static bool load_slot(void *ud, size_t o)
     uint64_t abs = kvt_slot_abs(r->h, s), blk = s->bytes / d->blocks;
     struct kvt_wyhash_state st;
     kvt_wyhash_init(&st, 0);
-    zero_slack(d->dst, d->blocks, blk, d->stride);
+    if (!d->zeroed)
+        zero_slack(d->dst, d->blocks, blk, d->stride);
     for (uint64_t k = 0; k < d->blocks && blk > 0; k++)
         for (uint64_t p = 0; p < blk; p += PAR_PIECE) {
             size_t m = blk - p < PAR_PIECE ? (size_t)(blk - p) : PAR_PIECE;

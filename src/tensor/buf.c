@@ -189,6 +189,11 @@ size_t kvt_buf_small_tail(const kvt_buf *b)
     return whole < b->size ? whole : SIZE_MAX;
 }
 
+bool kvt_buf_fresh(const kvt_buf *b)
+{
+    return b && b->map_len && !b->was_kept;
+}
+
 void kvt_buf_expose(kvt_buf *b, int64_t rows)
 {
     if (!b)

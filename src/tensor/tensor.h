@@ -56,6 +56,9 @@ bool kvt_buf_is_wrapped(const kvt_buf *b);
  * pages are off).
  */
 size_t kvt_buf_small_tail(const kvt_buf *b);
+/** Whether @p b is fresh memory, all zeros, as kvt_buf_new_uninit() gave it (a new mapping, not
+ * one taken back from the buffer cache): only until something writes into it. */
+bool kvt_buf_fresh(const kvt_buf *b);
 
 /*
  * Exposed rows: a per-buffer high-water mark, in token rows of the views the cache layer
