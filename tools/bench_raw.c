@@ -72,7 +72,7 @@ uint64_t bench_round_up(uint64_t len)
 void *bench_map(uint64_t len, bool prefault)
 {
     size_t n = (size_t)bench_round_up(len ? len : 1);
-    /* from 4 MiB on, on huge pages, as kvtier's large buffers and staging: over scattered
+    /* from 2 MiB on, on huge pages, as kvtier's large buffers and staging: over scattered
      * 4 KiB pages a direct request is split at the device's segment limit */
     size_t extra = n >= HUGE_MIN ? HUGE : 0;
     uint8_t *m = mmap(NULL, n + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

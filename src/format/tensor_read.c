@@ -103,8 +103,8 @@ static size_t dst_ranges(const struct kvt_slot *s, const struct kvt_slot_dst *d)
  * NULL; returns how many. One range per block of a strided destination, one for a contiguous
  * one, each cut where the destination's small-page tail begins: the part past it gets no
  * destination, only a copy target, so it is read through staging (huge pages, one segment)
- * and copied. One range
- * without a destination when @p d has none (or a geometry kvt_tensor_read() will refuse).
+ * and copied. One range without a destination when @p d has none (or a geometry
+ * kvt_tensor_read() will refuse).
  */
 static size_t slot_ranges(const struct kvt_header *h, const struct kvt_slot *s,
                           const struct kvt_slot_dst *d, struct kvt_range *out)

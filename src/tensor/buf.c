@@ -1,9 +1,8 @@
 /*
  * Refcounted byte buffers: 64-byte aligned host memory (page aligned from 64 KiB on, header and
  * data in one block; from 1 MiB on a mapping of the buffer cache, on huge pages where it holds
- * whole ones) or wrapped
- * engine memory with a release callback that runs exactly once. Refcounts and the
- * exposed-rows mark are atomic so holders may live on different threads.
+ * whole ones) or wrapped engine memory with a release callback that runs exactly once.
+ * Refcounts and the exposed-rows mark are atomic so holders may live on different threads.
  */
 #include "common/error.h"
 #include "common/hugepage.h"
