@@ -607,6 +607,20 @@ static size_t scribble_and_free(struct kvt_entry *e, int byte)
     return bytes;
 }
 
+/* Load @p path with its pages in the page cache (@p warm) or dropped first. */
+static struct kvt_entry *load_warm_or_cold(const char *path, bool warm)
+{
+    struct kvt_expect x = {.keep_cache = warm};
+    struct kvt_entry *e;
+    if (warm)
+        make_warm(path);
+    else
+        make_cold(path);
+    if (kvt_file_load(path, &x, &e, NULL))
+        fail_msg("load: %s", kvt_last_error());
+    return e;
+}
+
 /*
  * A restore whose tensors come from the buffer cache (the memory a freed entry left, full of
  * other bytes) gives the same state as one into fresh memory: the file's rows, zero slack.
@@ -631,12 +645,7 @@ static void test_restore_into_kept_buffers(void **state)
         size_t bytes = scribble_and_free(e, 0xa5);
         assert_int_equal(bytes, (size_t)30 << 20);
         assert_int_equal(kvt_buf_cache_bytes(), bytes);
-        if (warm)
-            make_warm(path);
-        else
-            make_cold(path);
-        if (kvt_file_load(path, &x, &e, NULL))
-            fail_msg("load: %s", kvt_last_error());
+        e = load_warm_or_cold(path, warm);
         assert_int_equal(kvt_buf_cache_bytes(), 0); /* every tensor took a kept buffer */
         for (int i = 0; i < 2; i++) {
             expect_zero_slack(e->caches[i], 1280);
@@ -701,14 +710,7 @@ static void test_restore_leaves_fresh_slack_untouched(void **state)
     size_t old = kvt_buf_cache_limit(0);
     setenv("KVT_HUGEPAGE", "0", 1);
     for (int warm = 0; warm < 2; warm++) {
-        struct kvt_expect x = {.keep_cache = warm};
-        struct kvt_entry *e;
-        if (warm)
-            make_warm(path);
-        else
-            make_cold(path);
-        if (kvt_file_load(path, &x, &e, NULL))
-            fail_msg("load: %s", kvt_last_error());
+        struct kvt_entry *e = load_warm_or_cold(path, warm);
         assert_int_equal(resident_slack_pages(e->caches[0], 1280), 0);
         expect_zero_slack(e->caches[0], 1280);
         expect_same_rows(o.caches[0], e->caches[0], false);
