@@ -237,6 +237,59 @@ static void test_buf_cache(void **state)
     assert_int_equal(kvt_buf_cache_limit(old), 20 * mib);
 }
 
+/* Whether all @p n bytes at @p p are zero. */
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/*
+ * A buffer for filling says whether it came zero-filled: small ones always do, a mapping when
+ * it is fresh, not when it was taken back from the buffer cache (old bytes and all); a
+ * zero-filled buffer is zeroed whatever its origin, an uninitialized small one is not.
+ */
+static void test_buf_for_fill(void **state)
+{
+    (void)state;
+    const size_t mib = (size_t)1 << 20;
+    size_t old = kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(64 * mib);
+    kvt_buf *b;
+    assert_int_equal(kvt_buf_new_for_fill(100 << 10, &b), 0);
+    assert_true(kvt_buf_zeroed(b));
+    assert_true(all_zero(kvt_buf_data(b), 100 << 10));
+    memset(kvt_buf_data(b), 7, 100 << 10);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new_for_fill(100 << 10, &b), 0); /* perhaps the same block */
+    assert_true(kvt_buf_zeroed(b));
+    assert_true(all_zero(kvt_buf_data(b), 100 << 10));
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new_uninit(100 << 10, &b), 0);
+    assert_false(kvt_buf_zeroed(b));
+    kvt_buf_unref(b);
+
+    assert_int_equal(kvt_buf_new_for_fill(4 * mib, &b), 0); /* nothing kept: fresh */
+    assert_true(kvt_buf_zeroed(b));
+    uint8_t *p = kvt_buf_data(b);
+    memset(p, 9, 4 * mib);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new_for_fill(4 * mib, &b), 0);
+    assert_ptr_equal(kvt_buf_data(b), p);
+    assert_false(kvt_buf_zeroed(b)); /* kept: the caller clears what must be zero */
+    assert_int_equal(p[0], 9);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_new(4 * mib, &b), 0);
+    assert_ptr_equal(kvt_buf_data(b), p);
+    assert_true(kvt_buf_zeroed(b));
+    assert_true(all_zero(p, 4 * mib));
+    kvt_buf_unref(b);
+    kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(old);
+}
+
 /*
  * Where a buffer's small-page tail begins: a mapping taken back from the buffer cache is on
  * huge pages up to its last whole one (none under 2 MiB); fresh memory, buffers that are no
@@ -785,12 +838,19 @@ static void test_slice_rows_runs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_table),          cmocka_unit_test(test_buf_new_zeroed_aligned),
-        cmocka_unit_test(test_buf_large_huge_pages), cmocka_unit_test(test_buf_cache),
-        cmocka_unit_test(test_buf_small_tail),       cmocka_unit_test(test_buf_cache_threads),
-        cmocka_unit_test(test_buf_cache_fork),       cmocka_unit_test(test_buf_wrap_release_once),
-        cmocka_unit_test(test_buf_new_enomem),       cmocka_unit_test(test_buf_refcount_threads),
-        cmocka_unit_test(test_tensor_init_bounds),   cmocka_unit_test(test_strided_copies_vs_naive),
+        cmocka_unit_test(test_dtype_table),
+        cmocka_unit_test(test_buf_new_zeroed_aligned),
+        cmocka_unit_test(test_buf_large_huge_pages),
+        cmocka_unit_test(test_buf_cache),
+        cmocka_unit_test(test_buf_small_tail),
+        cmocka_unit_test(test_buf_for_fill),
+        cmocka_unit_test(test_buf_cache_threads),
+        cmocka_unit_test(test_buf_cache_fork),
+        cmocka_unit_test(test_buf_wrap_release_once),
+        cmocka_unit_test(test_buf_new_enomem),
+        cmocka_unit_test(test_buf_refcount_threads),
+        cmocka_unit_test(test_tensor_init_bounds),
+        cmocka_unit_test(test_strided_copies_vs_naive),
         cmocka_unit_test(test_slice_rows_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

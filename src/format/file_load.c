@@ -98,7 +98,7 @@ static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, ui
         }
     }
     kvt_buf *buf;
-    int rc = kvt_buf_new_uninit((size_t)total, &buf);
+    int rc = kvt_buf_new_for_fill((size_t)total, &buf);
     if (rc < 0)
         return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", r->name, ci,
                         sj, (unsigned long long)total);
@@ -108,7 +108,7 @@ static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, ui
         return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: bad tensor geometry", r->name, ci, sj);
     /* nothing to place when empty; kvt_tensor_read() still verifies */
     *d = total ? (struct kvt_slot_dst){kvt_buf_data(t->buf), blocks, stride,
-                                       kvt_buf_small_tail(t->buf), kvt_buf_fresh(t->buf)}
+                                       kvt_buf_small_tail(t->buf), kvt_buf_zeroed(t->buf)}
                : (struct kvt_slot_dst){NULL, 1, 0, UINT64_MAX, false};
     return 0;
 }

@@ -162,7 +162,7 @@ int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect 
  * Where a slot's bytes go: @p blocks equal blocks, block k at dst + k * stride. Bytes from
  * dst + small_tail on (a buffer's small-page tail, kvt_buf_small_tail()) are read through
  * staging rather than straight into place; UINT64_MAX when there is none. @p zeroed: the
- * memory is known to be all zeros (fresh), so the slack between blocks is left untouched.
+ * memory is known to be all zeros, so the slack between blocks is left untouched.
  */
 struct kvt_slot_dst {
     uint8_t *dst;

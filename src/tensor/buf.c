@@ -38,6 +38,7 @@ struct kvt_buf {
     void *ud;
     size_t map_len; /* data is a buffer-cache mapping of this length; 0: in the block */
     bool was_kept;  /* the mapping came back from the buffer cache: its pages are resident */
+    bool zeroed;    /* all zeros as allocated (fresh memory, or cleared) */
     bool wrapped;
 };
 
@@ -51,6 +52,7 @@ static struct kvt_buf *init(struct kvt_buf *b, void *data, size_t bytes)
     b->ud = NULL;
     b->map_len = 0;
     b->was_kept = false;
+    b->zeroed = false;
     b->wrapped = false;
     return b;
 }
@@ -71,6 +73,7 @@ static int map_alloc(size_t bytes, bool zero, kvt_buf **out)
         memset(p, 0, bytes);
     init(b, p, bytes)->map_len = len;
     b->was_kept = kept;
+    b->zeroed = zero || !kept;
     *out = b;
     return 0;
 }
@@ -91,6 +94,7 @@ static int buf_alloc(size_t bytes, bool zero, kvt_buf **out)
         return kvt_fail(-ENOMEM, "kvt_buf_new: cannot allocate %zu bytes", bytes);
     uintptr_t p = (uintptr_t)(b + 1);
     *out = init(b, (void *)((p + align - 1) & ~(uintptr_t)(align - 1)), bytes);
+    b->zeroed = zero;
     return 0;
 }
 
@@ -102,6 +106,13 @@ int kvt_buf_new(size_t bytes, kvt_buf **out)
 int kvt_buf_new_uninit(size_t bytes, kvt_buf **out)
 {
     return buf_alloc(bytes, false, out);
+}
+
+int kvt_buf_new_for_fill(size_t bytes, kvt_buf **out)
+{
+    /* calloc costs nothing for memory malloc maps afresh and a memset of under 1 MiB for a
+     * reused block; a mapping is zero exactly when it is fresh */
+    return buf_alloc(bytes, bytes < MAP_MIN, out);
 }
 
 int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud, kvt_buf **out)
@@ -188,9 +199,9 @@ size_t kvt_buf_small_tail(const kvt_buf *b)
     return whole < b->size ? whole : SIZE_MAX;
 }
 
-bool kvt_buf_fresh(const kvt_buf *b)
+bool kvt_buf_zeroed(const kvt_buf *b)
 {
-    return b && b->map_len && !b->was_kept;
+    return b && b->zeroed;
 }
 
 void kvt_buf_expose(kvt_buf *b, int64_t rows)

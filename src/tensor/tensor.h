@@ -56,9 +56,16 @@ bool kvt_buf_is_wrapped(const kvt_buf *b);
  * pages are off).
  */
 size_t kvt_buf_small_tail(const kvt_buf *b);
-/** Whether @p b is fresh memory, all zeros, as kvt_buf_new_uninit() gave it (a new mapping, not
- * one taken back from the buffer cache): only until something writes into it. */
-bool kvt_buf_fresh(const kvt_buf *b);
+/**
+ * A buffer of @p bytes about to be filled except for some bytes that must read zero (a
+ * restore's capacity slack): zero-filled where that costs little (under 1 MiB) or nothing (a
+ * fresh mapping), otherwise as kvt_buf_new_uninit(); kvt_buf_zeroed() tells which, so the
+ * caller clears those bytes only when it must and never faults in fresh pages to do it.
+ */
+int kvt_buf_new_for_fill(size_t bytes, kvt_buf **out);
+/** Whether @p b was all zeros when allocated (fresh memory, or cleared): only until something
+ * writes into it. */
+bool kvt_buf_zeroed(const kvt_buf *b);
 
 /*
  * Exposed rows: a per-buffer high-water mark, in token rows of the views the cache layer
