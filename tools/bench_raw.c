@@ -31,7 +31,6 @@
 #define RAW_WCHUNK ((size_t)16 << 20) /* bytes per direct write request */
 #define RAW_WDEPTH 4u                 /* direct write requests in flight */
 #define HUGE ((size_t)2 << 20)
-#define HUGE_MIN ((size_t)2 << 20)
 #define RAW_BUFFERED_PIECE ((size_t)64 << 20)
 
 double bench_now(void)
@@ -74,7 +73,7 @@ void *bench_map(uint64_t len, bool prefault)
     size_t n = (size_t)bench_round_up(len ? len : 1);
     /* from 2 MiB on, on huge pages, as kvtier's large buffers and staging: over scattered
      * 4 KiB pages a direct request is split at the device's segment limit */
-    size_t extra = n >= HUGE_MIN ? HUGE : 0;
+    size_t extra = n >= HUGE ? HUGE : 0;
     uint8_t *m = mmap(NULL, n + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return NULL;

@@ -251,6 +251,12 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     return true;
 }
 
+/* Where range @p r's bytes will be written (its destination, or its copy target), or NULL. */
+static void *fault_target(const struct kvt_range *r)
+{
+    return r->dst ? r->dst : r->copy_to;
+}
+
 /*
  * Queue the destinations of the ranges up to PREFAULT_AHEAD bytes past the planning cursor
  * for prefaulting: the pages of a direct read must be there when it is submitted.
@@ -263,7 +269,7 @@ static void prefault_ahead(struct kvt_rstream *s)
     horizon = horizon > UINT64_MAX - PREFAULT_AHEAD ? UINT64_MAX : horizon + PREFAULT_AHEAD;
     for (; s->pf_ri < s->n && s->r[s->pf_ri].off < horizon; s->pf_ri++) {
         const struct kvt_range *r = &s->r[s->pf_ri];
-        void *to = r->dst ? r->dst : r->copy_to;
+        void *to = fault_target(r);
         if (to && r->len >= PREFAULT_MIN && !kvt_prefault_add(s->pf, to, r->len))
             return; /* the helper's queue is full: try again after the next chunk */
     }
@@ -280,7 +286,7 @@ static bool prefault_wanted(const struct kvt_rstream *s)
     bool any = false;
     for (size_t i = 0; i < s->n; i++) {
         const struct kvt_range *r = &s->r[i];
-        void *to = r->dst ? r->dst : r->copy_to;
+        void *to = fault_target(r);
         if (!to || r->len < PREFAULT_MIN)
             continue;
         if (kvt_prefault_wanted(to, (size_t)r->len))
@@ -465,7 +471,7 @@ static bool range_has_dst(const struct kvt_rstream *s)
     uint64_t pos = s->pos;
     for (; ri < s->n && pos >= s->r[ri].len; ri++)
         pos = 0;
-    return ri < s->n && (s->r[ri].dst || s->r[ri].copy_to);
+    return ri < s->n && fault_target(&s->r[ri]);
 }
 
 /*
