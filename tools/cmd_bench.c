@@ -277,7 +277,7 @@ static int warm_pair_step(struct bench_ctx *c, struct bench_row *row, int i)
 
 /*
  * Fresh buffers, one per tensor (and one for the header block), mapped the way a restore's
- * tensors are on a first restore (page aligned, huge pages from 4 MiB on), each with room for
+ * tensors are on a first restore (page aligned, huge pages from 2 MiB on), each with room for
  * its length rounded up to the direct-I/O granule. Mapped here, not taken from the library,
  * whose buffer cache would hand out memory the process holds.
  */
