@@ -183,14 +183,19 @@ static int open_tmp(struct save_job *j)
 }
 
 /*
- * Allocate the whole file once the plan has sized it, before the tensor writes go out: a full
- * disk fails here, before anything is written, and direct writes inside the file's size do not
- * extend it (on ext4, direct writes that extend a file run one at a time, each holding the
- * inode lock until it completes, on a kernel thread that competes with the engine). Runs
- * outside the engine's exclusion; skipped where the file system cannot preallocate.
+ * Allocate the whole file once the plan has sized it, before the tensor writes go out, when
+ * the file system is short of room: a disk without room for the file then fails here, before
+ * anything is written. With room to spare the blocks are left to the writes themselves: on
+ * ext4 each direct write into preallocated (unwritten) blocks converts them at completion,
+ * which measurably slowed saves against a plain write of the same bytes; a disk that fills
+ * while the writes run still fails the save cleanly. Runs outside the engine's exclusion;
+ * skipped where the file system cannot preallocate.
  */
 static int reserve(struct save_job *j)
 {
+    uint64_t avail;
+    if (kvt_io()->free_bytes(j->fd, &avail) == 0 && avail / 2 > j->file_size)
+        return 0;
     int rc = kvt_io()->fallocate(j->fd, j->file_size);
     if (rc == -EOPNOTSUPP || rc == -ENOSYS || rc == -EINVAL)
         return 0;

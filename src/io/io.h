@@ -23,6 +23,8 @@ struct kvt_io {
     /* allocate the blocks of [0, size) and extend the file to it (fallocate mode 0); -EOPNOTSUPP
      * where the file system cannot */
     int (*fallocate)(int fd, uint64_t size);
+    /* bytes an unprivileged writer may still use on @p fd's file system, or -errno */
+    int (*free_bytes)(int fd, uint64_t *out);
     int (*fstat)(int fd, struct stat *st);
     int (*renameat)(int olddirfd, const char *oldpath, int newdirfd, const char *newpath);
     int (*unlinkat)(int dirfd, const char *path, int flags);

@@ -183,6 +183,14 @@ static int fault_fallocate(int fd, uint64_t size)
     return err ? -err : kvt_io_posix()->fallocate(fd, size);
 }
 
+/* The rules decide what room there is, so none is known: a save always reserves its file. */
+static int fault_free_bytes(int fd, uint64_t *out)
+{
+    (void)fd;
+    (void)out;
+    return -ENOSYS;
+}
+
 static int fault_fstat(int fd, struct stat *st)
 {
     int err = decide(KVT_FAULT_FSTAT, NULL, NULL);
@@ -228,6 +236,7 @@ static const struct kvt_io fault_io = {
     .fsync = fault_fsync,
     .ftruncate = fault_ftruncate,
     .fallocate = fault_fallocate,
+    .free_bytes = fault_free_bytes,
     .fstat = fault_fstat,
     .renameat = fault_renameat,
     .unlinkat = fault_unlinkat,

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 /* Linux transfers at most 0x7ffff000 bytes per call; asking for less keeps ssize_t exact. */
@@ -82,6 +83,15 @@ static int posix_fallocate_to(int fd, uint64_t size)
     return rc == 0 ? 0 : -errno;
 }
 
+static int posix_free_bytes(int fd, uint64_t *out)
+{
+    struct statvfs sv;
+    if (fstatvfs(fd, &sv) != 0)
+        return -errno;
+    *out = (uint64_t)sv.f_bavail * sv.f_frsize;
+    return 0;
+}
+
 static int posix_fstat(int fd, struct stat *st)
 {
     return fstat(fd, st) == 0 ? 0 : -errno;
@@ -129,6 +139,7 @@ static const struct kvt_io posix_io = {
     .fsync = posix_fsync,
     .ftruncate = posix_ftruncate,
     .fallocate = posix_fallocate_to,
+    .free_bytes = posix_free_bytes,
     .fstat = posix_fstat,
     .renameat = posix_renameat,
     .unlinkat = posix_unlinkat,
