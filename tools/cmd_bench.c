@@ -218,8 +218,8 @@ static int raw_write_step(struct bench_ctx *c, struct bench_row *row, int i, boo
         rc = bench_raw_write(c->raw_path, c->lay.spans, c->lay.n_spans, c->lay.file_bytes, direct,
                              secs);
     /* the file stays until the next write step deletes it, as the entry's does: every write
-     * then starts right after the deletion of a file of the same size (whose discard the
-     * device is still busy with), and none writes onto space freed long before */
+     * then starts right after the deletion of a file of the same size (what was freed just
+     * before a write changes its speed; docs/PERFORMANCE.md, What is measured) */
     if (rc == 0)
         rc = bench_make_cold(c->raw_path);
     if (rc == -EINVAL && direct) { /* no O_DIRECT here: the buffered figure stands */
