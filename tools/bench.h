@@ -186,6 +186,8 @@ struct bench_summary {
     double gbps[BF_COUNT];
     double save_ratio, cold_ratio, cold_ratio_hot, warm_ratio, warm_ratio_hot;
     double verify_cost, verify_cost_warm;
+    /* 95 % intervals of the medians above (PERFORMANCE.md, Reported) */
+    double save_ci[2], cold_ci[2], warm_ci[2], verify_ci[2];
     double rss_restore, rss_save;
     bool has_peer;
     double peer_save_gbps, peer_cold_gbps, peer_warm_gbps;

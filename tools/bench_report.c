@@ -62,31 +62,65 @@ static int faster_fig(const struct bench_row *r, int a, int b)
 #define LIMIT_BEST_READ (-2)
 #define LIMIT_BEST_COPY (-3)
 
-/* Median over the first @p n repetitions of num[i] / den[i], where both were measured. */
-static double median_ratio(const double *num, const double *den, int n)
+/* The per-repetition num[i] / den[i] of the first @p n repetitions, where both were
+ * measured, into @p v; returns how many. */
+static int ratios(const double *num, const double *den, int n, double *v)
 {
-    double v[BENCH_MAX_REPEAT];
     int k = 0;
     for (int i = 0; i < n; i++)
         if (num[i] > 0 && den[i] > 0)
             v[k++] = num[i] / den[i];
-    return bench_median(v, (size_t)k);
+    return k;
 }
 
-/* Median over repetitions of limit_secs / kvtier_secs (a throughput ratio). */
-static double paired_ratio(const struct bench_row *r, int kvt, int limit)
+static double median_ratio(const double *num, const double *den, int n)
+{
+    double v[BENCH_MAX_REPEAT];
+    return bench_median(v, (size_t)ratios(num, den, n, v));
+}
+
+/*
+ * The distribution-free 95 % interval of the median of the @p k sorted values @p v: v[j] and
+ * v[k-1-j] for the largest j with 1 - 2 P(Binomial(k, 1/2) <= j) >= 0.95, the chance that
+ * the true median lies between them. Fewer than 6 values allow no such j: their whole range.
+ */
+static void median_interval(const double *v, int k, double ci[2])
+{
+    int j = 0;
+    double below = ldexp(1.0, -k), term = below; /* P(X <= j), P(X = j) */
+    for (int t = 1; t < k / 2; t++) {
+        term = term * (k - t + 1) / t;
+        if (1 - 2 * (below + term) < 0.95)
+            break;
+        below += term;
+        j = t;
+    }
+    ci[0] = k > 0 ? v[j] : 0;
+    ci[1] = k > 0 ? v[k - 1 - j] : 0;
+}
+
+/* Median over repetitions of limit_secs / kvtier_secs (a throughput ratio), and its 95 %
+ * interval in @p ci. */
+static double paired_ratio(const struct bench_row *r, int kvt, int limit, double ci[2])
 {
     int fig = limit == LIMIT_BEST_WRITE  ? faster_fig(r, BF_RAW_WRITE, BF_RAW_WRITE_DIRECT)
               : limit == LIMIT_BEST_READ ? faster_fig(r, BF_RAW_READ, BF_RAW_READ_HOT)
               : limit == LIMIT_BEST_COPY ? faster_fig(r, BF_MEMCPY, BF_MEMCPY_HOT)
                                          : limit;
-    return median_ratio(r->secs[fig], r->secs[kvt], r->n);
+    double v[BENCH_MAX_REPEAT];
+    int k = ratios(r->secs[fig], r->secs[kvt], r->n, v);
+    double m = bench_median(v, (size_t)k); /* sorts v */
+    median_interval(v, k, ci);
+    return m;
 }
 
-/* Median over repetitions of 1 - throughput(with hash check) / throughput(without). */
-static double paired_cost(const struct bench_row *r, int with, int without)
+/* Median over repetitions of 1 - throughput(with hash check) / throughput(without), and its
+ * 95 % interval in @p ci. */
+static double paired_cost(const struct bench_row *r, int with, int without, double ci[2])
 {
-    double m = median_ratio(r->secs[without], r->secs[with], r->n);
+    double m = paired_ratio(r, with, without, ci), lo = ci[0];
+    ci[0] = 1 - ci[1];
+    ci[1] = 1 - lo;
     return m > 0 ? 1.0 - m : 0;
 }
 
@@ -103,13 +137,14 @@ void bench_summarize(const struct bench_row *r, struct bench_summary *s)
         double m = median_of(r->secs[f], r->n);
         s->gbps[f] = m > 0 ? (double)r->file_bytes / m / 1e9 : 0;
     }
-    s->save_ratio = paired_ratio(r, BF_SAVE, LIMIT_BEST_WRITE);
-    s->cold_ratio = paired_ratio(r, BF_COLD, LIMIT_BEST_READ);
-    s->cold_ratio_hot = paired_ratio(r, BF_COLD, BF_RAW_READ_HOT);
-    s->warm_ratio = paired_ratio(r, BF_WARM, LIMIT_BEST_COPY);
-    s->warm_ratio_hot = paired_ratio(r, BF_WARM, BF_MEMCPY_HOT);
-    s->verify_cost = paired_cost(r, BF_COLD, BF_COLD_NOVERIFY);
-    s->verify_cost_warm = paired_cost(r, BF_WARM, BF_WARM_NOVERIFY);
+    double unused[2];
+    s->save_ratio = paired_ratio(r, BF_SAVE, LIMIT_BEST_WRITE, s->save_ci);
+    s->cold_ratio = paired_ratio(r, BF_COLD, LIMIT_BEST_READ, s->cold_ci);
+    s->cold_ratio_hot = paired_ratio(r, BF_COLD, BF_RAW_READ_HOT, unused);
+    s->warm_ratio = paired_ratio(r, BF_WARM, LIMIT_BEST_COPY, s->warm_ci);
+    s->warm_ratio_hot = paired_ratio(r, BF_WARM, BF_MEMCPY_HOT, unused);
+    s->verify_cost = paired_cost(r, BF_COLD, BF_COLD_NOVERIFY, s->verify_ci);
+    s->verify_cost_warm = paired_cost(r, BF_WARM, BF_WARM_NOVERIFY, unused);
     double tmp[BENCH_MAX_REPEAT];
     memcpy(tmp, r->rss_save, sizeof(tmp));
     s->rss_save = bench_median(tmp, (size_t)r->n);
@@ -168,6 +203,19 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
                 100 * s.verify_cost_warm, s.rss_restore / MIB,
                 (double)rows[i].restored_bytes / MIB);
     }
+    fprintf(f, "\n95 %% intervals of the medians above (of the per-repetition ratios, assuming"
+               " nothing about the noise)\n");
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        char label[32];
+        bench_summarize(&rows[i], &s);
+        size_label(label, sizeof(label), rows[i].target_bytes);
+        fprintf(f,
+                "%-8s save %.2f-%.2f   cold %.2f-%.2f   warm %.2f-%.2f   hash check cold "
+                "%.1f%% to %.1f%%\n",
+                label, s.save_ci[0], s.save_ci[1], s.cold_ci[0], s.cold_ci[1], s.warm_ci[0],
+                s.warm_ci[1], 100 * s.verify_ci[0], 100 * s.verify_ci[1]);
+    }
     fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh"
                " buffers / prefaulted memory, memcpy into fresh buffers / prefaulted memory\n");
     for (size_t i = 0; i < n; i++) {
@@ -210,12 +258,28 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
             ri->wall_s);
 }
 
-static void json_num(FILE *f, const char *key, double v, bool comma)
+static void json_value(FILE *f, double v)
 {
     if (isfinite(v))
-        fprintf(f, "\"%s\": %.6g%s", key, v, comma ? ", " : "");
+        fprintf(f, "%.6g", v);
     else
-        fprintf(f, "\"%s\": null%s", key, comma ? ", " : "");
+        fprintf(f, "null");
+}
+
+static void json_num(FILE *f, const char *key, double v, bool comma)
+{
+    fprintf(f, "\"%s\": ", key);
+    json_value(f, v);
+    fprintf(f, "%s", comma ? ", " : "");
+}
+
+static void json_interval(FILE *f, const char *key, const double ci[2])
+{
+    fprintf(f, "\"%s\": [", key);
+    json_value(f, ci[0]);
+    fprintf(f, ", ");
+    json_value(f, ci[1]);
+    fprintf(f, "], ");
 }
 
 static void json_summary(FILE *f, const struct bench_row *r, const struct bench_summary *s)
@@ -230,6 +294,10 @@ static void json_summary(FILE *f, const struct bench_row *r, const struct bench_
     json_num(f, "restore_warm_ratio", s->warm_ratio, true);
     json_num(f, "verify_cost", s->verify_cost, true);
     json_num(f, "verify_cost_warm", s->verify_cost_warm, true);
+    json_interval(f, "save_ratio_ci95", s->save_ci);
+    json_interval(f, "restore_cold_ratio_ci95", s->cold_ci);
+    json_interval(f, "restore_warm_ratio_ci95", s->warm_ci);
+    json_interval(f, "verify_cost_ci95", s->verify_ci);
     json_num(f, "restore_cold_ratio_prefaulted", s->cold_ratio_hot, true);
     json_num(f, "restore_warm_ratio_prefaulted", s->warm_ratio_hot, true);
     fprintf(f, "\"peak_rss_extra_bytes\": %.0f, \"save_peak_rss_extra_bytes\": %.0f, ",
@@ -263,7 +331,7 @@ static void json_secs(FILE *f, const struct bench_row *r)
     for (int k = 0; k < BF_COUNT; k++) {
         fprintf(f, "%s\"%s\": [", k ? ", " : "", fig_key[k]);
         for (int i = 0; i < r->n; i++)
-            fprintf(f, "%s%.6f", i ? ", " : "", r->secs[k][i]);
+            fprintf(f, "%s%.9g", i ? ", " : "", r->secs[k][i]);
         fprintf(f, "]");
     }
     fprintf(f, "}");

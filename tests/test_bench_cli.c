@@ -1,0 +1,217 @@
+/*
+ * The report of `kvtier bench` on small entries: the JSON carries every figure the
+ * performance targets are read from, each ratio is the median of the per-repetition ratios
+ * of its seconds (against the limit with the lower median time), and each 95 % interval is
+ * the pair of order statistics a binomial count gives, recomputed here from the seconds the
+ * same JSON lists. Bad arguments are refused with the usage status.
+ */
+#include "support/support.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#define EXIT_USAGE 2
+
+static int run_cli(const char *args, char **out)
+{
+    char *cmd = strf("%s/kvtier %s 2>&1", KVT_BUILD_DIR, args);
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap);
+    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (n + 1 == cap)
+            buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = '\0';
+    int st = pclose(p);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The seconds of figure @p key in size object @p size, checked to have @p n entries. */
+static const json_t *secs_of(const json_t *size, const char *key, size_t n)
+{
+    const json_t *a = json_object_get(json_object_get(size, "secs"), key);
+    if (!json_is_array(a) || json_array_size(a) != n)
+        fail_msg("secs.%s: not an array of %zu", key, n);
+    return a;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_sorted(const double *v, size_t n)
+{
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static double median_of(const json_t *a)
+{
+    double v[64];
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(a); i++)
+        if (json_number_value(json_array_get(a, i)) > 0)
+            v[n++] = json_number_value(json_array_get(a, i));
+    qsort(v, n, sizeof(*v), cmp);
+    return n ? median_sorted(v, n) : 0;
+}
+
+/* The lower order statistic (0-based) of the 95 % interval of a median of n values, by
+ * summing binomial coefficients: the largest j with 2 * sum_{i<=j} C(n,i) / 2^n <= 0.05. */
+static size_t interval_index(size_t n)
+{
+    double c = 1, tail = 0;
+    size_t j = 0;
+    for (size_t i = 0; i < n / 2; i++) {
+        if (i > 0)
+            c = c * (double)(n - i + 1) / (double)i;
+        tail += c;
+        if (2 * tail / pow(2, (double)n) > 0.05)
+            break;
+        j = i;
+    }
+    return j;
+}
+
+static void expect_close(const json_t *size, const char *key, double want)
+{
+    const json_t *v = json_object_get(size, key);
+    if (!json_is_number(v))
+        fail_msg("%s: missing", key);
+    double got = json_number_value(v);
+    if (fabs(got - want) > 1e-5 * fmax(1, fabs(want)))
+        fail_msg("%s: %.6g, recomputed %.6g", key, got, want);
+}
+
+/*
+ * Check ratio @p key (and key_ci95) of @p size: per repetition, limit over kvtier seconds,
+ * the limit being whichever of @p lim_a / @p lim_b has the lower median; @p cost reports
+ * 1 - ratio instead (the hash check's cost, whose limit is the restore without it).
+ */
+static void check_ratio(const json_t *size, size_t n, const char *key, const char *kvt,
+                        const char *lim_a, const char *lim_b, bool cost)
+{
+    const json_t *k = secs_of(size, kvt, n), *a = secs_of(size, lim_a, n);
+    const json_t *b = lim_b ? secs_of(size, lim_b, n) : NULL;
+    double ma = median_of(a), mb = b ? median_of(b) : 0;
+    const json_t *lim = b && mb > 0 && (ma <= 0 || mb < ma) ? b : a;
+    double v[64];
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = json_number_value(json_array_get(lim, i)),
+               y = json_number_value(json_array_get(k, i));
+        if (x > 0 && y > 0)
+            v[m++] = x / y;
+    }
+    assert_int_equal(m, n);
+    qsort(v, m, sizeof(*v), cmp);
+    size_t j = interval_index(m);
+    double med = median_sorted(v, m), lo = v[j], hi = v[m - 1 - j];
+    expect_close(size, key, cost ? 1 - med : med);
+    char *ci_key = strf("%s_ci95", key);
+    const json_t *ci = json_object_get(size, ci_key);
+    if (!json_is_array(ci) || json_array_size(ci) != 2)
+        fail_msg("%s: missing", ci_key);
+    double got_lo = json_number_value(json_array_get(ci, 0));
+    double got_hi = json_number_value(json_array_get(ci, 1));
+    double want_lo = cost ? 1 - hi : lo, want_hi = cost ? 1 - lo : hi;
+    if (fabs(got_lo - want_lo) > 1e-5 || fabs(got_hi - want_hi) > 1e-5)
+        fail_msg("%s: [%.6g, %.6g], recomputed [%.6g, %.6g]", ci_key, got_lo, got_hi, want_lo,
+                 want_hi);
+    assert_true(got_lo <= (cost ? 1 - med : med) + 1e-9 && (cost ? 1 - med : med) <= got_hi + 1e-9);
+    free(ci_key);
+}
+
+/* One bench run of @p sizes with @p n repetitions; checks its JSON against its seconds. */
+static void bench_run(const char *sizes, size_t n, size_t n_sizes)
+{
+    char *json = strf("%s/r%zu.json", test_dir, n);
+    char *args =
+        strf("bench --dir '%s/b' --size %s --repeat %zu --json '%s'", test_dir, sizes, n, json);
+    char *out = NULL;
+    int st = run_cli(args, &out);
+    if (st != 0)
+        fail_msg("kvtier %s: status %d\n%s", args, st, out);
+    assert_non_null(strstr(out, "95 % intervals of the medians"));
+    json_t *root = load_json(json);
+    assert_non_null(root);
+    assert_int_equal(json_integer_value(json_object_get(root, "repeat")), (json_int_t)n);
+    const json_t *rows = json_object_get(root, "sizes");
+    assert_int_equal(json_array_size(rows), n_sizes);
+    for (size_t i = 0; i < n_sizes; i++) {
+        const json_t *s = json_array_get(rows, i);
+        /* Llama-3-8B's shape: 128 KiB of K and V per token, a token per 128 KiB asked for */
+        uint64_t size = (uint64_t)json_integer_value(json_object_get(s, "size_bytes"));
+        uint64_t tokens = (uint64_t)json_integer_value(json_object_get(s, "tokens"));
+        uint64_t file = (uint64_t)json_integer_value(json_object_get(s, "file_bytes"));
+        uint64_t entry = (uint64_t)json_integer_value(json_object_get(s, "entry_bytes"));
+        assert_int_equal(tokens, size >> 17);
+        assert_true(file > size && entry >= size); /* entry_bytes counts the capacity rows */
+        assert_true(json_is_number(json_object_get(s, "peak_rss_extra_bytes")));
+        check_ratio(s, n, "save_ratio", "save", "raw_write_buffered", "raw_write_direct", false);
+        check_ratio(s, n, "restore_cold_ratio", "restore_cold", "raw_read", "raw_read_prefaulted",
+                    false);
+        check_ratio(s, n, "restore_warm_ratio", "restore_warm", "memcpy", "memcpy_prefaulted",
+                    false);
+        check_ratio(s, n, "verify_cost", "restore_cold", "restore_cold_noverify", NULL, true);
+    }
+    /* the entries are under the targets' 256 MiB: none of them counts */
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "targets"), "sizes")),
+                     0);
+    json_decref(root);
+    free(out);
+    free(args);
+    free(json);
+}
+
+static void test_report_nine(void **state)
+{
+    (void)state;
+    assert_int_equal(interval_index(9), 1); /* 1 - 2 * 10/512 = 0.961; with 46/512, 0.82 */
+    bench_run("4M,2M", 9, 2);
+}
+
+static void test_report_few(void **state)
+{
+    (void)state;
+    assert_int_equal(interval_index(5), 0); /* too few for 95 %: the whole range */
+    bench_run("3M", 5, 1);
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    const char *bad[] = {"--repeat 0", "--repeat 65",  "--size 0",
+                         "--size 1Q",  "--plot r.txt", "--frobnicate"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *args = strf("bench --dir '%s/b' %s", test_dir, bad[i]), *out = NULL;
+        int st = run_cli(args, &out);
+        if (st != EXIT_USAGE || !strstr(out, "usage: kvtier bench"))
+            fail_msg("kvtier %s: status %d\n%s", args, st, out);
+        free(out);
+        free(args);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_report_nine),
+        cmocka_unit_test(test_report_few),
+        cmocka_unit_test(test_usage_errors),
+    };
+    return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);
+}
