@@ -3,7 +3,8 @@
  * performance targets are read from, each ratio is the median of the per-repetition ratios
  * of its seconds (against the limit with the lower median time), and each 95 % interval is
  * the pair of order statistics a binomial count gives, recomputed here from the seconds the
- * same JSON lists. Bad arguments are refused with the usage status.
+ * same JSON lists; so are the numpy peer's (when python3-numpy is there). Bad arguments are
+ * refused with the usage status.
  */
 #include "support/support.h"
 
@@ -86,13 +87,19 @@ static size_t interval_index(size_t n)
     return j;
 }
 
+/* Equal to the 6 significant digits the JSON prints. */
+static bool close_to(double got, double want)
+{
+    return fabs(got - want) <= 1e-5 * fmax(1, fabs(want));
+}
+
 static void expect_close(const json_t *size, const char *key, double want)
 {
     const json_t *v = json_object_get(size, key);
     if (!json_is_number(v))
         fail_msg("%s: missing", key);
     double got = json_number_value(v);
-    if (fabs(got - want) > 1e-5 * fmax(1, fabs(want)))
+    if (!close_to(got, want))
         fail_msg("%s: %.6g, recomputed %.6g", key, got, want);
 }
 
@@ -128,7 +135,7 @@ static void check_ratio(const json_t *size, size_t n, const char *key, const cha
     double got_lo = json_number_value(json_array_get(ci, 0));
     double got_hi = json_number_value(json_array_get(ci, 1));
     double want_lo = cost ? 1 - hi : lo, want_hi = cost ? 1 - lo : hi;
-    if (fabs(got_lo - want_lo) > 1e-5 || fabs(got_hi - want_hi) > 1e-5)
+    if (!close_to(got_lo, want_lo) || !close_to(got_hi, want_hi))
         fail_msg("%s: [%.6g, %.6g], recomputed [%.6g, %.6g]", ci_key, got_lo, got_hi, want_lo,
                  want_hi);
     assert_true(got_lo <= (cost ? 1 - med : med) + 1e-9 && (cost ? 1 - med : med) <= got_hi + 1e-9);
@@ -191,6 +198,51 @@ static void test_report_few(void **state)
     bench_run("3M", 5, 1);
 }
 
+/* The numpy peer's ratios pair its seconds with kvtier's of the same repetition. */
+static void test_report_peer(void **state)
+{
+    (void)state;
+    if (system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0)
+        skip(); /* python3-numpy is optional (README) */
+    char *json = strf("%s/peer.json", test_dir);
+    char *args = strf("bench --dir '%s/b' --size 4M --repeat 6 --peers --peer-script "
+                      "'%s/../bench/peers/numpy_peer.py' --json '%s'",
+                      test_dir, KVT_TEST_DIR, json);
+    char *out = NULL;
+    int st = run_cli(args, &out);
+    if (st != 0)
+        fail_msg("kvtier %s: status %d\n%s", args, st, out);
+    assert_non_null(strstr(out, "numpy peer"));
+    json_t *root = load_json(json);
+    assert_non_null(root);
+    const json_t *size = json_array_get(json_object_get(root, "sizes"), 0);
+    const json_t *peer = json_object_get(size, "peer");
+    assert_string_equal(json_string_value(json_object_get(peer, "name")), "numpy");
+    const char *keys[][3] = {{"save_ratio", "save", "save"},
+                             {"load_cold_ratio", "load_cold", "restore_cold"},
+                             {"load_warm_ratio", "load_warm", "restore_warm"}};
+    for (size_t k = 0; k < 3; k++) {
+        const json_t *ps = json_object_get(json_object_get(peer, "secs"), keys[k][1]);
+        const json_t *ks = secs_of(size, keys[k][2], 6);
+        assert_int_equal(json_array_size(ps), 6);
+        double v[6];
+        for (size_t i = 0; i < 6; i++)
+            v[i] =
+                json_number_value(json_array_get(ps, i)) / json_number_value(json_array_get(ks, i));
+        qsort(v, 6, sizeof(*v), cmp);
+        expect_close(peer, keys[k][0], median_sorted(v, 6));
+        char *ci_key = strf("%s_ci95", keys[k][0]);
+        const json_t *ci = json_object_get(peer, ci_key);
+        assert_true(close_to(json_number_value(json_array_get(ci, 0)), v[0]));
+        assert_true(close_to(json_number_value(json_array_get(ci, 1)), v[5]));
+        free(ci_key);
+    }
+    json_decref(root);
+    free(out);
+    free(args);
+    free(json);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -211,6 +263,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_report_nine),
         cmocka_unit_test(test_report_few),
+        cmocka_unit_test(test_report_peer),
         cmocka_unit_test(test_usage_errors),
     };
     return cmocka_run_group_tests(tests, test_dir_setup, test_dir_teardown);

@@ -192,6 +192,7 @@ struct bench_summary {
     bool has_peer;
     double peer_save_gbps, peer_cold_gbps, peer_warm_gbps;
     double peer_save_ratio, peer_cold_ratio, peer_warm_ratio; /* kvtier / numpy throughput */
+    double peer_save_ci[2], peer_cold_ci[2], peer_warm_ci[2];
 };
 void bench_summarize(const struct bench_row *r, struct bench_summary *s);
 

@@ -73,12 +73,6 @@ static int ratios(const double *num, const double *den, int n, double *v)
     return k;
 }
 
-static double median_ratio(const double *num, const double *den, int n)
-{
-    double v[BENCH_MAX_REPEAT];
-    return bench_median(v, (size_t)ratios(num, den, n, v));
-}
-
 /*
  * The distribution-free 95 % interval of the median of the @p k sorted values @p v: v[j] and
  * v[k-1-j] for the largest j with 1 - 2 P(Binomial(k, 1/2) <= j) >= 0.95, the chance that
@@ -99,6 +93,16 @@ static void median_interval(const double *v, int k, double ci[2])
     ci[1] = k > 0 ? v[k - 1 - j] : 0;
 }
 
+/* Median over the first @p n repetitions of num[i] / den[i], and its 95 % interval in @p ci. */
+static double median_ratio(const double *num, const double *den, int n, double ci[2])
+{
+    double v[BENCH_MAX_REPEAT];
+    int k = ratios(num, den, n, v);
+    double m = bench_median(v, (size_t)k); /* sorts v */
+    median_interval(v, k, ci);
+    return m;
+}
+
 /* Median over repetitions of limit_secs / kvtier_secs (a throughput ratio), and its 95 %
  * interval in @p ci. */
 static double paired_ratio(const struct bench_row *r, int kvt, int limit, double ci[2])
@@ -107,11 +111,7 @@ static double paired_ratio(const struct bench_row *r, int kvt, int limit, double
               : limit == LIMIT_BEST_READ ? faster_fig(r, BF_RAW_READ, BF_RAW_READ_HOT)
               : limit == LIMIT_BEST_COPY ? faster_fig(r, BF_MEMCPY, BF_MEMCPY_HOT)
                                          : limit;
-    double v[BENCH_MAX_REPEAT];
-    int k = ratios(r->secs[fig], r->secs[kvt], r->n, v);
-    double m = bench_median(v, (size_t)k); /* sorts v */
-    median_interval(v, k, ci);
-    return m;
+    return median_ratio(r->secs[fig], r->secs[kvt], r->n, ci);
 }
 
 /* Median over repetitions of 1 - throughput(with hash check) / throughput(without), and its
@@ -159,9 +159,9 @@ void bench_summarize(const struct bench_row *r, struct bench_summary *s)
         s->peer_cold_gbps = pc > 0 ? (double)r->file_bytes / pc / 1e9 : 0;
         s->peer_warm_gbps = pw > 0 ? (double)r->file_bytes / pw / 1e9 : 0;
         /* kvtier's throughput over the peer's: peer seconds over kvtier's */
-        s->peer_save_ratio = median_ratio(p->save_s, r->secs[BF_SAVE], r->n);
-        s->peer_cold_ratio = median_ratio(p->cold_s, r->secs[BF_COLD], r->n);
-        s->peer_warm_ratio = median_ratio(p->warm_s, r->secs[BF_WARM], r->n);
+        s->peer_save_ratio = median_ratio(p->save_s, r->secs[BF_SAVE], r->n, s->peer_save_ci);
+        s->peer_cold_ratio = median_ratio(p->cold_s, r->secs[BF_COLD], r->n, s->peer_cold_ci);
+        s->peer_warm_ratio = median_ratio(p->warm_s, r->secs[BF_WARM], r->n, s->peer_warm_ci);
     }
 }
 
@@ -282,6 +282,15 @@ static void json_interval(FILE *f, const char *key, const double ci[2])
     fprintf(f, "], ");
 }
 
+/* "key": [v0, v1, ...] at full precision (seconds of every repetition). */
+static void json_list(FILE *f, const char *key, const double *v, int n, bool comma)
+{
+    fprintf(f, "\"%s\": [", key);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%.9g", i ? ", " : "", v[i]);
+    fprintf(f, "]%s", comma ? ", " : "");
+}
+
 static void json_summary(FILE *f, const struct bench_row *r, const struct bench_summary *s)
 {
     fprintf(f,
@@ -320,20 +329,23 @@ static void json_summary(FILE *f, const struct bench_row *r, const struct bench_
         json_num(f, "load_warm_gbps", s->peer_warm_gbps, true);
         json_num(f, "save_ratio", s->peer_save_ratio, true);
         json_num(f, "load_cold_ratio", s->peer_cold_ratio, true);
-        json_num(f, "load_warm_ratio", s->peer_warm_ratio, false);
-        fprintf(f, "}");
+        json_num(f, "load_warm_ratio", s->peer_warm_ratio, true);
+        json_interval(f, "save_ratio_ci95", s->peer_save_ci);
+        json_interval(f, "load_cold_ratio_ci95", s->peer_cold_ci);
+        json_interval(f, "load_warm_ratio_ci95", s->peer_warm_ci);
+        fprintf(f, "\"secs\": {");
+        json_list(f, "save", r->peer.save_s, r->peer.n, true);
+        json_list(f, "load_cold", r->peer.cold_s, r->peer.n, true);
+        json_list(f, "load_warm", r->peer.warm_s, r->peer.n, false);
+        fprintf(f, "}}");
     }
 }
 
 static void json_secs(FILE *f, const struct bench_row *r)
 {
     fprintf(f, "\"secs\": {");
-    for (int k = 0; k < BF_COUNT; k++) {
-        fprintf(f, "%s\"%s\": [", k ? ", " : "", fig_key[k]);
-        for (int i = 0; i < r->n; i++)
-            fprintf(f, "%s%.9g", i ? ", " : "", r->secs[k][i]);
-        fprintf(f, "]");
-    }
+    for (int k = 0; k < BF_COUNT; k++)
+        json_list(f, fig_key[k], r->secs[k], r->n, k + 1 < BF_COUNT);
     fprintf(f, "}");
 }
 
