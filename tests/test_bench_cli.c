@@ -13,31 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #define EXIT_USAGE 2
-
-static int run_cli(const char *args, char **out)
-{
-    char *cmd = strf("%s/kvtier %s 2>&1", KVT_BUILD_DIR, args);
-    FILE *p = popen(cmd, "r");
-    free(cmd);
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int st = pclose(p);
-    if (out)
-        *out = buf;
-    else
-        free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* The seconds of figure @p key in size object @p size, checked to have @p n entries. */
 static const json_t *secs_of(const json_t *size, const char *key, size_t n)
@@ -149,7 +126,7 @@ static void bench_run(const char *sizes, size_t n, size_t n_sizes)
     char *args =
         strf("bench --dir '%s/b' --size %s --repeat %zu --json '%s'", test_dir, sizes, n, json);
     char *out = NULL;
-    int st = run_cli(args, &out);
+    int st = run_cli(args, true, &out);
     if (st != 0)
         fail_msg("kvtier %s: status %d\n%s", args, st, out);
     assert_non_null(strstr(out, "95 % intervals of the medians"));
@@ -209,7 +186,7 @@ static void test_report_peer(void **state)
                       "'%s/../bench/peers/numpy_peer.py' --json '%s'",
                       test_dir, KVT_TEST_DIR, json);
     char *out = NULL;
-    int st = run_cli(args, &out);
+    int st = run_cli(args, true, &out);
     if (st != 0)
         fail_msg("kvtier %s: status %d\n%s", args, st, out);
     assert_non_null(strstr(out, "numpy peer"));
@@ -250,7 +227,7 @@ static void test_usage_errors(void **state)
                          "--size 1Q",  "--plot r.txt", "--frobnicate"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char *args = strf("bench --dir '%s/b' %s", test_dir, bad[i]), *out = NULL;
-        int st = run_cli(args, &out);
+        int st = run_cli(args, true, &out);
         if (st != EXIT_USAGE || !strstr(out, "usage: kvtier bench"))
             fail_msg("kvtier %s: status %d\n%s", args, st, out);
         free(out);

@@ -10,35 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-static int run_cli(const char *args, char **out)
-{
-    char *cmd = strf("%s/kvtier %s 2>&1", KVT_BUILD_DIR, args);
-    FILE *p = popen(cmd, "r");
-    free(cmd);
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int st = pclose(p);
-    if (out)
-        *out = buf;
-    else
-        free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int synth(const char *out, const char *args)
 {
     char *a = strf("synth '%s' --created-at 1751500000000 %s", out, args);
-    int st = run_cli(a, NULL);
+    int st = run_cli(a, true, NULL);
     free(a);
     return st;
 }
@@ -125,7 +102,7 @@ static void test_synth_errors(void **state)
         assert_int_equal(synth(path, bad[i]), 2);
         assert_int_not_equal(access(path, F_OK), 0);
     }
-    assert_int_equal(run_cli("synth --kind kv", NULL), 2);
+    assert_int_equal(run_cli("synth --kind kv", true, NULL), 2);
     free(path);
 }
 
@@ -135,7 +112,7 @@ static void test_verify_and_inspect_damage(void **state)
     char *path = strf("%s/v.mlxkv", test_dir);
     assert_int_equal(synth(path, "--kind mixed --tokens 9"), 0);
     char *out, *args = strf("verify '%s'", test_dir);
-    assert_int_equal(run_cli(args, &out), 0);
+    assert_int_equal(run_cli(args, true, &out), 0);
     free(out);
 
     struct kvt_header *h;
@@ -149,7 +126,7 @@ static void test_verify_and_inspect_damage(void **state)
     assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
     close(fd);
 
-    assert_int_equal(run_cli(args, &out), 1);
+    assert_int_equal(run_cli(args, true, &out), 1);
     assert_non_null(strstr(out, "corrupt: "));
     assert_non_null(strstr(out, ": L3: tensor hash mismatch at offset"));
     assert_non_null(strstr(out, "caches[2].tensors[1]"));
@@ -157,7 +134,7 @@ static void test_verify_and_inspect_damage(void **state)
     free(args);
 
     args = strf("verify --json '%s'", path);
-    assert_int_equal(run_cli(args, &out), 1);
+    assert_int_equal(run_cli(args, true, &out), 1);
     json_t *j = json_loads(out, 0, NULL);
     assert_non_null(j);
     json_t *f = json_array_get(json_object_get(j, "files"), 0);
@@ -169,7 +146,7 @@ static void test_verify_and_inspect_damage(void **state)
 
     /* the header is intact: inspect still reads it */
     args = strf("inspect --json '%s'", path);
-    assert_int_equal(run_cli(args, &out), 0);
+    assert_int_equal(run_cli(args, true, &out), 0);
     j = json_loads(out, 0, NULL);
     assert_non_null(j);
     assert_int_equal(json_integer_value(json_object_get(j, "n_tokens")), 9);
@@ -183,7 +160,7 @@ static void test_verify_and_inspect_damage(void **state)
     assert_int_equal(pwrite(fd, "X", 1, 40), 1);
     close(fd);
     args = strf("inspect --json '%s'", path);
-    assert_int_equal(run_cli(args, &out), 1);
+    assert_int_equal(run_cli(args, true, &out), 1);
     j = json_loads(out, 0, NULL);
     assert_non_null(j);
     assert_string_equal(json_string_value(json_object_get(j, "check")), "V6");

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "format/format.h"
 
@@ -328,27 +327,6 @@ static void test_load_expectations(void **state)
     kvt_entry_free(e);
 }
 
-/* Run the CLI; returns its exit status and its stdout (caller frees). */
-static int run_cli(const char *args, char **out)
-{
-    char *cmd = strf("%s/kvtier %s 2>/dev/null", KVT_BUILD_DIR, args);
-    FILE *p = popen(cmd, "r");
-    free(cmd);
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_cli_inspect(void **state)
 {
     (void)state;
@@ -357,7 +335,7 @@ static void test_cli_inspect(void **state)
     json_object_foreach(json_object_get(expected, "files"), file, want)
     {
         char *args = strf("inspect --json '%s'", golden_path(file)), *out;
-        int st = run_cli(args, &out);
+        int st = run_cli(args, false, &out);
         free(args);
         json_error_t err;
         json_t *got = json_loads(out, 0, &err);
@@ -378,12 +356,12 @@ static void test_cli_inspect(void **state)
         free(out);
     }
     char *out;
-    assert_int_equal(run_cli("inspect /nonexistent/file.mlxkv", &out), 2);
+    assert_int_equal(run_cli("inspect /nonexistent/file.mlxkv", false, &out), 2);
     free(out);
-    assert_int_equal(run_cli("inspect", &out), 2);
+    assert_int_equal(run_cli("inspect", false, &out), 2);
     free(out);
     char *args = strf("inspect '%s'", golden_path("mixed.mlxkv"));
-    assert_int_equal(run_cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     assert_non_null(strstr(out, "rotating-qkv offset 16 idx 0 maxSize 8 groupSize 128 bits 2"));
     assert_non_null(strstr(out, "\"lora-a\""));
     free(args);
@@ -400,7 +378,7 @@ static void test_cli_verify(void **state)
         !json_is_true(json_object_get(want, "ok"));
 
     char *out, *args = strf("verify --json '%s/golden'", KVT_TEST_DIR);
-    assert_int_equal(run_cli(args, &out), 1);
+    assert_int_equal(run_cli(args, false, &out), 1);
     free(args);
     json_t *got = json_loads(out, 0, NULL);
     assert_non_null(got);
@@ -425,7 +403,7 @@ static void test_cli_verify(void **state)
 
     /* text: one line per bad file naming the check, then the summary line */
     args = strf("verify '%s/golden'", KVT_TEST_DIR);
-    assert_int_equal(run_cli(args, &out), 1);
+    assert_int_equal(run_cli(args, false, &out), 1);
     size_t lines = 0;
     for (char *p = out; (p = strchr(p, '\n')) != NULL; p++)
         lines++;
@@ -435,23 +413,23 @@ static void test_cli_verify(void **state)
     free(out);
 
     args = strf("verify '%s' '%s'", golden_path("kv.mlxkv"), golden_path("mixed.mlxkv"));
-    assert_int_equal(run_cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     free(args);
     free(out);
     args = strf("verify '%s'", golden_path("tensor-byte-flipped.mlxkv"));
-    assert_int_equal(run_cli(args, &out), 1);
+    assert_int_equal(run_cli(args, false, &out), 1);
     assert_non_null(strstr(out, "L3: tensor hash mismatch at offset"));
     free(args);
     free(out);
     args = strf("verify --no-hashes '%s'", golden_path("tensor-byte-flipped.mlxkv"));
-    assert_int_equal(run_cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     free(args);
     free(out);
     args = strf("verify '%s' /nonexistent/x.mlxkv", golden_path("kv.mlxkv"));
-    assert_int_equal(run_cli(args, &out), 2);
+    assert_int_equal(run_cli(args, false, &out), 2);
     free(args);
     free(out);
-    assert_int_equal(run_cli("verify", &out), 2);
+    assert_int_equal(run_cli("verify", false, &out), 2);
     free(out);
 }
 

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 
 static struct kvt_entry *synth(const int32_t *tok, size_t n, bool trimmable)
@@ -62,31 +61,10 @@ static void put(const char *dir, const char *model, const char *fp, const int32_
     kvt_store_close(s);
 }
 
-/* Run the CLI with @p args (a shell-quoted string); stdout in *out (caller frees). */
-static int cli(const char *args, char **out)
-{
-    char *cmd = strf("%s/kvtier %s 2>/dev/null", KVT_BUILD_DIR, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 2)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int st = pclose(p);
-    free(cmd);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static json_t *cli_json(const char *args, int want_rc)
 {
     char *out;
-    int rc = cli(args, &out);
+    int rc = run_cli(args, false, &out);
     if (rc != want_rc)
         fail_msg("kvtier %s: exit %d, output: %s", args, rc, out);
     json_error_t err;
@@ -238,7 +216,7 @@ static void test_ls_and_stats(void **state)
 
     char *out;
     args = strf("ls '%s/nowhere'", f.dir);
-    assert_int_equal(cli(args, &out), 2);
+    assert_int_equal(run_cli(args, false, &out), 2);
     free(out);
     free(args);
     free_fixture(&f);
@@ -290,7 +268,7 @@ static void test_find(void **state)
 
     char *out;
     args = strf("find '%s' --tokens 1,,2", f.fp_dir);
-    assert_int_equal(cli(args, &out), 2);
+    assert_int_equal(run_cli(args, false, &out), 2);
     free(out);
     free(args);
     free_fixture(&f);
@@ -306,7 +284,7 @@ static void test_gc(void **state)
 
     /* Dry run: says what it would do, does nothing. */
     char *args = strf("gc '%s' --dry-run --remove-skipped --max-bytes 1", f.fp_dir);
-    assert_int_equal(cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     free(args);
     assert_non_null(strstr(out, "would reap abandoned"));
     assert_non_null(strstr(out, "would remove corrupt"));
@@ -317,7 +295,7 @@ static void test_gc(void **state)
 
     /* Without --remove-skipped and --max-bytes: only the corrupt file and the dead .tmp. */
     args = strf("gc '%s'", f.fp_dir);
-    assert_int_equal(cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     free(args);
     free(out);
     assert_false(exists(f.corrupt));
@@ -337,7 +315,7 @@ static void test_gc(void **state)
     kvt_store_close(s);
     uint64_t cap = st.total_bytes - 1;
     args = strf("gc '%s' --max-bytes %llu", f.fp_dir, (unsigned long long)cap);
-    assert_int_equal(cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     free(args);
     assert_non_null(strstr(out, "evict"));
     free(out);
@@ -350,7 +328,7 @@ static void test_gc(void **state)
 
     /* --remove-skipped clears what no identity here can use. */
     args = strf("gc '%s' --remove-skipped", f.fp_dir);
-    assert_int_equal(cli(args, &out), 0);
+    assert_int_equal(run_cli(args, false, &out), 0);
     free(args);
     free(out);
     assert_false(exists(f.foreign_ver));

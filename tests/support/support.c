@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *golden_path(const char *name)
@@ -168,4 +169,29 @@ void vma_flags(const void *p, char *out, size_t n)
     }
     if (f)
         fclose(f);
+}
+
+int run_cli(const char *args, bool with_stderr, char **out)
+{
+    char *cmd = strf("%s/kvtier %s 2>%s", KVT_BUILD_DIR, args, with_stderr ? "&1" : "/dev/null");
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (n + 1 == cap) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+    }
+    buf[n] = '\0';
+    int st = pclose(p);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -6,6 +6,7 @@
 #define KVT_TEST_SUPPORT_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 /* cmocka needs these before its header */
@@ -37,6 +38,11 @@ void fill_random(void *dst, size_t n, uint64_t *state);
 void vma_flags(const void *p, char *out, size_t n);
 /** Remove a directory tree (best effort). */
 void rm_rf(const char *path);
+/**
+ * Run the built CLI with @p args (shell-quoted) and return its exit status; its stdout (and
+ * stderr with @p with_stderr) goes to *out unless @p out is NULL (caller frees).
+ */
+int run_cli(const char *args, bool with_stderr, char **out);
 /** printf into a malloc'd string. */
 char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
