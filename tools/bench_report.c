@@ -175,6 +175,70 @@ static void size_label(char *buf, size_t n, uint64_t bytes)
         snprintf(buf, n, "%.0f KiB", (double)bytes / 1024.0);
 }
 
+/* One line of a table section: row @p r, labelled @p label, summarized in @p s. */
+typedef void (*row_line_fn)(FILE *f, const char *label, const struct bench_row *r,
+                            const struct bench_summary *s);
+
+static void print_rows(FILE *f, const struct bench_row *rows, size_t n, row_line_fn line)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct bench_summary s;
+        char label[32];
+        bench_summarize(&rows[i], &s);
+        size_label(label, sizeof(label), rows[i].target_bytes);
+        line(f, label, &rows[i], &s);
+    }
+}
+
+static void main_line(FILE *f, const char *label, const struct bench_row *r,
+                      const struct bench_summary *s)
+{
+    fprintf(f,
+            "%-8s %6zu | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f |"
+            " %4.1f%% %5.1f%% | %7.0f %7.0f\n",
+            label, r->tokens, s->gbps[BF_SAVE],
+            fmax(s->gbps[BF_RAW_WRITE], s->gbps[BF_RAW_WRITE_DIRECT]), s->save_ratio,
+            s->gbps[BF_COLD], fmax(s->gbps[BF_RAW_READ], s->gbps[BF_RAW_READ_HOT]), s->cold_ratio,
+            s->gbps[BF_WARM], fmax(s->gbps[BF_MEMCPY], s->gbps[BF_MEMCPY_HOT]), s->warm_ratio,
+            100 * s->verify_cost, 100 * s->verify_cost_warm, s->rss_restore / MIB,
+            (double)r->restored_bytes / MIB);
+}
+
+static void interval_line(FILE *f, const char *label, const struct bench_row *r,
+                          const struct bench_summary *s)
+{
+    (void)r;
+    fprintf(f,
+            "%-8s save %.2f-%.2f   cold %.2f-%.2f   warm %.2f-%.2f   hash check cold "
+            "%.1f%% to %.1f%%\n",
+            label, s->save_ci[0], s->save_ci[1], s->cold_ci[0], s->cold_ci[1], s->warm_ci[0],
+            s->warm_ci[1], 100 * s->verify_ci[0], 100 * s->verify_ci[1]);
+}
+
+static void limits_line(FILE *f, const char *label, const struct bench_row *r,
+                        const struct bench_summary *s)
+{
+    fprintf(f,
+            "%-8s write %5.2f / %5.2f   read %5.2f / %5.2f%s   memcpy %5.2f / %5.2f   "
+            "ratios vs prefaulted: cold %.2f, warm %.2f   cold restore in a new process "
+            "%.2f\n",
+            label, s->gbps[BF_RAW_WRITE], s->gbps[BF_RAW_WRITE_DIRECT], s->gbps[BF_RAW_READ],
+            s->gbps[BF_RAW_READ_HOT], r->direct_read ? "" : " (buffered)", s->gbps[BF_MEMCPY],
+            s->gbps[BF_MEMCPY_HOT], s->cold_ratio_hot, s->warm_ratio_hot, s->gbps[BF_COLD_CHILD]);
+}
+
+static void peer_line(FILE *f, const char *label, const struct bench_row *r,
+                      const struct bench_summary *s)
+{
+    (void)r;
+    if (s->has_peer)
+        fprintf(f,
+                "%-8s save %5.2f (x%.2f)   cold load %5.2f (x%.2f)   warm load %5.2f "
+                "(x%.2f)\n",
+                label, s->peer_save_gbps, s->peer_save_ratio, s->peer_cold_gbps, s->peer_cold_ratio,
+                s->peer_warm_gbps, s->peer_warm_ratio);
+}
+
 void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct bench_row *rows,
                        size_t n)
 {
@@ -188,68 +252,19 @@ void bench_print_table(FILE *f, const struct bench_run_info *ri, const struct be
     fprintf(f, "%-8s %6s | %6s %6s %6s | %6s %6s %6s | %6s %6s %6s | %5s %6s | %7s %7s\n", "size",
             "tokens", "kvtier", "raw", "ratio", "kvtier", "raw", "ratio", "kvtier", "memcpy",
             "ratio", "cold", "warm", "restore", "entry");
-    for (size_t i = 0; i < n; i++) {
-        struct bench_summary s;
-        char label[32];
-        bench_summarize(&rows[i], &s);
-        size_label(label, sizeof(label), rows[i].target_bytes);
-        double raw_w = fmax(s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT]);
-        fprintf(f,
-                "%-8s %6zu | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f | %6.2f %6.2f %6.2f |"
-                " %4.1f%% %5.1f%% | %7.0f %7.0f\n",
-                label, rows[i].tokens, s.gbps[BF_SAVE], raw_w, s.save_ratio, s.gbps[BF_COLD],
-                fmax(s.gbps[BF_RAW_READ], s.gbps[BF_RAW_READ_HOT]), s.cold_ratio, s.gbps[BF_WARM],
-                fmax(s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT]), s.warm_ratio, 100 * s.verify_cost,
-                100 * s.verify_cost_warm, s.rss_restore / MIB,
-                (double)rows[i].restored_bytes / MIB);
-    }
+    print_rows(f, rows, n, main_line);
     fprintf(f, "\n95 %% intervals of the medians above (of the per-repetition ratios, assuming"
                " nothing about the noise)\n");
-    for (size_t i = 0; i < n; i++) {
-        struct bench_summary s;
-        char label[32];
-        bench_summarize(&rows[i], &s);
-        size_label(label, sizeof(label), rows[i].target_bytes);
-        fprintf(f,
-                "%-8s save %.2f-%.2f   cold %.2f-%.2f   warm %.2f-%.2f   hash check cold "
-                "%.1f%% to %.1f%%\n",
-                label, s.save_ci[0], s.save_ci[1], s.cold_ci[0], s.cold_ci[1], s.warm_ci[0],
-                s.warm_ci[1], 100 * s.verify_ci[0], 100 * s.verify_ci[1]);
-    }
+    print_rows(f, rows, n, interval_line);
     fprintf(f, "\nlimits in detail (GB/s): raw write buffered / O_DIRECT, raw read into fresh"
                " buffers / prefaulted memory, memcpy into fresh buffers / prefaulted memory\n");
-    for (size_t i = 0; i < n; i++) {
-        struct bench_summary s;
-        char label[32];
-        bench_summarize(&rows[i], &s);
-        size_label(label, sizeof(label), rows[i].target_bytes);
-        fprintf(f,
-                "%-8s write %5.2f / %5.2f   read %5.2f / %5.2f%s   memcpy %5.2f / %5.2f   "
-                "ratios vs prefaulted: cold %.2f, warm %.2f   cold restore in a new process "
-                "%.2f\n",
-                label, s.gbps[BF_RAW_WRITE], s.gbps[BF_RAW_WRITE_DIRECT], s.gbps[BF_RAW_READ],
-                s.gbps[BF_RAW_READ_HOT], rows[i].direct_read ? "" : " (buffered)",
-                s.gbps[BF_MEMCPY], s.gbps[BF_MEMCPY_HOT], s.cold_ratio_hot, s.warm_ratio_hot,
-                s.gbps[BF_COLD_CHILD]);
-    }
+    print_rows(f, rows, n, limits_line);
     bool peers = false;
     for (size_t i = 0; i < n; i++)
         peers |= bench_peer_complete(&rows[i]);
     if (peers) {
         fprintf(f, "\nnumpy peer (np.save + fsync, np.load): GB/s, and kvtier / numpy\n");
-        for (size_t i = 0; i < n; i++) {
-            struct bench_summary s;
-            char label[32];
-            bench_summarize(&rows[i], &s);
-            size_label(label, sizeof(label), rows[i].target_bytes);
-            if (!s.has_peer)
-                continue;
-            fprintf(f,
-                    "%-8s save %5.2f (x%.2f)   cold load %5.2f (x%.2f)   warm load %5.2f "
-                    "(x%.2f)\n",
-                    label, s.peer_save_gbps, s.peer_save_ratio, s.peer_cold_gbps, s.peer_cold_ratio,
-                    s.peer_warm_gbps, s.peer_warm_ratio);
-        }
+        print_rows(f, rows, n, peer_line);
     }
     fprintf(f,
             "\nratio = kvtier / same-run limit (save: the faster raw write; cold: the faster raw"
