@@ -81,6 +81,41 @@ static void expect_close(const json_t *size, const char *key, double want)
 }
 
 /*
+ * Check @p obj's @p key and key_ci95 against the median of the @p m ratios @p v and its 95 %
+ * interval, recomputed here; @p cost: the key holds 1 - ratio (the hash check's cost).
+ */
+static void check_median(const json_t *obj, const char *key, double *v, size_t m, bool cost)
+{
+    qsort(v, m, sizeof(*v), cmp);
+    size_t j = interval_index(m);
+    double med = median_sorted(v, m), lo = v[j], hi = v[m - 1 - j];
+    double want = cost ? 1 - med : med, want_lo = cost ? 1 - hi : lo, want_hi = cost ? 1 - lo : hi;
+    expect_close(obj, key, want);
+    char *ci_key = strf("%s_ci95", key);
+    const json_t *ci = json_object_get(obj, ci_key);
+    if (!json_is_array(ci) || json_array_size(ci) != 2)
+        fail_msg("%s: missing", ci_key);
+    double got_lo = json_number_value(json_array_get(ci, 0));
+    double got_hi = json_number_value(json_array_get(ci, 1));
+    if (!close_to(got_lo, want_lo) || !close_to(got_hi, want_hi))
+        fail_msg("%s: [%.6g, %.6g], recomputed [%.6g, %.6g]", ci_key, got_lo, got_hi, want_lo,
+                 want_hi);
+    assert_true(got_lo <= want + 1e-9 && want <= got_hi + 1e-9);
+    free(ci_key);
+}
+
+/* The @p n per-repetition ratios num[i] / den[i] into @p v (every one measured). */
+static void per_rep_ratios(const json_t *num, const json_t *den, size_t n, double *v)
+{
+    for (size_t i = 0; i < n; i++) {
+        double x = json_number_value(json_array_get(num, i));
+        double y = json_number_value(json_array_get(den, i));
+        assert_true(x > 0 && y > 0);
+        v[i] = x / y;
+    }
+}
+
+/*
  * Check ratio @p key (and key_ci95) of @p size: per repetition, limit over kvtier seconds,
  * the limit being whichever of @p lim_a / @p lim_b has the lower median; @p cost reports
  * 1 - ratio instead (the hash check's cost, whose limit is the restore without it).
@@ -91,47 +126,33 @@ static void check_ratio(const json_t *size, size_t n, const char *key, const cha
     const json_t *k = secs_of(size, kvt, n), *a = secs_of(size, lim_a, n);
     const json_t *b = lim_b ? secs_of(size, lim_b, n) : NULL;
     double ma = median_of(a), mb = b ? median_of(b) : 0;
-    const json_t *lim = b && mb > 0 && (ma <= 0 || mb < ma) ? b : a;
     double v[64];
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double x = json_number_value(json_array_get(lim, i)),
-               y = json_number_value(json_array_get(k, i));
-        if (x > 0 && y > 0)
-            v[m++] = x / y;
-    }
-    assert_int_equal(m, n);
-    qsort(v, m, sizeof(*v), cmp);
-    size_t j = interval_index(m);
-    double med = median_sorted(v, m), lo = v[j], hi = v[m - 1 - j];
-    expect_close(size, key, cost ? 1 - med : med);
-    char *ci_key = strf("%s_ci95", key);
-    const json_t *ci = json_object_get(size, ci_key);
-    if (!json_is_array(ci) || json_array_size(ci) != 2)
-        fail_msg("%s: missing", ci_key);
-    double got_lo = json_number_value(json_array_get(ci, 0));
-    double got_hi = json_number_value(json_array_get(ci, 1));
-    double want_lo = cost ? 1 - hi : lo, want_hi = cost ? 1 - lo : hi;
-    if (!close_to(got_lo, want_lo) || !close_to(got_hi, want_hi))
-        fail_msg("%s: [%.6g, %.6g], recomputed [%.6g, %.6g]", ci_key, got_lo, got_hi, want_lo,
-                 want_hi);
-    assert_true(got_lo <= (cost ? 1 - med : med) + 1e-9 && (cost ? 1 - med : med) <= got_hi + 1e-9);
-    free(ci_key);
+    per_rep_ratios(b && mb > 0 && (ma <= 0 || mb < ma) ? b : a, k, n, v);
+    check_median(size, key, v, n, cost);
+}
+
+/* Run the bench with @p args and its JSON going to @p json; its table must hold @p in_table.
+ * Returns the parsed JSON. */
+static json_t *bench_json(const char *args, const char *json, const char *in_table)
+{
+    char *all = strf("bench --dir '%s/b' %s --json '%s'", test_dir, args, json), *out = NULL;
+    int st = run_cli(all, true, &out);
+    if (st != 0)
+        fail_msg("kvtier %s: status %d\n%s", all, st, out);
+    assert_non_null(strstr(out, in_table));
+    json_t *root = load_json(json);
+    assert_non_null(root);
+    free(out);
+    free(all);
+    return root;
 }
 
 /* One bench run of @p sizes with @p n repetitions; checks its JSON against its seconds. */
 static void bench_run(const char *sizes, size_t n, size_t n_sizes)
 {
     char *json = strf("%s/r%zu.json", test_dir, n);
-    char *args =
-        strf("bench --dir '%s/b' --size %s --repeat %zu --json '%s'", test_dir, sizes, n, json);
-    char *out = NULL;
-    int st = run_cli(args, true, &out);
-    if (st != 0)
-        fail_msg("kvtier %s: status %d\n%s", args, st, out);
-    assert_non_null(strstr(out, "95 % intervals of the medians"));
-    json_t *root = load_json(json);
-    assert_non_null(root);
+    char *args = strf("--size %s --repeat %zu", sizes, n);
+    json_t *root = bench_json(args, json, "95 % intervals of the medians");
     assert_int_equal(json_integer_value(json_object_get(root, "repeat")), (json_int_t)n);
     const json_t *rows = json_object_get(root, "sizes");
     assert_int_equal(json_array_size(rows), n_sizes);
@@ -156,7 +177,6 @@ static void bench_run(const char *sizes, size_t n, size_t n_sizes)
     assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "targets"), "sizes")),
                      0);
     json_decref(root);
-    free(out);
     free(args);
     free(json);
 }
@@ -182,16 +202,10 @@ static void test_report_peer(void **state)
     if (system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0)
         skip(); /* python3-numpy is optional (README) */
     char *json = strf("%s/peer.json", test_dir);
-    char *args = strf("bench --dir '%s/b' --size 4M --repeat 6 --peers --peer-script "
-                      "'%s/../bench/peers/numpy_peer.py' --json '%s'",
-                      test_dir, KVT_TEST_DIR, json);
-    char *out = NULL;
-    int st = run_cli(args, true, &out);
-    if (st != 0)
-        fail_msg("kvtier %s: status %d\n%s", args, st, out);
-    assert_non_null(strstr(out, "numpy peer"));
-    json_t *root = load_json(json);
-    assert_non_null(root);
+    char *args =
+        strf("--size 4M --repeat 6 --peers --peer-script '%s/../bench/peers/numpy_peer.py'",
+             KVT_TEST_DIR);
+    json_t *root = bench_json(args, json, "numpy peer");
     const json_t *size = json_array_get(json_object_get(root, "sizes"), 0);
     const json_t *peer = json_object_get(size, "peer");
     assert_string_equal(json_string_value(json_object_get(peer, "name")), "numpy");
@@ -203,19 +217,10 @@ static void test_report_peer(void **state)
         const json_t *ks = secs_of(size, keys[k][2], 6);
         assert_int_equal(json_array_size(ps), 6);
         double v[6];
-        for (size_t i = 0; i < 6; i++)
-            v[i] =
-                json_number_value(json_array_get(ps, i)) / json_number_value(json_array_get(ks, i));
-        qsort(v, 6, sizeof(*v), cmp);
-        expect_close(peer, keys[k][0], median_sorted(v, 6));
-        char *ci_key = strf("%s_ci95", keys[k][0]);
-        const json_t *ci = json_object_get(peer, ci_key);
-        assert_true(close_to(json_number_value(json_array_get(ci, 0)), v[0]));
-        assert_true(close_to(json_number_value(json_array_get(ci, 1)), v[5]));
-        free(ci_key);
+        per_rep_ratios(ps, ks, 6, v);
+        check_median(peer, keys[k][0], v, 6, false);
     }
     json_decref(root);
-    free(out);
     free(args);
     free(json);
 }
