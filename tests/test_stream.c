@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +89,17 @@ static void test_aq_roundtrip(void **state)
         uint64_t tag;
         int64_t res;
         assert_int_equal(kvt_aq_wait(&q, &tag, &res), -EINVAL); /* nothing in flight */
+        assert_int_equal(kvt_aq_poll(&q, &tag, &res), -EAGAIN);
+        /* polling takes a completion without waiting for one */
+        assert_int_equal(kvt_aq_submit(&q, fd, 0, got, 65536, 65536, 5), 0);
+        int polled;
+        while ((polled = kvt_aq_poll(&q, &tag, &res)) == -EAGAIN)
+            sched_yield();
+        assert_int_equal(polled, 0);
+        assert_int_equal(tag, 5);
+        assert_int_equal(res, 65536);
+        assert_memory_equal(got, want + 65536, 65536);
+        assert_int_equal(kvt_aq_poll(&q, &tag, &res), -EAGAIN);
         /* a read past the end is short, a write goes through */
         assert_int_equal(kvt_aq_submit(&q, fd, 0, got, 8192, (1 << 20) - 100, 1), 0);
         assert_int_equal(kvt_aq_wait(&q, &tag, &res), 0);

@@ -30,6 +30,7 @@ struct kvt_aq_ops {
     int (*submit)(void *impl, int fd, int write, void *buf, size_t len, uint64_t off, uint64_t tag);
     int (*readv)(void *impl, int fd, const struct iovec *iov, int n, uint64_t off, uint64_t tag);
     int (*wait)(void *impl, uint64_t *tag, int64_t *res);
+    int (*poll)(void *impl, uint64_t *tag, int64_t *res); /* -EAGAIN: none completed yet */
 };
 
 /* The io_uring engine (io_uring.c); NULL when the build has no liburing. */
@@ -63,6 +64,10 @@ int kvt_aq_readv(struct kvt_aq *q, int fd, const struct iovec *iov, int n, uint6
  * request. @return 0, -EINVAL when nothing is in flight, or -errno of the queue itself.
  */
 int kvt_aq_wait(struct kvt_aq *q, uint64_t *tag, int64_t *res);
+/**
+ * As kvt_aq_wait(), without waiting: -EAGAIN when no request has completed yet.
+ */
+int kvt_aq_poll(struct kvt_aq *q, uint64_t *tag, int64_t *res);
 /** The engine's name ("io_uring" or "threads"). */
 const char *kvt_aq_name(const struct kvt_aq *q);
 

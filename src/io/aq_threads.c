@@ -138,12 +138,16 @@ static int pool_readv(void *impl, int fd, const struct iovec *iov, int n, uint64
                       &(struct req){.fd = fd, .iov = iov, .iovcnt = n, .off = off, .tag = tag});
 }
 
-static int pool_wait(void *impl, uint64_t *tag, int64_t *res)
+/* Take the oldest completion, waiting for one when @p wait; -EAGAIN: none yet. */
+static int pool_take(struct pool *p, bool wait, uint64_t *tag, int64_t *res)
 {
-    struct pool *p = impl;
     pthread_mutex_lock(&p->mu);
-    while (p->fin_n == 0)
+    while (wait && p->fin_n == 0)
         pthread_cond_wait(&p->done, &p->mu);
+    if (p->fin_n == 0) {
+        pthread_mutex_unlock(&p->mu);
+        return -EAGAIN;
+    }
     struct req r = p->fin[p->fin_head];
     p->fin_head = (p->fin_head + 1) % KVT_AQ_MAX_DEPTH;
     p->fin_n--;
@@ -153,6 +157,16 @@ static int pool_wait(void *impl, uint64_t *tag, int64_t *res)
     return 0;
 }
 
+static int pool_wait(void *impl, uint64_t *tag, int64_t *res)
+{
+    return pool_take(impl, true, tag, res);
+}
+
+static int pool_poll(void *impl, uint64_t *tag, int64_t *res)
+{
+    return pool_take(impl, false, tag, res);
+}
+
 static const struct kvt_aq_ops pool_ops = {
     .name = "threads",
     .open = pool_open,
@@ -160,6 +174,7 @@ static const struct kvt_aq_ops pool_ops = {
     .submit = pool_submit,
     .readv = pool_readv,
     .wait = pool_wait,
+    .poll = pool_poll,
 };
 
 const struct kvt_aq_ops *kvt_aq_threads(void)
@@ -236,6 +251,16 @@ int kvt_aq_wait(struct kvt_aq *q, uint64_t *tag, int64_t *res)
     if (q->inflight == 0)
         return -EINVAL;
     int rc = q->ops->wait(q->impl, tag, res);
+    if (rc == 0)
+        q->inflight--;
+    return rc;
+}
+
+int kvt_aq_poll(struct kvt_aq *q, uint64_t *tag, int64_t *res)
+{
+    if (q->inflight == 0)
+        return -EAGAIN;
+    int rc = q->ops->poll(q->impl, tag, res);
     if (rc == 0)
         q->inflight--;
     return rc;

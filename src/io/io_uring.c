@@ -71,20 +71,35 @@ static int uring_readv(void *impl, int fd, const struct iovec *iov, int n, uint6
     return submit_tagged(ring, sqe, tag);
 }
 
-static int uring_wait(void *impl, uint64_t *tag, int64_t *res)
+/* Take the completion @p cqe, or pass on the error @p rc of waiting for one. */
+static int take_cqe(struct io_uring *ring, struct io_uring_cqe *cqe, int rc, uint64_t *tag,
+                    int64_t *res)
 {
-    struct io_uring *ring = impl;
-    struct io_uring_cqe *cqe;
-    int rc;
-    do {
-        rc = io_uring_wait_cqe(ring, &cqe);
-    } while (rc == -EINTR || rc == -EAGAIN);
     if (rc < 0)
         return rc;
     *tag = io_uring_cqe_get_data64(cqe);
     *res = cqe->res;
     io_uring_cqe_seen(ring, cqe);
     return 0;
+}
+
+static int uring_wait(void *impl, uint64_t *tag, int64_t *res)
+{
+    struct io_uring *ring = impl;
+    struct io_uring_cqe *cqe = NULL;
+    int rc;
+    do {
+        rc = io_uring_wait_cqe(ring, &cqe);
+    } while (rc == -EINTR || rc == -EAGAIN);
+    return take_cqe(ring, cqe, rc, tag, res);
+}
+
+static int uring_poll(void *impl, uint64_t *tag, int64_t *res)
+{
+    struct io_uring *ring = impl;
+    struct io_uring_cqe *cqe = NULL;
+    int rc = io_uring_peek_cqe(ring, &cqe);
+    return take_cqe(ring, cqe, rc == -EINTR ? -EAGAIN : rc, tag, res);
 }
 
 static const struct kvt_aq_ops uring_ops = {
@@ -94,6 +109,7 @@ static const struct kvt_aq_ops uring_ops = {
     .submit = uring_submit,
     .readv = uring_readv,
     .wait = uring_wait,
+    .poll = uring_poll,
 };
 
 const struct kvt_aq_ops *kvt_aq_uring(void)

@@ -1,7 +1,9 @@
 /*
  * The read-ahead stream (stream.h). The ranges are cut into chunks of whole 4096-byte blocks;
  * up to `depth` chunks are in flight at once, read with O_DIRECT through the asynchronous
- * queue (aq.h) while the caller hashes the chunks that have arrived. The whole blocks of a
+ * queue (aq.h) while the caller hashes the chunks that have arrived. The ring holds twice as
+ * many chunks as are read at once, so a read that completes is replaced at once, not when the
+ * consumer has hashed the chunks before it. The whole blocks of a
  * range whose destination is known and lies on the same block grid are read straight into
  * that destination (no copy at all); everything else (the partial blocks at the edges of such
  * ranges, ranges without a destination or off the grid) goes through staging buffers and is
@@ -32,7 +34,7 @@
 #include "io/staging.h"
 
 #define BLK ((uint64_t)4096)
-#define DEFAULT_CHUNK ((size_t)2 << 20)
+#define DEFAULT_CHUNK ((size_t)4 << 20)
 #define DEFAULT_DEPTH 8u
 #define MAX_CHUNK ((size_t)64 << 20)
 /* Streams smaller than this are read with plain calls: threads and rings would cost more. */
@@ -57,6 +59,7 @@ struct chunk {
     uint64_t got;  /* bytes arrived, from a */
     int err;       /* the read failed after `got` bytes: surfaces when they are consumed */
     int state;
+    int stage;                   /* the staging slot buf lies in, or -1 */
     bool in_dst;                 /* read straight into its ranges' destinations */
     void *buf;                   /* not in_dst: the staging slot where byte a lands */
     struct iovec iov[CHUNK_IOV]; /* in_dst: the destination pieces still to read, in order */
@@ -76,7 +79,9 @@ struct kvt_rstream {
     size_t ri; /* the consumer is at range ri, byte pos */
     uint64_t pos;
     struct chunk *ring;
-    unsigned head, count, depth;
+    unsigned head, count, slots; /* the ring of planned chunks: read, in flight or arrived */
+    unsigned depth;              /* most reads in flight */
+    uint32_t stage_free;         /* staging slots (depth of them) not taken by a chunk */
     size_t chunk;
     struct kvt_aq q;
     void *staging;
@@ -181,6 +186,7 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     c->got = 0;
     c->err = 0;
     c->buf = NULL;
+    c->stage = -1;
     c->st_len = 0;
     direct_span(s, r0, &da, &db);
     if (f >= da && f < db) { /* f is on a block: da is, and chunks are whole blocks */
@@ -333,8 +339,11 @@ static void fail_at(struct kvt_rstream *s, int rc, uint64_t at)
 /* Fill the ring with planned chunks, starting reads for those not in the page cache. */
 static void top_up(struct kvt_rstream *s)
 {
-    while (!s->err && s->count < s->depth) {
-        unsigned k = (s->head + s->count) % s->depth;
+    /* a staged chunk needs a free staging slot: planning waits for one, so the ring never
+     * holds more staged chunks than there are slots */
+    while (!s->err && s->count < s->slots &&
+           (s->dfd < 0 || (s->q.inflight < s->depth && s->stage_free))) {
+        unsigned k = (s->head + s->count) % s->slots;
         struct chunk *c = &s->ring[k];
         if (!plan_next(s, c))
             return;
@@ -352,8 +361,11 @@ static void top_up(struct kvt_rstream *s)
             c->state = C_INPLACE; /* no memory for staging: read it in place instead */
             continue;
         }
-        if (staged)
-            c->buf = (char *)s->staging + (size_t)k * s->chunk;
+        if (staged) {
+            c->stage = __builtin_ctz(s->stage_free);
+            s->stage_free &= ~(1u << c->stage);
+            c->buf = (char *)s->staging + (size_t)c->stage * s->chunk;
+        }
         if (c->in_dst && c->st_len)
             c->iov[c->st_iov].iov_base = c->buf;
         c->state = C_INFLIGHT;
@@ -364,19 +376,16 @@ static void top_up(struct kvt_rstream *s)
     prefault_ahead(s);
 }
 
-/* Reap one completion; a failed read marks its chunk, the stream fails when it gets there. */
-static int reap(struct kvt_rstream *s)
+/* A read of chunk @p tag completed with @p res: a failed read marks its chunk (the stream
+ * fails when the consumer gets there), a short one goes on from where it stopped. */
+static void arrived(struct kvt_rstream *s, uint64_t tag, int64_t res)
 {
-    uint64_t tag;
-    int64_t res;
-    int rc = kvt_aq_wait(&s->q, &tag, &res);
-    if (rc < 0)
-        return rc;
-    struct chunk *c = &s->ring[tag % s->depth];
+    struct chunk *c = &s->ring[tag % s->slots];
+    int rc;
     if (res < 0) {
         c->err = (int)res;
         c->state = C_DONE;
-        return 0;
+        return;
     }
     c->got += (uint64_t)res;
     if (c->in_dst)
@@ -387,10 +396,29 @@ static int reap(struct kvt_rstream *s)
         /* the file ends inside the ranges (a direct read stops short only at the end) */
         c->err = -EIO;
         c->state = C_DONE;
-    } else if ((rc = submit_chunk(s, (unsigned)(tag % s->depth))) < 0) {
+    } else if ((rc = submit_chunk(s, (unsigned)(tag % s->slots))) < 0) {
         c->err = rc;
         c->state = C_DONE;
     }
+}
+
+/*
+ * Take every completed read (after waiting for one when @p wait) and start the next reads at
+ * once: the device gets its window back before the consumer hashes what arrived.
+ */
+static int reap(struct kvt_rstream *s, bool wait)
+{
+    uint64_t tag;
+    int64_t res;
+    if (wait) {
+        int rc = kvt_aq_wait(&s->q, &tag, &res);
+        if (rc < 0)
+            return rc;
+        arrived(s, tag, res);
+    }
+    while (kvt_aq_poll(&s->q, &tag, &res) == 0)
+        arrived(s, tag, res);
+    top_up(s);
     return 0;
 }
 
@@ -432,7 +460,11 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     s->depth = o->depth ? o->depth : DEFAULT_DEPTH;
     if (s->depth > KVT_AQ_MAX_DEPTH)
         s->depth = KVT_AQ_MAX_DEPTH;
-    s->ring = calloc(s->depth, sizeof(*s->ring));
+    /* twice as many chunks planned as read at once: reads that arrived wait in the ring for
+     * the consumer while the device already has the next ones */
+    s->slots = 2 * s->depth;
+    s->stage_free = s->depth == 32 ? UINT32_MAX : (1u << s->depth) - 1;
+    s->ring = calloc(s->slots, sizeof(*s->ring));
     if (!s->ring) {
         kvt_rstream_close(s);
         return -ENOMEM;
@@ -589,11 +621,13 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
             }
             if (take > c->hi - f)
                 take = (size_t)(c->hi - f);
+            if (s->dfd >= 0)
+                reap(s, false);
             if (c->state == C_INPLACE) {
                 rc = consume_in_place(s, d, take, f, limit < c->hi ? limit : c->hi, fn, ud);
             } else {
                 while (c->state == C_INFLIGHT && rc == 0)
-                    rc = reap(s);
+                    rc = reap(s, true);
                 if (rc == 0 && c->err && f + take > c->a + c->got)
                     fail_at(s, c->err, c->a + c->got); /* a later chunk's error waits its turn */
                 if (rc == 0 && !s->err) {
@@ -616,7 +650,9 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
             }
             if (f + take == c->hi) { /* chunk used up: recycle its slot, read further ahead */
                 c->state = C_FREE;
-                s->head = (s->head + 1) % s->depth;
+                if (c->stage >= 0)
+                    s->stage_free |= 1u << c->stage;
+                s->head = (s->head + 1) % s->slots;
                 s->count--;
                 top_up(s);
             }
