@@ -42,7 +42,7 @@ struct kvt_range {
  * KVT_IO_PREFAULT=0 (no prefault helper).
  */
 struct kvt_stream_opts {
-    size_t chunk;       /* bytes per request; 0 = 4 MiB reading, 16 MiB writing (rounded up
+    size_t chunk;       /* bytes per request; 0 = 2 MiB reading, 16 MiB writing (rounded up
                            to 4096) */
     unsigned depth;     /* requests in flight; 0 = 8 reading, 4 writing */
     bool no_direct;     /* never use O_DIRECT */

@@ -34,7 +34,7 @@
 #include "io/staging.h"
 
 #define BLK ((uint64_t)4096)
-#define DEFAULT_CHUNK ((size_t)4 << 20)
+#define DEFAULT_CHUNK ((size_t)2 << 20)
 #define DEFAULT_DEPTH 8u
 #define MAX_CHUNK ((size_t)64 << 20)
 /* Streams smaller than this are read with plain calls: threads and rings would cost more. */
