@@ -246,24 +246,25 @@ int kvt_aq_readv(struct kvt_aq *q, int fd, const struct iovec *iov, int n, uint6
     return rc;
 }
 
-int kvt_aq_wait(struct kvt_aq *q, uint64_t *tag, int64_t *res)
+/* Take one completion, waiting for it when @p wait. */
+static int take(struct kvt_aq *q, bool wait, uint64_t *tag, int64_t *res)
 {
     if (q->inflight == 0)
-        return -EINVAL;
-    int rc = q->ops->wait(q->impl, tag, res);
+        return wait ? -EINVAL : -EAGAIN;
+    int rc = (wait ? q->ops->wait : q->ops->poll)(q->impl, tag, res);
     if (rc == 0)
         q->inflight--;
     return rc;
 }
 
+int kvt_aq_wait(struct kvt_aq *q, uint64_t *tag, int64_t *res)
+{
+    return take(q, true, tag, res);
+}
+
 int kvt_aq_poll(struct kvt_aq *q, uint64_t *tag, int64_t *res)
 {
-    if (q->inflight == 0)
-        return -EAGAIN;
-    int rc = q->ops->poll(q->impl, tag, res);
-    if (rc == 0)
-        q->inflight--;
-    return rc;
+    return take(q, false, tag, res);
 }
 
 const char *kvt_aq_name(const struct kvt_aq *q)
