@@ -430,6 +430,29 @@ KVT_API int kvt_file_load(const char *path, const struct kvt_expect *x, struct k
 /** Full structural and hash check without building caches. */
 KVT_API int kvt_file_verify(const char *path, const struct kvt_expect *x);
 
+/**
+ * Where a restore into caller memory puts the tensors, asked once per restore on the calling
+ * thread, after the header has passed V1-V20 and the expectations, before any tensor byte is
+ * read: set @p dst[k] for the k-th slot of @p h (caches in order, each cache's slots in order)
+ * to writable memory of at least slot.bytes, which receives the slot's bytes exactly as the
+ * file holds them (C-contiguous, no capacity rows); NULL skips delivering that slot (its
+ * bytes are still read and checked). Any alignment works; memory that is 4096-aligned at the
+ * same offset modulo 4096 as the slot in the file is read into directly, without staging.
+ * @p h is valid only during the call. Return 0, or a negative code to refuse the entry.
+ */
+typedef int (*kvt_place_fn)(void *ud, const struct kvt_header *h, void **dst);
+
+/**
+ * kvt_file_load() into memory the caller owns (an engine's KV buffers, a state blob): the
+ * same checks, hashes verified in the same pass, no cache objects and no full-entry copy of
+ * the library's own. On success *@p out_header receives the header (free with
+ * kvt_header_free()). On any failure the destination memory may hold part of the bytes and
+ * must not be used.
+ * @return 0, the codes of kvt_file_load(), or @p place's refusal.
+ */
+KVT_API int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_fn place,
+                               void *ud, struct kvt_header **out_header);
+
 /* ------------------------------------------------------------------------------------------
  * Store: one directory of entries with a prefix index (STORE.md).
  *
@@ -496,6 +519,14 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const cha
  * foreign: handled per STORE.md §12.1). Negative only for bad arguments.
  */
 KVT_API int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
+/**
+ * kvt_store_restore() into memory the caller owns (kvt_file_load_into()). @return 0 with
+ * *@p out_header set (free with kvt_header_free()); 0 with it NULL on a miss (handled as
+ * kvt_store_restore() handles it; the destination must not be used); @p place's refusal (the
+ * record stays); or -EINVAL for bad arguments.
+ */
+KVT_API int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place,
+                                   void *ud, struct kvt_header **out_header);
 /**
  * Store @p e under namespace e->meta.ns (NULL = ""), synchronously. @p run_exclusive may be
  * NULL. Soft failure: returns a negative code, removes partial files, the store stays usable.

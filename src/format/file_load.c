@@ -198,6 +198,82 @@ static int set_meta(struct kvt_entry *e, const struct kvt_header *h, const char 
     return 0;
 }
 
+/*
+ * Read every slot of @p r->h into the caller's memory that @p place names (FORMAT.md order),
+ * hashes checked in the same pass. Slots the caller leaves NULL are only checked.
+ */
+static int load_placed(struct kvt_tensor_reader *r, kvt_place_fn place, void *ud)
+{
+    const struct kvt_header *h = r->h;
+    size_t total = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        total += (size_t)h->caches[i].n_slots;
+    void **dst = calloc(total ? total : 1, sizeof(*dst));
+    struct kvt_slot_dst *d = calloc(total ? total : 1, sizeof(*d));
+    int rc = 0;
+    if (!dst || !d) {
+        rc = kvt_fail(-ENOMEM, "%s: out of memory", r->name);
+        goto out;
+    }
+    kvt_clear_error();
+    rc = place(ud, h, dst);
+    if (rc) {
+        if (!kvt_last_error()[0])
+            kvt_fail(rc, "%s: the destination was refused: %s", r->name, kvt_strerror(rc));
+        goto out;
+    }
+    for (size_t i = 0, o = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++, o++) {
+            uint64_t bytes = h->caches[i].slots[j].bytes;
+            /* caller memory: its pages are whatever they are, so nothing is assumed zero */
+            d[o] = (struct kvt_slot_dst){dst[o] && bytes ? dst[o] : NULL, 1, bytes, UINT64_MAX,
+                                         false};
+        }
+    r->dst = d;
+    rc = kvt_tensor_read_all(r);
+    kvt_tensor_reader_free(r); /* no read may land after this */
+    r->dst = NULL;
+out:
+    free(dst);
+    free(d);
+    return rc;
+}
+
+int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_fn place,
+                       void *ud, struct kvt_header **out_header)
+{
+    if (!out_header)
+        return kvt_fail(-EINVAL, "kvt_file_load_into: no output");
+    *out_header = NULL;
+    if (!path || !place)
+        return kvt_fail(-EINVAL, "kvt_file_load_into: no path or placement");
+    const struct kvt_io *io = kvt_io();
+    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
+    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
+    struct kvt_header *h = NULL;
+    int rc = kvt_header_read_fd(fd, &ro, path, &h);
+    if (rc == 0)
+        rc = kvt_header_check_expect(h, x, path);
+    if (rc == 0) {
+        struct kvt_tensor_reader r = {
+            .fd = fd,
+            .name = path,
+            .h = h,
+            .verify = !(x && x->no_verify),
+            .keep_cache = x && x->keep_cache,
+        };
+        rc = load_placed(&r, place, ud);
+    }
+    io->close(fd);
+    if (rc == 0)
+        *out_header = h;
+    else
+        kvt_header_free(h);
+    return rc;
+}
+
 int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry **out,
                   struct kvt_header **out_header)
 {

@@ -246,13 +246,57 @@ static void restore_failed(struct kvt_store *s, const struct restore_job *j, int
     free(why);
 }
 
-int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out)
+/*
+ * How a restore loads its file: into new caches (kvt_file_load), or into the caller's memory
+ * through its placement (kvt_file_load_into), which may refuse an entry without that being
+ * the file's fault.
+ */
+struct restore_load {
+    kvt_place_fn place; /* NULL: new caches into e */
+    void *ud;
+    bool refused;       /* the placement failed: the file is not at fault */
+    struct kvt_entry *e;
+    struct kvt_header *h;
+};
+
+static int placement(void *ud, const struct kvt_header *h, void **dst)
 {
-    if (!out)
-        return kvt_fail(-EINVAL, "kvt_store_restore: no output");
-    *out = NULL;
-    if (!s || !hit)
-        return kvt_fail(-EINVAL, "kvt_store_restore: no store or hit");
+    struct restore_load *l = ud;
+    int rc = l->place(l->ud, h, dst);
+    l->refused = rc != 0;
+    return rc;
+}
+
+static int load_file(struct restore_load *l, const char *path, const struct kvt_expect *x,
+                     const struct restore_job *j)
+{
+    const int32_t *tok;
+    size_t n;
+    int rc;
+    if (l->place) {
+        rc = kvt_file_load_into(path, x, placement, l, &l->h);
+        tok = rc ? NULL : l->h->tokens;
+        n = rc ? 0 : l->h->n_tokens;
+    } else {
+        rc = kvt_file_load(path, x, &l->e, NULL);
+        tok = rc ? NULL : l->e->tokens;
+        n = rc ? 0 : l->e->n_tokens;
+    }
+    if (rc == 0 && (n != j->n_tokens || (n && memcmp(tok, j->tokens, n * sizeof(int32_t)))))
+        rc = kvt_fail(KVT_E_MISMATCH, "%s: tokens differ from the indexed ones", path);
+    if (rc) {
+        kvt_entry_free(l->e);
+        kvt_header_free(l->h);
+        l->e = NULL;
+        l->h = NULL;
+    }
+    return rc;
+}
+
+/* kvt_store_restore() and kvt_store_restore_into(): 0 with l->e or l->h set, 0 with neither
+ * on a miss, or the placement's refusal. */
+static int restore(kvt_store *s, const struct kvt_hit *hit, struct restore_load *l)
+{
     if (hit->prefix_len == 0)
         return 0;
     struct restore_job j;
@@ -275,19 +319,13 @@ int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry 
         .no_verify = s->no_verify,
         .max_header_bytes = s->max_header_bytes,
     };
-    struct kvt_entry *e = NULL;
     kvt_clear_error();
-    rc = kvt_file_load(j.path, &x, &e, NULL);
-    if (rc == 0 && (e->n_tokens != j.n_tokens ||
-                    (j.n_tokens && memcmp(e->tokens, j.tokens, j.n_tokens * sizeof(int32_t))))) {
-        rc = kvt_fail(KVT_E_MISMATCH, "%s: tokens differ from the indexed ones", j.path);
-        kvt_entry_free(e);
-        e = NULL;
-    }
+    rc = load_file(l, j.path, &x, &j);
     if (rc < 0) {
-        restore_failed(s, &j, rc);
+        if (!l->refused)
+            restore_failed(s, &j, rc);
         restore_job_free(&j);
-        return 0;
+        return l->refused ? rc : 0;
     }
     if (!s->read_only)
         utimensat(AT_FDCWD, j.path, NULL, 0); /* the LRU bump on disk; errors ignored */
@@ -301,8 +339,34 @@ int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry 
     s->restore_ms_last = ms;
     pthread_mutex_unlock(&s->lock);
     restore_job_free(&j);
-    *out = e;
     return 0;
+}
+
+int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out)
+{
+    if (!out)
+        return kvt_fail(-EINVAL, "kvt_store_restore: no output");
+    *out = NULL;
+    if (!s || !hit)
+        return kvt_fail(-EINVAL, "kvt_store_restore: no store or hit");
+    struct restore_load l = {0};
+    int rc = restore(s, hit, &l);
+    *out = l.e;
+    return rc;
+}
+
+int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place, void *ud,
+                           struct kvt_header **out_header)
+{
+    if (!out_header)
+        return kvt_fail(-EINVAL, "kvt_store_restore_into: no output");
+    *out_header = NULL;
+    if (!s || !hit || !place)
+        return kvt_fail(-EINVAL, "kvt_store_restore_into: no store, hit or placement");
+    struct restore_load l = {.place = place, .ud = ud};
+    int rc = restore(s, hit, &l);
+    *out_header = l.h;
+    return rc;
 }
 
 /** FORMAT.md V21 for a live entry: what the store writes it must be able to index. */

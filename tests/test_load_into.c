@@ -1,0 +1,329 @@
+/*
+ * Restores into caller memory (kvt_file_load_into, kvt_store_restore_into): every slot lands
+ * byte for byte where the placement says, at any alignment (off the 4096 grid, on it, and
+ * on the file's own grid, which direct reads fill in place); skipped slots are still checked;
+ * a corrupt slot fails the load; a refusal is the caller's code and leaves the store's record
+ * alone, while a corrupt file is a miss that drops it.
+ */
+#include "support/support.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const MODEL = "test/model";
+static const char *const FP = "fp-load-into";
+static const char *const TOK = "tk-test";
+
+/* A kv layer of [1, 4, n, 96] float16 rows and an ssm layer, random bytes from @p seed. */
+static struct kvt_entry *make_entry(const int32_t *tok, size_t n, uint64_t seed)
+{
+    kvt_cache *c[3];
+    for (int l = 0; l < 2; l++) {
+        const int64_t shape[4] = {1, 4, (int64_t)n, 96};
+        struct kvt_tensor t[2];
+        for (int w = 0; w < 2; w++) {
+            assert_int_equal(kvt_tensor_zeros(&t[w], KVT_FLOAT16, 4, shape), 0);
+            fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
+        }
+        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
+        assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[l]), 0);
+        kvt_tensor_release(&t[0]);
+        kvt_tensor_release(&t[1]);
+    }
+    const int64_t conv[3] = {1, 3, 64}, rec[4] = {1, 8, 16, 4};
+    struct kvt_tensor t[2];
+    assert_int_equal(kvt_tensor_zeros(&t[0], KVT_FLOAT32, 3, conv), 0);
+    assert_int_equal(kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec), 0);
+    for (int w = 0; w < 2; w++)
+        fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
+    struct kvt_cache_info info = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
+    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[2]), 0);
+    kvt_tensor_release(&t[0]);
+    kvt_tensor_release(&t[1]);
+    struct kvt_entry *e;
+    assert_int_equal(kvt_entry_new(tok, n, c, 3, "", &e), 0);
+    e->meta.model_id = strdup(MODEL);
+    e->meta.config_fingerprint = strdup(FP);
+    e->meta.tokenizer_hash = strdup(TOK);
+    return e;
+}
+
+static int32_t *tokens(size_t n, int32_t base)
+{
+    int32_t *t = malloc(n * sizeof(*t));
+    for (size_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+    return t;
+}
+
+/* The bytes of every persisted tensor of @p e, concatenated in slot order. */
+static uint8_t *entry_bytes(const struct kvt_entry *e, size_t *total)
+{
+    size_t cap = kvt_entry_bytes(e) + 1, at = 0;
+    uint8_t *out = malloc(cap);
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
+        int nt = kvt_cache_state(e->caches[i], t);
+        assert_true(nt > 0);
+        for (int j = 0; j < nt; j++) {
+            size_t b = kvt_tensor_nbytes(&t[j]);
+            assert_true(at + b <= cap);
+            kvt_tensor_copy_out(&t[j], out + at);
+            at += b;
+            kvt_tensor_release(&t[j]);
+        }
+    }
+    *total = at;
+    return out;
+}
+
+/* Placement: every slot into one pool, in order, each at @p align plus @p skew bytes (a
+ * @p skew of -1 puts each slot on the file's own 4096 grid); slot @p skip (or -1) is NULL. */
+struct pool {
+    uint8_t *mem;
+    size_t size;
+    size_t align;
+    long skew;
+    int skip;
+    int refuse;
+    int calls;
+    uint8_t *at[16];
+    uint64_t bytes[16];
+    int n;
+};
+
+static int place(void *ud, const struct kvt_header *h, void **dst)
+{
+    struct pool *p = ud;
+    p->calls++;
+    if (p->refuse)
+        return p->refuse;
+    size_t at = 0;
+    int k = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++, k++) {
+            const struct kvt_slot *s = &h->caches[i].slots[j];
+            at = (at + p->align - 1) / p->align * p->align;
+            at += p->skew >= 0 ? (size_t)p->skew : (size_t)((h->data_start + s->off) % 4096);
+            assert_true(at + s->bytes <= p->size);
+            p->at[k] = p->mem + at;
+            p->bytes[k] = s->bytes;
+            dst[k] = k == p->skip ? NULL : p->mem + at;
+            at += s->bytes;
+        }
+    p->n = k;
+    return 0;
+}
+
+static struct pool pool_new(size_t size, size_t align, long skew)
+{
+    struct pool p = {.size = size, .align = align, .skew = skew, .skip = -1};
+    assert_int_equal(posix_memalign((void **)&p.mem, 4096, size), 0);
+    memset(p.mem, 0xee, size);
+    return p;
+}
+
+/* The pool holds exactly the entry's slot bytes, in order (skipped slots untouched). */
+static void assert_pool_is(const struct pool *p, const uint8_t *want, size_t total)
+{
+    size_t at = 0;
+    for (int k = 0; k < p->n; k++) {
+        if (k == p->skip) {
+            for (uint64_t b = 0; b < p->bytes[k]; b++)
+                assert_int_equal(p->at[k][b], 0xee);
+        } else {
+            assert_memory_equal(p->at[k], want + at, p->bytes[k]);
+        }
+        at += p->bytes[k];
+    }
+    assert_int_equal(at, total);
+}
+
+static char *save(const char *name, const struct kvt_entry *e)
+{
+    char *path = strf("%s/%s", test_dir, name);
+    struct kvt_save_opts so = {.no_sync = true};
+    assert_int_equal(kvt_file_save(path, e, &so, NULL), 0);
+    return path;
+}
+
+static void test_load_into_any_alignment(void **state)
+{
+    (void)state;
+    int32_t *tok = tokens(3000, 7);
+    struct kvt_entry *e = make_entry(tok, 3000, 11);
+    size_t total;
+    uint8_t *want = entry_bytes(e, &total);
+    char *path = save("a.mlxkv", e);
+    struct {
+        size_t align;
+        long skew;
+        int skip;
+    } cases[] = {{1, 3, -1}, {64, 0, -1}, {4096, 0, -1}, {4096, -1, -1}, {16, 5, 1}, {1, 1, 4}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int cold = 0; cold < 2; cold++) {
+            struct pool p = pool_new(total + 16 * 8192, cases[c].align, cases[c].skew);
+            p.skip = cases[c].skip;
+            struct kvt_expect x = {.model_id = MODEL, .keep_cache = !cold};
+            struct kvt_header *h;
+            assert_int_equal(kvt_file_load_into(path, &x, place, &p, &h), 0);
+            assert_int_equal(p.calls, 1);
+            assert_int_equal(p.n, 6);
+            assert_int_equal(h->n_tokens, 3000);
+            assert_memory_equal(h->tokens, tok, 3000 * sizeof(*tok));
+            assert_pool_is(&p, want, total);
+            kvt_header_free(h);
+            free(p.mem);
+        }
+    }
+    free(path);
+    free(want);
+    kvt_entry_free(e);
+    free(tok);
+}
+
+/* Flip one byte of the first kv slot's data. */
+static void corrupt(const char *path)
+{
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    uint64_t at = h->data_start + h->caches[0].slots[0].off + 1000;
+    assert_true(at < n);
+    b[at] ^= 0x40;
+    assert_int_equal(write_file(path, b, n), 0);
+    free(b);
+    kvt_header_free(h);
+}
+
+static void test_load_into_failures(void **state)
+{
+    (void)state;
+    int32_t *tok = tokens(500, 1);
+    struct kvt_entry *e = make_entry(tok, 500, 5);
+    size_t total;
+    uint8_t *want = entry_bytes(e, &total);
+    char *path = save("b.mlxkv", e);
+    struct pool p = pool_new(total + 16 * 8192, 64, 0);
+    struct kvt_header *h = (void *)1;
+
+    /* another model: a mismatch before the placement is asked */
+    struct kvt_expect other = {.model_id = "other/model"};
+    assert_int_equal(kvt_file_load_into(path, &other, place, &p, &h), KVT_E_MISMATCH);
+    assert_null(h);
+    assert_int_equal(p.calls, 0);
+
+    /* a refusal comes back as the caller's code */
+    p.refuse = -ENOSPC;
+    assert_int_equal(kvt_file_load_into(path, NULL, place, &p, &h), -ENOSPC);
+    assert_null(h);
+    assert_non_null(strstr(kvt_last_error(), "refused"));
+    p.refuse = 0;
+
+    /* bad arguments */
+    assert_int_equal(kvt_file_load_into(path, NULL, NULL, &p, &h), -EINVAL);
+    assert_int_equal(kvt_file_load_into(path, NULL, place, &p, NULL), -EINVAL);
+    char *gone = strf("%s/none.mlxkv", test_dir);
+    assert_int_equal(kvt_file_load_into(gone, NULL, place, &p, &h), -ENOENT);
+    free(gone);
+
+    /* a corrupt slot fails the load, also when that slot is not delivered */
+    corrupt(path);
+    assert_int_equal(kvt_file_load_into(path, NULL, place, &p, &h), KVT_E_CORRUPT);
+    assert_null(h);
+    p.skip = 0;
+    assert_int_equal(kvt_file_load_into(path, NULL, place, &p, &h), KVT_E_CORRUPT);
+    assert_non_null(strstr(kvt_last_error(), "L3"));
+
+    free(p.mem);
+    free(path);
+    free(want);
+    kvt_entry_free(e);
+    free(tok);
+}
+
+static kvt_store *open_store(void)
+{
+    struct kvt_store_opts o = {.model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOK};
+    kvt_store *s;
+    assert_int_equal(kvt_store_open(test_dir, &o, &s), 0);
+    return s;
+}
+
+static void test_store_restore_into(void **state)
+{
+    (void)state;
+    int32_t *tok = tokens(800, 100);
+    struct kvt_entry *e = make_entry(tok, 800, 9);
+    size_t total;
+    uint8_t *want = entry_bytes(e, &total);
+    kvt_store *s = open_store();
+    assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);
+
+    /* a hit lands in the caller's memory */
+    int32_t *prompt = tokens(801, 100);
+    struct kvt_hit hit;
+    assert_int_equal(kvt_store_find(s, prompt, 801, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 800);
+    struct pool p = pool_new(total + 16 * 8192, 4096, 0);
+    struct kvt_header *h;
+    assert_int_equal(kvt_store_restore_into(s, &hit, place, &p, &h), 0);
+    assert_non_null(h);
+    assert_pool_is(&p, want, total);
+    kvt_header_free(h);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.restores, 1);
+
+    /* a refusal is the caller's: the record stays */
+    p.refuse = KVT_E_MISMATCH;
+    assert_int_equal(kvt_store_restore_into(s, &hit, place, &p, &h), KVT_E_MISMATCH);
+    assert_null(h);
+    assert_int_equal(kvt_store_find(s, prompt, 801, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 800);
+    p.refuse = 0;
+
+    /* a corrupt file is a miss that drops the record */
+    struct kvt_store_record *v;
+    size_t n;
+    assert_int_equal(kvt_store_list(s, &v, &n), 0);
+    assert_int_equal(n, 1);
+    corrupt(v[0].path);
+    kvt_store_list_free(v);
+    assert_int_equal(kvt_store_restore_into(s, &hit, place, &p, &h), 0);
+    assert_null(h);
+    assert_int_equal(kvt_store_find(s, prompt, 801, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 0);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.restore_misses, 1);
+    assert_int_equal(st.corrupt_files, 1);
+
+    /* a miss hit and bad arguments */
+    assert_int_equal(kvt_store_restore_into(s, &hit, place, &p, &h), 0);
+    assert_null(h);
+    assert_int_equal(kvt_store_restore_into(s, &hit, NULL, &p, &h), -EINVAL);
+    assert_int_equal(kvt_store_restore_into(NULL, &hit, place, &p, &h), -EINVAL);
+
+    kvt_store_close(s);
+    free(p.mem);
+    free(prompt);
+    free(want);
+    kvt_entry_free(e);
+    free(tok);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_load_into_any_alignment, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_load_into_failures, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_store_restore_into, test_dir_setup,
+                                        test_dir_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
