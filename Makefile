@@ -108,12 +108,12 @@ $(BUILD)/examples/%: examples/%.c $(STATIC) $(CONFIG)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(STATIC) $(LIBS_ALL) -lm
 
-tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN)
+tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN) $(LLAMA_TEST_BIN) $(LLAMA_WORKER) llama
 progs: $(PROG_BIN)
 benches: $(BENCH_BIN)
 
 test: tests
-	@scripts/run-tests.sh $(BUILD) $(TEST_BIN)
+	@scripts/run-tests.sh $(BUILD) $(TEST_BIN) $(LLAMA_TEST_BIN)
 
 # Suites that run threads, for the ThreadSanitizer build (SANITIZE=thread).
 THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $(BUILD)/tests/test_cache_clone $(BUILD)/tests/test_store_mp% $(BUILD)/tests/test_store $(BUILD)/tests/test_stream $(BUILD)/tests/test_prefault $(BUILD)/tests/test_format_roundtrip,$(TEST_BIN))
@@ -150,8 +150,72 @@ $(BUILD)/fuzz/replay_%: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/fuzz_%.o $(
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LIBS_ALL) -lm
 
-demo: $(CLI)
-	$(CLI) demo --dir $(BUILD)/demo-store
+# The llama.cpp integration: its own library, tools and tests, linked against llama.cpp's
+# prebuilt libraries that scripts/llama-fetch.sh puts in build/llama (the core never links them).
+LLAMA_DIR := build/llama
+LLAMA_STAMP := $(LLAMA_DIR)/.fetched-3.22.1
+LLAMA_LIBDIR := $(abspath $(LLAMA_DIR)/lib)
+LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools \
+                -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\"
+LLAMA_LIBS := -L$(LLAMA_LIBDIR) -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so \
+              -Wl,-rpath,$(LLAMA_LIBDIR)
+LLAMA_SRC := $(sort $(wildcard integrations/llama/*.c))
+LLAMA_OBJ := $(LLAMA_SRC:%.c=$(BUILD)/obj/%.o)
+LLAMA_TOOL_SRC := $(sort $(wildcard integrations/llama/tools/*.c))
+LLAMA_TOOL_OBJ := $(LLAMA_TOOL_SRC:%.c=$(BUILD)/obj/%.o)
+LLAMA_GEN_OBJ := $(BUILD)/obj/integrations/llama/tools/model_gen.o
+LLAMA_STATIC := $(BUILD)/libkvtier-llama.a
+LLAMA_SHARED := $(BUILD)/libkvtier-llama.so.$(VERSION)
+LLAMA_CLI := $(BUILD)/kvtier-llama
+LLAMA_TEST_BIN := $(BUILD)/tests/test_llama
+LLAMA_WORKER := $(BUILD)/tests/progs/llama_worker
+LLAMA_EXAMPLE := $(BUILD)/examples/llama_chat
+
+.PHONY: llama
+llama: $(LLAMA_STATIC) $(LLAMA_SHARED) $(LLAMA_CLI) $(LLAMA_EXAMPLE) $(BUILD)/kvtier-llama.pc
+
+$(LLAMA_STAMP): scripts/llama-fetch.sh
+	@scripts/llama-fetch.sh $(LLAMA_DIR)
+
+$(BUILD)/obj/integrations/%.o: integrations/%.c $(CONFIG) $(LLAMA_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) $(LLAMA_CFLAGS) $(CMOCKA_CFLAGS) $(TEST_CFLAGS) -Itests -MMD -MP \
+	    -c $< -o $@
+
+$(LLAMA_STATIC): $(LLAMA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LLAMA_SHARED): $(LLAMA_OBJ) $(SHARED)
+	$(CC) -shared -Wl,-soname,libkvtier-llama.so.0 -o $@ $(LLAMA_OBJ) -L$(BUILD) -lkvtier \
+	    $(LLAMA_LIBS) $(LIBS_ALL)
+	ln -sf libkvtier-llama.so.$(VERSION) $(BUILD)/libkvtier-llama.so.0
+	ln -sf libkvtier-llama.so.$(VERSION) $(BUILD)/libkvtier-llama.so
+
+$(BUILD)/kvtier-llama.pc: kvtier-llama.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCDIR@|$(INCDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
+
+$(LLAMA_CLI): $(LLAMA_TOOL_OBJ) $(LLAMA_STATIC) $(STATIC)
+	$(CC) -o $@ $(LLAMA_TOOL_OBJ) $(LLAMA_STATIC) $(STATIC) $(LLAMA_LIBS) $(LIBS_ALL) -lm
+
+$(LLAMA_TEST_BIN): $(BUILD)/obj/integrations/llama/tests/test_llama.o $(LLAMA_GEN_OBJ) \
+                   $(SUPPORT_OBJ) $(LLAMA_STATIC) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(CMOCKA_LIBS) $(LLAMA_LIBS) $(LIBS_ALL) -lm
+
+$(LLAMA_WORKER): $(BUILD)/obj/integrations/llama/tests/llama_worker.o $(LLAMA_STATIC) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LLAMA_LIBS) $(LIBS_ALL) -lm
+
+$(LLAMA_EXAMPLE): examples/llama/llama_chat.c $(LLAMA_STATIC) $(STATIC) $(LLAMA_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -I$(LLAMA_DIR)/include -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\" -o $@ $< \
+	    $(LLAMA_STATIC) $(STATIC) $(LLAMA_LIBS) $(LIBS_ALL) -lm
+
+# `make demo`: a real llama.cpp conversation, persisted, the process restarted, the prefix
+# restored; the model is generated once into build/llama.
+demo: $(LLAMA_CLI)
+	$(LLAMA_CLI) demo --dir $(BUILD)/demo-store --model $(LLAMA_DIR)/demo.gguf
 
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
@@ -170,4 +234,5 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SUPPORT_OBJ:.o=.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/obj/tests/%.d)
--include $(wildcard $(BUILD)/obj/fuzz/*.d)
+-include $(wildcard $(BUILD)/obj/fuzz/*.d) $(wildcard $(BUILD)/obj/integrations/*/*.d \
+                   $(BUILD)/obj/integrations/*/*/*.d)

@@ -29,8 +29,10 @@ extern "C" {
 
 #if defined(__GNUC__)
 #define KVT_API __attribute__((visibility("default")))
+#define KVT_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
 #define KVT_API
+#define KVT_PRINTF(f, a)
 #endif
 
 #define KVT_VERSION_MAJOR 0
@@ -58,6 +60,13 @@ KVT_API const char *kvt_strerror(int code);
  * field, check ID). Never NULL ("" when none). Valid until the next kvtier call on this thread.
  */
 KVT_API const char *kvt_last_error(void);
+
+/**
+ * Set this thread's kvt_last_error() message (printf format) and return @p code: for
+ * adapters built on the library (the llama.cpp integration), so that their callers read
+ * every failure in one place.
+ */
+KVT_API int kvt_set_error(int code, const char *fmt, ...) KVT_PRINTF(2, 3);
 
 /** Diagnostics sink: @p level is one of KVT_LOG_*; @p msg is valid only during the call. */
 enum { KVT_LOG_DEBUG = 0, KVT_LOG_INFO = 1, KVT_LOG_WARN = 2, KVT_LOG_ERROR = 3 };

@@ -57,6 +57,15 @@ int kvt_fail(int code, const char *fmt, ...)
     return code;
 }
 
+int kvt_set_error(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_msg, sizeof(last_msg), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 int kvt_fail_prefix(int code, const char *prefix)
 {
     char tmp[MSG_MAX];

@@ -1,0 +1,366 @@
+/*
+ * The prompt cache of a llama.cpp context (kvtier-llama.h): saves turn a sequence's state
+ * blob into an entry whose caches are views of that blob (one copy out of llama.cpp, none
+ * after), kept by the RAM tier and written behind to the store; loads build the blob
+ * llama_state_seq_set_data() reads, straight from the file's tensor bytes on a disk hit
+ * (kvt_store_restore_into) or from the RAM entry's tensors on a RAM hit.
+ */
+#include "kvtier-llama.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "llama_identity.h"
+#include "llama_state.h"
+
+struct kvt_llama {
+    struct llama_context *ctx;
+    struct llama_identity id;
+    struct kvt_meta meta;
+    char *ns;
+    kvt_pcache *pc;
+};
+
+void kvt_llama_opts_init(struct kvt_llama_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->ram_max_bytes = 1ull << 30;
+    o->demote_idle_ms = 300000;
+}
+
+int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kvt_llama **out)
+{
+    if (!out)
+        return kvt_set_error(-EINVAL, "kvt_llama_open: no output");
+    *out = NULL;
+    if (!ctx || !o || !o->cache_dir || !o->cparams || (!o->model_path && !o->weights_digest))
+        return kvt_set_error(-EINVAL, "kvt_llama_open: needs a context, cache_dir, cparams and "
+                                      "model_path or weights_digest");
+    kvt_llama *kl = calloc(1, sizeof(*kl));
+    if (!kl)
+        return kvt_set_error(-ENOMEM, "out of memory");
+    kl->ctx = ctx;
+    int rc = identity_derive(ctx, o, &kl->id);
+    if (rc)
+        goto fail;
+    kl->ns = strdup(o->ns ? o->ns : "");
+    if (!kl->ns) {
+        rc = kvt_set_error(-ENOMEM, "out of memory");
+        goto fail;
+    }
+    kl->meta = (struct kvt_meta){kl->id.model_id, kl->id.fingerprint, kl->id.tokenizer_hash,
+                                 kl->ns};
+    struct kvt_pcache_opts po;
+    kvt_pcache_opts_init(&po);
+    po.ram_max_bytes = o->ram_max_bytes;
+    po.cold_dir = o->cache_dir;
+    po.cold.model_id = kl->id.model_id;
+    po.cold.config_fingerprint = kl->id.fingerprint;
+    po.cold.tokenizer_hash = kl->id.tokenizer_hash;
+    po.cold.max_bytes = o->disk_max_bytes;
+    po.cold.n_layers = kl->id.shape.n_layer;
+    po.cold.tmp_grace_ms = -1;
+    po.demote_idle_ms = o->demote_idle_ms;
+    po.background_cpus = o->background_cpus;
+    po.log = o->log;
+    po.log_ud = o->log_ud;
+    rc = kvt_pcache_open(&po, &kl->pc);
+    if (rc)
+        goto fail;
+    *out = kl;
+    return 0;
+fail:
+    free(kl->ns);
+    free(kl);
+    return rc;
+}
+
+int kvt_llama_flush(kvt_llama *kl, int64_t timeout_ms)
+{
+    if (!kl)
+        return kvt_set_error(-EINVAL, "kvt_llama_flush: no handle");
+    struct kvt_flush_report r;
+    int rc = kvt_pcache_flush(kl->pc, timeout_ms < 0 ? 120000 : timeout_ms, &r);
+    if (rc == 0 && !r.durable)
+        rc = kvt_set_error(-EIO, "kvtier-llama: not durable: %llu dropped, %llu failed writes",
+                           (unsigned long long)r.dropped, (unsigned long long)r.failed);
+    return rc;
+}
+
+void kvt_llama_close(kvt_llama *kl, int64_t flush_timeout_ms)
+{
+    if (!kl)
+        return;
+    kvt_llama_flush(kl, flush_timeout_ms);
+    kvt_pcache_close(kl->pc);
+    free(kl->ns);
+    free(kl);
+}
+
+const struct kvt_meta *kvt_llama_identity(const kvt_llama *kl)
+{
+    return kl ? &kl->meta : NULL;
+}
+
+kvt_pcache *kvt_llama_pcache(kvt_llama *kl)
+{
+    return kl ? kl->pc : NULL;
+}
+
+/* ---- save -------------------------------------------------------------------------------- */
+
+/* An entry of @p n tokens over the state blob in @p buf (the caches hold the references). */
+static int entry_of_blob(kvt_llama *kl, kvt_buf *buf, llama_seq_id seq, const llama_token *tok,
+                         size_t n, struct kvt_entry **out)
+{
+    const struct llama_shape *sh = &kl->id.shape;
+    struct blob_map *m = malloc(sizeof(*m));
+    kvt_cache **caches = calloc(sh->n_layer, sizeof(*caches));
+    int rc = m && caches ? 0 : kvt_set_error(-ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = blob_parse(sh, kvt_buf_data(buf), kvt_buf_size(buf), seq, m);
+    if (rc == 0 && (sh->recurrent ? m->last_pos != (int32_t)n - 1 : m->cells != n))
+        rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: sequence %d holds %u cells up to "
+                           "position %d, not the %zu tokens given", seq, m->cells,
+                           m->last_pos, n);
+    if (rc == 0)
+        rc = blob_to_caches(sh, m, buf, n, caches);
+    if (rc == 0) {
+        rc = kvt_entry_new(tok, n, caches, sh->n_layer, kl->ns, out);
+        if (rc)
+            for (uint32_t i = 0; i < sh->n_layer; i++)
+                kvt_cache_free(caches[i]);
+    }
+    if (rc == 0) {
+        struct kvt_entry *e = *out;
+        e->meta.model_id = strdup(kl->id.model_id);
+        e->meta.config_fingerprint = strdup(kl->id.fingerprint);
+        e->meta.tokenizer_hash = strdup(kl->id.tokenizer_hash);
+        if (!e->meta.model_id || !e->meta.config_fingerprint || !e->meta.tokenizer_hash) {
+            kvt_entry_free(e);
+            *out = NULL;
+            rc = kvt_set_error(-ENOMEM, "out of memory");
+        }
+    }
+    free(caches);
+    free(m);
+    return rc;
+}
+
+int kvt_llama_save(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n)
+{
+    if (!kl || !tok || n == 0 || seq < 0)
+        return kvt_set_error(-EINVAL, "kvt_llama_save: needs a handle, a sequence and tokens");
+    llama_memory_t mem = llama_get_memory(kl->ctx);
+    llama_pos pmax = llama_memory_seq_pos_max(mem, seq);
+    if (pmax != (llama_pos)n - 1)
+        return kvt_set_error(KVT_E_STATE, "kvt_llama_save: sequence %d ends at position %d, "
+                             "%zu tokens given", seq, pmax, n);
+    size_t size = llama_state_seq_get_size(kl->ctx, seq);
+    kvt_buf *buf;
+    int rc = size ? kvt_buf_new_uninit(size, &buf)
+                  : kvt_set_error(KVT_E_STATE, "kvt_llama_save: llama.cpp has no state size");
+    if (rc)
+        return rc;
+    if (llama_state_seq_get_data(kl->ctx, kvt_buf_data(buf), size, seq) != size) {
+        kvt_buf_unref(buf);
+        return kvt_set_error(KVT_E_STATE, "kvt_llama_save: llama.cpp could not copy the state");
+    }
+    struct kvt_entry *e = NULL;
+    rc = entry_of_blob(kl, buf, seq, tok, n, &e);
+    kvt_buf_unref(buf);
+    if (rc)
+        return rc;
+    return kvt_pcache_put(kl->pc, e, NULL);
+}
+
+/* ---- load -------------------------------------------------------------------------------- */
+
+static double mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* A blob being built for llama_state_seq_set_data(). */
+struct blob_build {
+    kvt_llama *kl;
+    llama_seq_id seq;
+    struct blob_plan plan;
+    kvt_buf *blob;
+    uint8_t *vt;     /* token-major V of every layer, when V is transposed */
+    size_t vt_bytes; /* per layer */
+};
+
+static void build_free(struct blob_build *b)
+{
+    kvt_buf_unref(b->blob);
+    free(b->vt);
+    b->blob = NULL;
+    b->vt = NULL;
+}
+
+/* Plan the blob for header @p h, allocate it and write everything but the tensor bytes. */
+static int build_begin(struct blob_build *b, const struct kvt_header *h)
+{
+    const struct llama_shape *sh = &b->kl->id.shape;
+    int rc = blob_plan_header(sh, h, &b->plan);
+    if (rc == 0)
+        rc = kvt_buf_new_uninit(b->plan.size, &b->blob);
+    if (rc == 0 && b->plan.v_trans) {
+        b->vt_bytes = b->plan.part[1].bytes;
+        b->vt = malloc(b->vt_bytes * sh->n_layer + 1);
+        if (!b->vt)
+            rc = kvt_set_error(-ENOMEM, "out of memory");
+    }
+    if (rc == 0)
+        blob_write_meta(sh, &b->plan, b->seq, (int32_t)h->n_tokens - 1, kvt_buf_data(b->blob));
+    return rc;
+}
+
+/* Where slot @p k's bytes go. */
+static uint8_t *build_slot(struct blob_build *b, size_t k)
+{
+    if (b->plan.v_trans && k % 2 == 1)
+        return b->vt + (k / 2) * b->vt_bytes;
+    return (uint8_t *)kvt_buf_data(b->blob) + b->plan.part[k].off;
+}
+
+static int place(void *ud, const struct kvt_header *h, void **dst)
+{
+    struct blob_build *b = ud;
+    int rc = build_begin(b, h);
+    for (size_t k = 0; rc == 0 && k < 2 * h->n_caches; k++) {
+        if (b->plan.v_trans && k % 2 == 1 && h->caches[k / 2].slots[1].bytes != b->vt_bytes)
+            return kvt_set_error(KVT_E_MISMATCH, "llama state: V sizes differ between layers");
+        dst[k] = build_slot(b, k);
+    }
+    return rc;
+}
+
+/* Finish the blob (transposed V) and hand it to llama.cpp. */
+static int build_apply(struct blob_build *b)
+{
+    uint8_t *blob = kvt_buf_data(b->blob);
+    for (uint32_t il = 0; b->plan.v_trans && il < b->plan.n_layer; il++)
+        blob_put_transposed(&b->plan.part[2 * il + 1], b->plan.cells, b->vt + il * b->vt_bytes,
+                            blob);
+    if (llama_state_seq_set_data(b->kl->ctx, blob, b->plan.size, b->seq) != b->plan.size) {
+        llama_memory_seq_rm(llama_get_memory(b->kl->ctx), b->seq, -1, -1);
+        return kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp refused the state of %u "
+                             "cells (is the context large enough?)", b->plan.cells);
+    }
+    return 0;
+}
+
+/* The header-shaped description of an entry's persisted tensors, for planning its blob. */
+static int header_of_entry(const struct kvt_entry *e, struct kvt_header *h,
+                           struct kvt_tensor *t)
+{
+    memset(h, 0, sizeof(*h));
+    h->n_tokens = e->n_tokens;
+    h->n_caches = e->n_caches;
+    h->caches = calloc(e->n_caches ? e->n_caches : 1, sizeof(*h->caches));
+    if (!h->caches)
+        return kvt_set_error(-ENOMEM, "out of memory");
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_cache_header *c = &h->caches[i];
+        kvt_cache_get_info(e->caches[i], &c->info);
+        int nt = kvt_cache_state(e->caches[i], &t[2 * i]);
+        if (nt != 2) {
+            for (int j = 0; j < nt; j++)
+                kvt_tensor_release(&t[2 * i + (size_t)j]);
+            return kvt_set_error(KVT_E_MISMATCH, "llama state: cache %zu has %d tensors", i, nt);
+        }
+        c->n_slots = 2;
+        for (int j = 0; j < 2; j++) {
+            const struct kvt_tensor *x = &t[2 * i + (size_t)j];
+            struct kvt_slot *s = &c->slots[j];
+            s->dtype = x->dtype;
+            s->rank = x->rank;
+            memcpy(s->shape, x->shape, sizeof(s->shape));
+            s->bytes = kvt_tensor_nbytes(x);
+        }
+    }
+    return 0;
+}
+
+static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
+                         struct kvt_llama_loaded *r)
+{
+    struct kvt_take t;
+    int rc = kvt_pcache_take(kl->pc, tok, n, kl->ns, &t);
+    if (rc || !t.entry)
+        return rc;
+    struct kvt_entry *e = t.entry;
+    struct kvt_tensor *ts = calloc(2 * e->n_caches + 1, sizeof(*ts));
+    struct kvt_header h = {0};
+    struct blob_build b = {.kl = kl, .seq = seq};
+    rc = ts ? header_of_entry(e, &h, ts) : kvt_set_error(-ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = build_begin(&b, &h);
+    for (size_t k = 0; rc == 0 && k < 2 * e->n_caches; k++)
+        kvt_tensor_copy_out(&ts[k], build_slot(&b, k));
+    if (rc == 0)
+        rc = build_apply(&b);
+    if (rc == 0)
+        *r = (struct kvt_llama_loaded){e->n_tokens, e->n_tokens, t.from_disk, 0};
+    for (size_t k = 0; ts && k < 2 * e->n_caches; k++)
+        kvt_tensor_release(&ts[k]);
+    free(ts);
+    free(h.caches);
+    build_free(&b);
+    kvt_retain_release(t.retain);
+    kvt_entry_free(e);
+    return rc;
+}
+
+static int load_from_disk(kvt_llama *kl, llama_seq_id seq, const struct kvt_hit *hit,
+                          struct kvt_llama_loaded *r)
+{
+    struct blob_build b = {.kl = kl, .seq = seq};
+    struct kvt_header *h = NULL;
+    int rc = kvt_store_restore_into(kvt_pcache_store(kl->pc), hit, place, &b, &h);
+    if (rc == KVT_E_MISMATCH) /* the entry does not fit this context: a miss, never loaded */
+        rc = 0;
+    if (rc == 0 && h) {
+        rc = build_apply(&b);
+        /* an entry longer than the match is trimmable (the store's find says so) */
+        if (rc == 0 && hit->prefix_len < h->n_tokens &&
+            !llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, (llama_pos)hit->prefix_len,
+                                 -1)) {
+            llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, -1, -1);
+            rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp cannot trim the state");
+        }
+        if (rc == 0)
+            *r = (struct kvt_llama_loaded){hit->prefix_len, h->n_tokens, true, 0};
+    }
+    kvt_header_free(h);
+    build_free(&b);
+    return rc;
+}
+
+int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
+                   struct kvt_llama_loaded *r)
+{
+    if (!r)
+        return kvt_set_error(-EINVAL, "kvt_llama_load: no result");
+    memset(r, 0, sizeof(*r));
+    if (!kl || (!tok && n) || seq < 0)
+        return kvt_set_error(-EINVAL, "kvt_llama_load: needs a handle, a sequence and tokens");
+    double t0 = mono_ms();
+    size_t ram = kvt_pcache_peek_prefix_len(kl->pc, tok, n, kl->ns);
+    struct kvt_hit hit;
+    int rc = kvt_store_find(kvt_pcache_store(kl->pc), tok, n, kl->ns, &hit);
+    if (rc == 0 && hit.prefix_len > ram)
+        rc = load_from_disk(kl, seq, &hit, r);
+    if (rc == 0 && r->n_tokens == 0 && ram > 0) /* the RAM entry, or a vanished file's fallback */
+        rc = load_from_ram(kl, seq, tok, n, r);
+    if (rc == 0 && r->n_tokens == 0)
+        llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, -1, -1);
+    r->ms = mono_ms() - t0;
+    return rc;
+}

@@ -1,0 +1,201 @@
+/*
+ * Identity of a llama.cpp context (llama_identity.h). The fingerprint is the Wyhash of a
+ * canonical text: the mapping's version, llama.cpp's version, every GGUF metadata pair but
+ * the tokenizer's (architecture, hyper-parameters, rope and norm settings), the model's
+ * description and parameter count, the weights digest, and the context parameters that
+ * change what the state means or how it is laid out. The model file is hashed whole: reading
+ * it costs one pass over a file llama.cpp has just mapped, and nothing cheaper tells two
+ * fine-tunes of one architecture apart.
+ */
+#include "llama_identity.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A growing text, hashed as it grows. */
+struct canon {
+    struct kvt_wyhash_state h;
+};
+
+static void put(struct canon *c, const char *fmt, ...) KVT_PRINTF(2, 3);
+static void put(struct canon *c, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        kvt_wyhash_update(&c->h, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+    kvt_wyhash_update(&c->h, "\n", 1);
+}
+
+static int file_digest(const char *path, char out[17])
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvt_set_error(-errno, "%s: cannot open the model file: %s", path, strerror(errno));
+    size_t cap = 8u << 20;
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return kvt_set_error(-ENOMEM, "out of memory");
+    }
+    struct kvt_wyhash_state h;
+    kvt_wyhash_init(&h, 0);
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = kvt_set_error(-errno, "%s: cannot read the model file: %s", path,
+                               strerror(errno));
+            break;
+        }
+        if (r == 0)
+            break;
+        kvt_wyhash_update(&h, buf, (size_t)r);
+    }
+    free(buf);
+    close(fd);
+    snprintf(out, 17, "%016" PRIx64, kvt_wyhash_final(&h));
+    return rc;
+}
+
+static void model_meta(struct canon *c, const struct llama_model *m)
+{
+    char key[256], val[1024];
+    int32_t n = llama_model_meta_count(m);
+    for (int32_t i = 0; i < n; i++) {
+        if (llama_model_meta_key_by_index(m, i, key, sizeof(key)) < 0 ||
+            strncmp(key, "tokenizer.", 10) == 0)
+            continue;
+        if (llama_model_meta_val_str_by_index(m, i, val, sizeof(val)) < 0)
+            val[0] = '\0';
+        put(c, "meta %s=%s", key, val);
+    }
+    char desc[256];
+    llama_model_desc(m, desc, sizeof(desc));
+    put(c, "desc %s params %" PRIu64 " layers %d embd %d heads %d kv-heads %d swa %d rope %d", desc,
+        llama_model_n_params(m), llama_model_n_layer(m), llama_model_n_embd(m),
+        llama_model_n_head(m), llama_model_n_head_kv(m), llama_model_n_swa(m),
+        (int)llama_model_rope_type(m));
+}
+
+/* The context parameters that change the state's layout or what its bytes mean. */
+static void context_params(struct canon *c, const struct llama_context_params *p, uint32_t n_seq)
+{
+    put(c, "type_k %d type_v %d flash_attn %d n_seq_max %u kv_unified %d swa_full %d", p->type_k,
+        p->type_v, (int)p->flash_attn_type, n_seq, p->kv_unified, p->swa_full);
+    put(c, "rope %d base %a scale %a yarn %a %a %a %a %u", (int)p->rope_scaling_type,
+        p->rope_freq_base, p->rope_freq_scale, p->yarn_ext_factor, p->yarn_attn_factor,
+        p->yarn_beta_fast, p->yarn_beta_slow, p->yarn_orig_ctx);
+    put(c, "pooling %d attention %d", (int)p->pooling_type, (int)p->attention_type);
+}
+
+static void tokenizer_digest(const struct llama_model *m, char out[17])
+{
+    struct canon c;
+    kvt_wyhash_init(&c.h, 0);
+    const struct llama_vocab *v = llama_model_get_vocab(m);
+    int32_t n = llama_vocab_n_tokens(v);
+    put(&c, "type %d n %d bos %d eos %d eot %d sep %d pad %d add_bos %d add_eos %d",
+        (int)llama_vocab_type(v), n, llama_vocab_bos(v), llama_vocab_eos(v), llama_vocab_eot(v),
+        llama_vocab_sep(v), llama_vocab_pad(v), llama_vocab_get_add_bos(v),
+        llama_vocab_get_add_eos(v));
+    char key[256], val[1024];
+    for (int32_t i = 0; i < llama_model_meta_count(m); i++)
+        if (llama_model_meta_key_by_index(m, i, key, sizeof(key)) >= 0 &&
+            (strcmp(key, "tokenizer.ggml.model") == 0 || strcmp(key, "tokenizer.ggml.pre") == 0) &&
+            llama_model_meta_val_str_by_index(m, i, val, sizeof(val)) >= 0)
+            put(&c, "%s=%s", key, val);
+    for (int32_t t = 0; t < n; t++) {
+        const char *text = llama_vocab_get_text(v, t);
+        put(&c, "%d %a %d", t, llama_vocab_get_score(v, t), (int)llama_vocab_get_attr(v, t));
+        kvt_wyhash_update(&c.h, text, strlen(text) + 1);
+    }
+    snprintf(out, 17, "%016" PRIx64, kvt_wyhash_final(&c.h));
+}
+
+/* Memory kinds and settings whose state the mapping cannot represent faithfully. */
+static int check_supported(const struct llama_model *m, const struct llama_context_params *p)
+{
+    const char *why = NULL;
+    enum llama_rope_type rt = llama_model_rope_type(m);
+    if (llama_model_is_hybrid(m))
+        why = "hybrid attention + recurrent memory";
+    else if (llama_model_n_swa(m) > 0)
+        why = "sliding-window attention";
+    else if (rt == LLAMA_ROPE_TYPE_MROPE || rt == LLAMA_ROPE_TYPE_IMROPE ||
+             rt == LLAMA_ROPE_TYPE_VISION)
+        why = "multi-dimensional positions (M-RoPE)";
+    else if (llama_model_has_encoder(m))
+        why = "encoder-decoder models";
+    else if (p->ctx_other || p->ctx_type != llama_context_default_params().ctx_type)
+        why = "contexts that share memory with another context";
+    else if (p->n_rs_seq != 0)
+        why = "recurrent rollback snapshots (n_rs_seq)";
+    if (why)
+        return kvt_set_error(KVT_E_UNSUPPORTED, "kvtier-llama: %s are not mapped", why);
+    return 0;
+}
+
+int identity_derive(struct llama_context *ctx, const struct kvt_llama_opts *o,
+                    struct llama_identity *id)
+{
+    if (strcmp(llama_version(), KVT_LLAMA_KNOWN_VERSION) != 0)
+        return kvt_set_error(KVT_E_UNSUPPORTED,
+                             "kvtier-llama: llama.cpp %s is not the build this library maps "
+                             "(%s); its state layout may differ",
+                             llama_version(), KVT_LLAMA_KNOWN_VERSION);
+    const struct llama_model *m = llama_get_model(ctx);
+    const struct llama_context_params *p = o->cparams;
+    int rc = check_supported(m, p);
+    if (rc)
+        return rc;
+    char weights[17 + 64];
+    if (o->weights_digest)
+        snprintf(weights, sizeof(weights), "%.80s", o->weights_digest);
+    else if ((rc = file_digest(o->model_path, weights)))
+        return rc;
+
+    uint32_t n_seq = llama_n_seq_max(ctx);
+    struct canon c;
+    kvt_wyhash_init(&c.h, 0);
+    put(&c, "kvtier-llama 1 llama.cpp %s", llama_version());
+    model_meta(&c, m);
+    put(&c, "weights %s", weights);
+    context_params(&c, p, n_seq);
+    snprintf(id->fingerprint, sizeof(id->fingerprint), "llama-%016" PRIx64,
+             kvt_wyhash_final(&c.h));
+
+    char tok[17];
+    tokenizer_digest(m, tok);
+    snprintf(id->tokenizer_hash, sizeof(id->tokenizer_hash), "vocab-%s", tok);
+    char name[128];
+    if (llama_model_meta_val_str(m, "general.name", name, sizeof(name)) < 0)
+        llama_model_desc(m, name, sizeof(name));
+    snprintf(id->model_id, sizeof(id->model_id), "llama.cpp:%s", name);
+
+    bool recurrent = llama_model_is_recurrent(m);
+    id->shape = (struct llama_shape){
+        .recurrent = recurrent,
+        .n_layer = (uint32_t)llama_model_n_layer(m),
+        .n_stream = p->kv_unified ? 1 : n_seq,
+        .type_k = recurrent ? 0 : (int32_t)p->type_k,
+        .type_v = recurrent ? 0 : (int32_t)p->type_v,
+        /* llama.cpp lays V out transposed exactly when flash attention is off outright */
+        .v_trans = !recurrent && p->flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    };
+    if (id->shape.n_layer == 0 || id->shape.n_layer > KVT_LLAMA_MAX_LAYERS)
+        return kvt_set_error(KVT_E_UNSUPPORTED, "kvtier-llama: %u layers",
+                             id->shape.n_layer);
+    return 0;
+}

@@ -1,0 +1,230 @@
+/*
+ * One process of the llama.cpp integration's tests: loads a generated model into a real
+ * llama.cpp context with kvtier as its prompt cache, then
+ *   save:  prefills the first --prefill tokens of the prompt in one batch, decodes the
+ *          rest of --tokens one at a time, saves the sequence, flushes; with --out it goes
+ *          on uninterrupted: decodes --next and --steps greedy tokens, writing each step's
+ *          logits to --out. With --reload it first loads the sequence back from the RAM
+ *          tier (printing what was loaded), as a server does between turns.
+ *   load:  loads the longest cached prefix of --tokens + --next, decodes what is left in
+ *          one batch, then the same greedy steps, logits to --out; prints what was loaded.
+ *   full:  no cache: prefills --tokens + --next the way load decodes them after its prefix
+ *          (--split tokens first, the rest in one batch), logits to --out.
+ * Prints "loaded=N entry=M disk=D pos_max=P" for load; exits 0, or 1 with a message.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml-backend.h"
+#include "kvtier-llama.h"
+
+struct args {
+    const char *mode, *model, *dir, *out, *ns, *type;
+    int fa, prefill, steps, split, reload;
+    int n_ctx;
+    float rope_base;
+    llama_token *tok;
+    int n_tok;
+    llama_token next;
+};
+
+static void quiet(enum ggml_log_level level, const char *text, void *ud)
+{
+    (void)level;
+    (void)text;
+    (void)ud;
+}
+
+static int die(const char *what)
+{
+    fprintf(stderr, "llama_worker: %s: %s\n", what, kvt_last_error());
+    return 1;
+}
+
+static llama_token *parse_tokens(const char *s, int *n)
+{
+    int cap = 16;
+    llama_token *t = malloc((size_t)cap * sizeof(*t));
+    *n = 0;
+    for (char *end; *s; s = *end ? end + 1 : end) {
+        long v = strtol(s, &end, 10);
+        if (end == s)
+            break;
+        if (*n == cap)
+            t = realloc(t, (size_t)(cap *= 2) * sizeof(*t));
+        t[(*n)++] = (llama_token)v;
+    }
+    return t;
+}
+
+static enum ggml_type kv_type(const char *s)
+{
+    if (strcmp(s, "q8_0") == 0)
+        return GGML_TYPE_Q8_0;
+    if (strcmp(s, "q4_0") == 0)
+        return GGML_TYPE_Q4_0;
+    if (strcmp(s, "f32") == 0)
+        return GGML_TYPE_F32;
+    if (strcmp(s, "bf16") == 0)
+        return GGML_TYPE_BF16;
+    return GGML_TYPE_F16;
+}
+
+/* Decode @p n tokens at the sequence's next positions, in batches, logits for the last. */
+static int decode(struct llama_context *ctx, llama_token *t, int n)
+{
+    for (int i = 0; i < n;) {
+        int k = n - i < 256 ? n - i : 256;
+        if (llama_decode(ctx, llama_batch_get_one(t + i, k)))
+            return -1;
+        i += k;
+    }
+    return 0;
+}
+
+static llama_token argmax(const float *l, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return (llama_token)best;
+}
+
+/* Write the logits of the last decode, then @p steps greedy single-token steps' logits. */
+static int continue_greedy(struct llama_context *ctx, int n_vocab, int steps, FILE *out)
+{
+    for (int s = 0;; s++) {
+        const float *l = llama_get_logits_ith(ctx, -1);
+        if (!l || fwrite(l, sizeof(float), (size_t)n_vocab, out) != (size_t)n_vocab)
+            return -1;
+        if (s == steps)
+            return 0;
+        llama_token t = argmax(l, n_vocab);
+        if (llama_decode(ctx, llama_batch_get_one(&t, 1)))
+            return -1;
+    }
+}
+
+/* Load the cached prefix of @p all into sequence 0 and print what came back.
+ * @return the tokens loaded, or -1. */
+static int load_and_report(kvt_llama *kl, struct llama_context *ctx, llama_token *all, int n)
+{
+    struct kvt_llama_loaded r;
+    if (kvt_llama_load(kl, 0, all, (size_t)n, &r))
+        return die("kvt_llama_load"), -1;
+    printf("loaded=%zu entry=%zu disk=%d pos_max=%d\n", r.n_tokens, r.n_entry, r.from_disk,
+           llama_memory_seq_pos_max(llama_get_memory(ctx), 0));
+    fflush(stdout);
+    return (int)r.n_tokens;
+}
+
+static int run(const struct args *a, struct llama_context *ctx, struct llama_context_params *cp,
+               int n_vocab)
+{
+    FILE *out = a->out ? fopen(a->out, "wb") : NULL;
+    if (a->out && !out)
+        return die("cannot open --out");
+    llama_token *all = malloc(((size_t)a->n_tok + 1) * sizeof(*all));
+    memcpy(all, a->tok, (size_t)a->n_tok * sizeof(*all));
+    all[a->n_tok] = a->next;
+    int rc = 0;
+    if (strcmp(a->mode, "full") == 0) {
+        rc = decode(ctx, all, a->split) || decode(ctx, all + a->split, a->n_tok + 1 - a->split);
+        if (rc == 0)
+            rc = continue_greedy(ctx, n_vocab, a->steps, out);
+        goto done;
+    }
+    struct kvt_llama_opts o;
+    kvt_llama_opts_init(&o);
+    o.cache_dir = a->dir;
+    o.model_path = a->model;
+    o.cparams = cp;
+    o.ns = a->ns;
+    kvt_llama *kl;
+    if (kvt_llama_open(ctx, &o, &kl)) {
+        rc = die("kvt_llama_open");
+        goto done;
+    }
+    if (strcmp(a->mode, "save") == 0) {
+        rc = decode(ctx, all, a->prefill);
+        for (int i = a->prefill; rc == 0 && i < a->n_tok; i++)
+            rc = decode(ctx, all + i, 1);
+        if (rc == 0 && kvt_llama_save(kl, 0, all, (size_t)a->n_tok))
+            rc = die("kvt_llama_save");
+        if (rc == 0 && kvt_llama_flush(kl, -1))
+            rc = die("kvt_llama_flush");
+        if (rc == 0 && a->reload)
+            rc = load_and_report(kl, ctx, all, a->n_tok + 1) < 0;
+        if (rc == 0 && out)
+            rc = decode(ctx, all + a->n_tok, 1) || continue_greedy(ctx, n_vocab, a->steps, out);
+    } else {
+        int loaded = load_and_report(kl, ctx, all, a->n_tok + 1);
+        rc = loaded < 0 ? loaded : decode(ctx, all + loaded, a->n_tok + 1 - loaded);
+        if (rc == 0 && out)
+            rc = continue_greedy(ctx, n_vocab, a->steps, out);
+    }
+    kvt_llama_close(kl, -1);
+done:
+    if (out && fclose(out))
+        rc = -1;
+    free(all);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a = {.type = "f16", .fa = 1, .n_ctx = 1024, .split = 0};
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"dir", 1, 0, 'd'},   {"out", 1, 0, 'o'},    {"ns", 1, 0, 'n'},
+        {"type", 1, 0, 't'},  {"fa", 1, 0, 'f'},    {"prefill", 1, 0, 'p'}, {"steps", 1, 0, 's'},
+        {"tokens", 1, 0, 'k'}, {"next", 1, 0, 'x'}, {"split", 1, 0, 'S'},  {"ctx", 1, 0, 'c'},
+        {"rope-base", 1, 0, 'r'}, {"reload", 0, 0, 'R'}, {0, 0, 0, 0}};
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        switch (c) {
+        case 'm': a.model = optarg; break;
+        case 'd': a.dir = optarg; break;
+        case 'o': a.out = optarg; break;
+        case 'n': a.ns = optarg; break;
+        case 't': a.type = optarg; break;
+        case 'f': a.fa = atoi(optarg); break;
+        case 'p': a.prefill = atoi(optarg); break;
+        case 's': a.steps = atoi(optarg); break;
+        case 'k': a.tok = parse_tokens(optarg, &a.n_tok); break;
+        case 'x': a.next = atoi(optarg); break;
+        case 'S': a.split = atoi(optarg); break;
+        case 'c': a.n_ctx = atoi(optarg); break;
+        case 'r': a.rope_base = strtof(optarg, NULL); break;
+        case 'R': a.reload = 1; break;
+        default: return 2;
+        }
+    }
+    if (optind != argc - 1 || !a.model || !a.tok) {
+        fprintf(stderr, "usage: llama_worker save|load|full --model M --tokens 1,2,... ...\n");
+        return 2;
+    }
+    a.mode = argv[optind];
+    llama_log_set(quiet, NULL);
+    ggml_backend_load_all_from_path(KVT_LLAMA_LIB_DIR);
+    struct llama_model *m = llama_model_load_from_file(a.model, llama_model_default_params());
+    if (!m)
+        return die("cannot load the model");
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)a.n_ctx;
+    cp.n_batch = 256;
+    cp.n_ubatch = 256;
+    cp.n_threads = cp.n_threads_batch = 2;
+    cp.flash_attn_type = a.fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k = cp.type_v = kv_type(a.type);
+    cp.rope_freq_base = a.rope_base;
+    struct llama_context *ctx = llama_init_from_model(m, cp);
+    if (!ctx)
+        return die("cannot create the context");
+    int rc = run(&a, ctx, &cp, llama_vocab_n_tokens(llama_model_get_vocab(m)));
+    llama_free(ctx);
+    llama_model_free(m);
+    free(a.tok);
+    return rc;
+}

@@ -1,0 +1,25 @@
+/*
+ * Small random-weight GGUF models for the llama.cpp integration's tests, demo and benchmark
+ * (no model hub is reachable): written with ggml's own gguf API, deterministic for a seed,
+ * with llama.cpp's built-in "test" tokenizer (five characters of text per token).
+ */
+#ifndef KVT_LLAMA_MODEL_GEN_H
+#define KVT_LLAMA_MODEL_GEN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct model_spec {
+    const char *arch; /* "llama", "qwen3" (grouped KV heads, q/k norms) or "mamba" */
+    uint32_t n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx_train;
+    uint32_t ssm_inner, ssm_conv, ssm_state, ssm_dt_rank; /* mamba */
+    bool f16;      /* weight matrices in F16 (else F32) */
+    uint64_t seed; /* the weights */
+};
+
+/** The spec of a named model: "llama", "qwen3", "mamba" (tiny, for tests) or "demo". */
+bool model_spec_named(const char *name, struct model_spec *out);
+/** Write the model to @p path. @return 0, or -1 with a message on stderr. */
+int model_write(const struct model_spec *m, const char *path);
+
+#endif
