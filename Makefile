@@ -155,7 +155,7 @@ $(BUILD)/fuzz/replay_%: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/fuzz_%.o $(
 LLAMA_DIR := build/llama
 LLAMA_STAMP := $(LLAMA_DIR)/.fetched-3.22.1
 LLAMA_LIBDIR := $(abspath $(LLAMA_DIR)/lib)
-LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools \
+LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools -Itools \
                 -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\"
 LLAMA_LIBS := -L$(LLAMA_LIBDIR) -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so \
               -Wl,-rpath,$(LLAMA_LIBDIR)
@@ -195,8 +195,9 @@ $(LLAMA_SHARED): $(LLAMA_OBJ) $(SHARED)
 $(BUILD)/kvtier-llama.pc: kvtier-llama.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCDIR@|$(INCDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
 
-$(LLAMA_CLI): $(LLAMA_TOOL_OBJ) $(LLAMA_STATIC) $(STATIC)
-	$(CC) -o $@ $(LLAMA_TOOL_OBJ) $(LLAMA_STATIC) $(STATIC) $(LLAMA_LIBS) $(LIBS_ALL) -lm
+# the benchmark's limits are the raw I/O baselines of `kvtier bench`
+$(LLAMA_CLI): $(LLAMA_TOOL_OBJ) $(BUILD)/obj/tools/bench_raw.o $(LLAMA_STATIC) $(STATIC)
+	$(CC) -o $@ $^ $(LLAMA_LIBS) $(LIBS_ALL) -lm
 
 $(LLAMA_TEST_BIN): $(BUILD)/obj/integrations/llama/tests/test_llama.o $(LLAMA_GEN_OBJ) \
                    $(SUPPORT_OBJ) $(LLAMA_STATIC) $(STATIC)
