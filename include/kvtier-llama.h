@@ -44,8 +44,8 @@ extern "C" {
 typedef struct kvt_llama kvt_llama;
 
 struct kvt_llama_opts {
-    const char *cache_dir;  /* store directory (required) */
-    const char *ns;         /* namespace of this program's entries; NULL = "" */
+    const char *cache_dir; /* store directory (required) */
+    const char *ns;        /* namespace of this program's entries; NULL = "" */
     /* The weights digest: the bytes of the GGUF file the model was loaded from (read once at
      * open), or a digest the caller already has (e.g. the model's published sha256). One of
      * the two is required. */
@@ -54,9 +54,9 @@ struct kvt_llama_opts {
     /* The parameters the context was created with (required): their layout- and
      * meaning-changing fields are part of the identity. */
     const struct llama_context_params *cparams;
-    uint64_t ram_max_bytes;  /* RAM tier; default 1 GiB */
-    uint64_t disk_max_bytes; /* store cap; default 32 GiB */
-    int64_t demote_idle_ms;  /* move RAM entries idle this long to disk; default 300000 */
+    uint64_t ram_max_bytes;      /* RAM tier; default 1 GiB */
+    uint64_t disk_max_bytes;     /* store cap; default 32 GiB */
+    int64_t demote_idle_ms;      /* move RAM entries idle this long to disk; default 300000 */
     const char *background_cpus; /* CPUs of kvtier's writer and timer threads; NULL = all */
     kvt_log_fn log;
     void *log_ud;
@@ -71,7 +71,8 @@ KVT_API void kvt_llama_opts_init(struct kvt_llama_opts *o);
  * @return 0, -EINVAL (missing option), KVT_E_UNSUPPORTED (another llama.cpp build, or a
  *         memory kind the mapping refuses), a store error or -errno (model file unreadable).
  */
-KVT_API int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kvt_llama **out);
+KVT_API int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o,
+                           kvt_llama **out);
 /**
  * Make everything saved durable (waits up to @p flush_timeout_ms, < 0 = two minutes), then
  * close. NULL allowed. Does not touch the context.
@@ -109,7 +110,7 @@ struct kvt_llama_loaded {
  *         empty.
  */
 KVT_API int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
-                   struct kvt_llama_loaded *r);
+                           struct kvt_llama_loaded *r);
 
 /** Wait until everything saved so far is on disk (@p timeout_ms < 0: two minutes).
  * @return 0 when durable, KVT_E_TIMEOUT, or a store error. */

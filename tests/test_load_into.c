@@ -320,10 +320,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_load_into_any_alignment, test_dir_setup,
                                         test_dir_teardown),
-        cmocka_unit_test_setup_teardown(test_load_into_failures, test_dir_setup,
-                                        test_dir_teardown),
-        cmocka_unit_test_setup_teardown(test_store_restore_into, test_dir_setup,
-                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_load_into_failures, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_store_restore_into, test_dir_setup, test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,8 +110,8 @@ int main(int argc, char **argv)
         return 2;
     }
     ggml_backend_load_all_from_path(KVT_LLAMA_LIB_DIR); /* llama.cpp's CPU back-ends */
-    struct llama_model *model = llama_model_load_from_file(model_path,
-                                                           llama_model_default_params());
+    struct llama_model *model =
+        llama_model_load_from_file(model_path, llama_model_default_params());
     if (!model)
         return 1;
     struct llama_context_params cp = llama_context_default_params();

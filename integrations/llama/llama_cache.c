@@ -50,8 +50,8 @@ int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kv
         rc = kvt_set_error(-ENOMEM, "out of memory");
         goto fail;
     }
-    kl->meta = (struct kvt_meta){kl->id.model_id, kl->id.fingerprint, kl->id.tokenizer_hash,
-                                 kl->ns};
+    kl->meta =
+        (struct kvt_meta){kl->id.model_id, kl->id.fingerprint, kl->id.tokenizer_hash, kl->ns};
     struct kvt_pcache_opts po;
     kvt_pcache_opts_init(&po);
     po.ram_max_bytes = o->ram_max_bytes;
@@ -122,9 +122,10 @@ static int entry_of_blob(kvt_llama *kl, kvt_buf *buf, llama_seq_id seq, const ll
     if (rc == 0)
         rc = blob_parse(sh, kvt_buf_data(buf), kvt_buf_size(buf), seq, m);
     if (rc == 0 && (sh->recurrent ? m->last_pos != (int32_t)n - 1 : m->cells != n))
-        rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: sequence %d holds %u cells up to "
-                           "position %d, not the %zu tokens given", seq, m->cells,
-                           m->last_pos, n);
+        rc = kvt_set_error(KVT_E_STATE,
+                           "kvtier-llama: sequence %d holds %u cells up to "
+                           "position %d, not the %zu tokens given",
+                           seq, m->cells, m->last_pos, n);
     if (rc == 0)
         rc = blob_to_caches(sh, m, buf, n, caches);
     if (rc == 0) {
@@ -156,8 +157,10 @@ int kvt_llama_save(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size
     llama_memory_t mem = llama_get_memory(kl->ctx);
     llama_pos pmax = llama_memory_seq_pos_max(mem, seq);
     if (pmax != (llama_pos)n - 1)
-        return kvt_set_error(KVT_E_STATE, "kvt_llama_save: sequence %d ends at position %d, "
-                             "%zu tokens given", seq, pmax, n);
+        return kvt_set_error(KVT_E_STATE,
+                             "kvt_llama_save: sequence %d ends at position %d, "
+                             "%zu tokens given",
+                             seq, pmax, n);
     size_t size = llama_state_seq_get_size(kl->ctx, seq);
     kvt_buf *buf;
     int rc = size ? kvt_buf_new_uninit(size, &buf)
@@ -250,15 +253,16 @@ static int build_apply(struct blob_build *b)
                             blob);
     if (llama_state_seq_set_data(b->kl->ctx, blob, b->plan.size, b->seq) != b->plan.size) {
         llama_memory_seq_rm(llama_get_memory(b->kl->ctx), b->seq, -1, -1);
-        return kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp refused the state of %u "
-                             "cells (is the context large enough?)", b->plan.cells);
+        return kvt_set_error(KVT_E_STATE,
+                             "kvtier-llama: llama.cpp refused the state of %u "
+                             "cells (is the context large enough?)",
+                             b->plan.cells);
     }
     return 0;
 }
 
 /* The header-shaped description of an entry's persisted tensors, for planning its blob. */
-static int header_of_entry(const struct kvt_entry *e, struct kvt_header *h,
-                           struct kvt_tensor *t)
+static int header_of_entry(const struct kvt_entry *e, struct kvt_header *h, struct kvt_tensor *t)
 {
     memset(h, 0, sizeof(*h));
     h->n_tokens = e->n_tokens;
@@ -330,8 +334,7 @@ static int load_from_disk(kvt_llama *kl, llama_seq_id seq, const struct kvt_hit 
         rc = build_apply(&b);
         /* an entry longer than the match is trimmable (the store's find says so) */
         if (rc == 0 && hit->prefix_len < h->n_tokens &&
-            !llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, (llama_pos)hit->prefix_len,
-                                 -1)) {
+            !llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, (llama_pos)hit->prefix_len, -1)) {
             llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, -1, -1);
             rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp cannot trim the state");
         }

@@ -55,8 +55,7 @@ static int file_digest(const char *path, char out[17])
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            rc = kvt_set_error(-errno, "%s: cannot read the model file: %s", path,
-                               strerror(errno));
+            rc = kvt_set_error(-errno, "%s: cannot read the model file: %s", path, strerror(errno));
             break;
         }
         if (r == 0)
@@ -173,8 +172,7 @@ int identity_derive(struct llama_context *ctx, const struct kvt_llama_opts *o,
     model_meta(&c, m);
     put(&c, "weights %s", weights);
     context_params(&c, p, n_seq);
-    snprintf(id->fingerprint, sizeof(id->fingerprint), "llama-%016" PRIx64,
-             kvt_wyhash_final(&c.h));
+    snprintf(id->fingerprint, sizeof(id->fingerprint), "llama-%016" PRIx64, kvt_wyhash_final(&c.h));
 
     char tok[17];
     tokenizer_digest(m, tok);
@@ -195,7 +193,6 @@ int identity_derive(struct llama_context *ctx, const struct kvt_llama_opts *o,
         .v_trans = !recurrent && p->flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED,
     };
     if (id->shape.n_layer == 0 || id->shape.n_layer > KVT_LLAMA_MAX_LAYERS)
-        return kvt_set_error(KVT_E_UNSUPPORTED, "kvtier-llama: %u layers",
-                             id->shape.n_layer);
+        return kvt_set_error(KVT_E_UNSUPPORTED, "kvtier-llama: %u layers", id->shape.n_layer);
     return 0;
 }

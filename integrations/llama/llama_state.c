@@ -91,9 +91,9 @@ static int parse_attention_stream(const struct llama_shape *sh, struct rd *r, ui
         int32_t id = (int32_t)rd_u32(r);
         if (pos != (int32_t)i || n_seq != 1 || id != seq)
             return kvt_set_error(KVT_E_STATE,
-                                  "llama state: cell %u holds position %d of %u sequence(s), "
-                                  "not position %u of this sequence alone",
-                                  i, pos, n_seq, i);
+                                 "llama state: cell %u holds position %d of %u sequence(s), "
+                                 "not position %u of this sequence alone",
+                                 i, pos, n_seq, i);
     }
     uint32_t v_trans = rd_u32(r), n_layer = rd_u32(r);
     if (r->bad)
@@ -156,8 +156,7 @@ static int parse_recurrent(const struct llama_shape *sh, struct rd *r, struct bl
 {
     uint32_t cells = rd_u32(r);
     if (cells != 1)
-        return kvt_set_error(KVT_E_STATE, "llama state: %u recurrent cells, expected 1",
-                              cells);
+        return kvt_set_error(KVT_E_STATE, "llama state: %u recurrent cells, expected 1", cells);
     int32_t pos = (int32_t)rd_u32(r);
     uint32_t n_seq = rd_u32(r), s_trans = rd_u32(r), n_layer = rd_u32(r);
     if (r->bad || n_seq != 0 || s_trans != 0 || n_layer != sh->n_layer)
@@ -194,8 +193,10 @@ int blob_parse(const struct llama_shape *sh, const uint8_t *blob, size_t size, i
 
 static int natural_dtype(int32_t type)
 {
-    return type == GGML_F32 ? KVT_FLOAT32 : type == GGML_F16 ? KVT_FLOAT16
-                                          : type == GGML_BF16 ? KVT_BFLOAT16 : -1;
+    return type == GGML_F32    ? KVT_FLOAT32
+           : type == GGML_F16  ? KVT_FLOAT16
+           : type == GGML_BF16 ? KVT_BFLOAT16
+                               : -1;
 }
 
 /* The dtype both tensors of an attention layer are stored with (-1: float16 container). */
@@ -303,8 +304,7 @@ static size_t head_bytes(const struct llama_shape *sh, uint32_t cells)
     return 2 * 4 + 2 * 4 + (size_t)cells * 12 + 2 * 4;
 }
 
-int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h,
-                     struct blob_plan *p)
+int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h, struct blob_plan *p)
 {
     if (h->n_caches != sh->n_layer || h->n_caches > KVT_LLAMA_MAX_LAYERS)
         return mismatch((uint32_t)h->n_caches, "layer count differs from the model's");

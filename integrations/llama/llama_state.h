@@ -26,7 +26,7 @@
 struct llama_shape {
     bool recurrent;
     uint32_t n_layer;
-    uint32_t n_stream; /* attention: streams of the context's KV cache */
+    uint32_t n_stream;      /* attention: streams of the context's KV cache */
     int32_t type_k, type_v; /* ggml types of attention K and V (recurrent: F32 r and s) */
     bool v_trans;           /* attention V transposed (flash attention off) */
 };
@@ -34,8 +34,8 @@ struct llama_shape {
 /** One tensor's bytes inside a blob. */
 struct blob_part {
     size_t off, bytes;
-    uint64_t row;      /* bytes per cell (transposed V: per element) */
-    uint32_t n_embd;   /* transposed V: elements per cell */
+    uint64_t row;    /* bytes per cell (transposed V: per element) */
+    uint32_t n_embd; /* transposed V: elements per cell */
 };
 
 /** A parsed blob: where each layer's tensors lie. */
@@ -77,8 +77,7 @@ struct blob_plan {
  * Plan the blob of an entry whose validated header is @p h, for a context of shape @p sh.
  * @return 0 or KVT_E_MISMATCH when the entry's caches do not fit the context's memory.
  */
-int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h,
-                     struct blob_plan *p);
+int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h, struct blob_plan *p);
 /** Write everything of the planned blob but the tensor bytes. */
 void blob_write_meta(const struct llama_shape *sh, const struct blob_plan *p, int32_t seq,
                      int32_t last_pos, uint8_t *blob);

@@ -178,9 +178,10 @@ int main(int argc, char **argv)
 {
     struct args a = {.type = "f16", .fa = 1, .n_ctx = 1024, .split = 0};
     static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"dir", 1, 0, 'd'},   {"out", 1, 0, 'o'},    {"ns", 1, 0, 'n'},
-        {"type", 1, 0, 't'},  {"fa", 1, 0, 'f'},    {"prefill", 1, 0, 'p'}, {"steps", 1, 0, 's'},
-        {"tokens", 1, 0, 'k'}, {"next", 1, 0, 'x'}, {"split", 1, 0, 'S'},  {"ctx", 1, 0, 'c'},
+        {"model", 1, 0, 'm'},     {"dir", 1, 0, 'd'},    {"out", 1, 0, 'o'},
+        {"ns", 1, 0, 'n'},        {"type", 1, 0, 't'},   {"fa", 1, 0, 'f'},
+        {"prefill", 1, 0, 'p'},   {"steps", 1, 0, 's'},  {"tokens", 1, 0, 'k'},
+        {"next", 1, 0, 'x'},      {"split", 1, 0, 'S'},  {"ctx", 1, 0, 'c'},
         {"rope-base", 1, 0, 'r'}, {"reload", 0, 0, 'R'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {

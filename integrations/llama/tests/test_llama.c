@@ -2,11 +2,13 @@
  * The llama.cpp integration on a real llama.cpp (the prebuilt 0.5.0 CPU libraries) with
  * generated models: a sequence prefilled and decoded in one process, saved through kvtier,
  * loaded in a new process, gives bit-identical logits for every next step, for llama, qwen3
- * (grouped KV heads) and mamba (recurrent state), flash attention on and off, F16, F32 and
- * q8_0/q4_0 K/V; a RAM-tier reload in the same process does too. A shared prefix is reused
+ * (grouped KV heads) and mamba (recurrent state), flash attention on and off, F16, BF16, F32
+ * and q8_0/q4_0 K/V; a RAM-tier reload in the same process does too. A shared prefix is reused
  * (attention: trimmed; recurrent: exact extensions only) and matches a full recompute within
  * a tolerance. Other weights, vocabulary, KV type, context setting or namespace miss, and a
  * corrupted entry file is a miss that never reaches llama.cpp.
+ *
+ * The chat example, restarted, continues from the disk cache with the same replies.
  *
  * Each process is tests/progs/llama_worker; this suite generates the models and compares.
  */
@@ -21,10 +23,10 @@
 
 #include "model_gen.h"
 
-#define N_TOK 48    /* tokens saved: 32 prefilled in one batch, 16 decoded one at a time */
+#define N_TOK 48 /* tokens saved: 32 prefilled in one batch, 16 decoded one at a time */
 #define PREFILL 32
-#define NEXT 77     /* the token decoded after the restore */
-#define STEPS 6     /* greedy steps after it, each step's logits compared */
+#define NEXT 77 /* the token decoded after the restore */
+#define STEPS 6 /* greedy steps after it, each step's logits compared */
 
 static char *model_path(const char *name)
 {
@@ -142,9 +144,8 @@ static struct loaded load(const struct config *c, const char *dir, const int32_t
                           const char *extra)
 {
     char *ca = config_args(c, dir), *ta = tokens_arg(tok, n), *out;
-    assert_int_equal(worker(&out, "load %s --tokens %s --next %d --steps %d %s", ca, ta, NEXT,
-                            STEPS, extra),
-                     0);
+    assert_int_equal(
+        worker(&out, "load %s --tokens %s --next %d --steps %d %s", ca, ta, NEXT, STEPS, extra), 0);
     struct loaded l = parse_loaded(out);
     free(out);
     free(ca);
@@ -207,8 +208,9 @@ static void roundtrip(const struct config *c)
     char *dir2 = strf("%s-ram", dir);
     free(ca);
     ca = config_args(c, dir2);
-    assert_int_equal(worker(&out, "save %s --tokens %s --prefill %d --reload --next %d --steps %d "
-                                  "--out %s",
+    assert_int_equal(worker(&out,
+                            "save %s --tokens %s --prefill %d --reload --next %d --steps %d "
+                            "--out %s",
                             ca, ta, PREFILL, NEXT, STEPS, r),
                      0);
     l = parse_loaded(out);
@@ -248,6 +250,12 @@ static void test_llama_q8_0(void **s)
 {
     (void)s;
     roundtrip(&(struct config){"llama", "q8_0", 1});
+}
+
+static void test_llama_bf16(void **s)
+{
+    (void)s;
+    roundtrip(&(struct config){"llama", "bf16", 1});
 }
 
 static void test_llama_q4_0(void **s)
@@ -299,8 +307,9 @@ static double logit_diff(const char *a, const char *b)
 
 /*
  * A prompt sharing the first 40 tokens of the stored 48 (32 prefilled, 8 decoded singly):
- * attention loads 40 (trimmed from the 48-token entry) and continues within tolerance of a recompute of the whole prompt; recurrent
- * state cannot be trimmed, so it misses, and serves only an exact extension.
+ * attention loads 40 (trimmed from the 48-token entry) and continues within tolerance of a
+ * recompute of the whole prompt; recurrent state cannot be trimmed, so it misses, and serves only
+ * an exact extension.
  */
 static void prefix_reuse(const struct config *c, double tolerance)
 {
@@ -325,12 +334,14 @@ static void prefix_reuse(const struct config *c, double tolerance)
         assert_int_equal(l.entry, N_TOK);
         assert_int_equal(l.pos_max, 39);
         char *ca = config_args(c, dir), *ta = tokens_arg(diverge, 50);
-        assert_int_equal(worker(NULL, "full %s --tokens %s --next %d --steps %d --split 40 --out %s",
-                                ca, ta, NEXT, STEPS, b),
+        assert_int_equal(worker(NULL,
+                                "full %s --tokens %s --next %d --steps %d --split 40 --out %s", ca,
+                                ta, NEXT, STEPS, b),
                          0);
         double d = logit_diff(a, b);
-        print_message("%s %s fa=%d: reused prefix vs recompute: max |dlogit| / max |logit| = %.2e\n",
-                      c->model, c->type, c->fa, d);
+        print_message(
+            "%s %s fa=%d: reused prefix vs recompute: max |dlogit| / max |logit| = %.2e\n",
+            c->model, c->type, c->fa, d);
         assert_true(d <= tolerance);
         free(ca);
         free(ta);
@@ -367,12 +378,12 @@ static void test_other_identity_misses(void **s)
         struct config c;
         const char *extra;
     } other[] = {
-        {{"llama-weights", "f16", 1}, ""},      /* other weights */
-        {{"llama-vocab", "f16", 1}, ""},        /* other vocabulary */
-        {{"llama", "q8_0", 1}, ""},             /* other KV type */
-        {{"llama", "f16", 0}, ""},              /* flash attention off */
+        {{"llama-weights", "f16", 1}, ""},          /* other weights */
+        {{"llama-vocab", "f16", 1}, ""},            /* other vocabulary */
+        {{"llama", "q8_0", 1}, ""},                 /* other KV type */
+        {{"llama", "f16", 0}, ""},                  /* flash attention off */
         {{"llama", "f16", 1}, "--rope-base 20000"}, /* other rope base */
-        {{"llama", "f16", 1}, "--ns tenant-b"}, /* other namespace */
+        {{"llama", "f16", 1}, "--ns tenant-b"},     /* other namespace */
     };
     for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
         struct loaded l = load(&other[i].c, dir, tok, N_TOK, other[i].extra);
@@ -437,6 +448,56 @@ static void test_corrupt_entry_is_a_miss(void **s)
     free(dir);
 }
 
+/* The chat example, run twice on the same input: the restarted process takes its prompts from
+ * the disk cache and replies exactly as the first did (greedy decoding from the same state). */
+static void test_chat_example(void **s)
+{
+    (void)s;
+    char *m = model_path("llama"), *dir = strf("%s/chat", test_dir);
+    char *in = strf("%s/chat.in", test_dir);
+    const char *lines = "hello there, how are you today\nand what about tomorrow then\n";
+    assert_int_equal(write_file(in, lines, strlen(lines)), 0);
+    char *out[2], *err[2];
+    for (int run = 0; run < 2; run++) {
+        out[run] = strf("%s/chat.out%d", test_dir, run);
+        err[run] = strf("%s/chat.err%d", test_dir, run);
+        char *cmd = strf("%s/examples/llama_chat --model %s --cache-dir %s --ctx 1024 < %s > %s "
+                         "2> %s",
+                         KVT_BUILD_DIR, m, dir, in, out[run], err[run]);
+        assert_int_equal(system(cmd), 0);
+        free(cmd);
+    }
+    size_t n0, n1;
+    char *a = (char *)read_file(out[0], &n0), *b = (char *)read_file(out[1], &n1);
+    assert_true(n0 > 0);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(a, b, n0);
+    /* first process: a miss, then its first turn from RAM; the restart: both turns from disk
+     * (the first process's longer conversation serves both prompts) */
+    const char *want[2][2] = {
+        {"0 of 10 prompt tokens", "74 of 83 prompt tokens from the RAM"},
+        {"9 of 10 prompt tokens from the disk", "82 of 83 prompt tokens from the disk"}};
+    for (int run = 0; run < 2; run++) {
+        size_t ne;
+        char *e = (char *)read_file(err[run], &ne);
+        e = realloc(e, ne + 1);
+        e[ne] = '\0';
+        for (int t = 0; t < 2; t++)
+            if (!strstr(e, want[run][t]))
+                fail_msg("run %d: no \"%s\" in:\n%s", run, want[run][t], e);
+        free(e);
+    }
+    for (int run = 0; run < 2; run++) {
+        free(out[run]);
+        free(err[run]);
+    }
+    free(a);
+    free(b);
+    free(in);
+    free(dir);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -444,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_llama_f16_no_fa),
         cmocka_unit_test(test_llama_f32_no_fa),
         cmocka_unit_test(test_llama_q8_0),
+        cmocka_unit_test(test_llama_bf16),
         cmocka_unit_test(test_llama_q4_0),
         cmocka_unit_test(test_qwen3_f16_fa),
         cmocka_unit_test(test_qwen3_f16_no_fa),
@@ -452,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_other_identity_misses),
         cmocka_unit_test(test_corrupt_entry_is_a_miss),
+        cmocka_unit_test(test_chat_example),
     };
     return cmocka_run_group_tests(tests, gen_models, test_dir_teardown);
 }

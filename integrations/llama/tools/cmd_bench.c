@@ -169,14 +169,15 @@ static int loads(struct bench_run *b, int repeat)
     if (rc == 0 && time_load(b, &b->load[repeat])) /* kept out of the statistics */
         rc = -1;
     uint8_t *now = rc == 0 ? malloc(b->blob_size) : NULL;
-    b->identical = now && llama_state_seq_get_data(b->e.ctx, now, b->blob_size, 0) ==
-                              b->blob_size && memcmp(now, b->blob, b->blob_size) == 0;
+    b->identical = now &&
+                   llama_state_seq_get_data(b->e.ctx, now, b->blob_size, 0) == b->blob_size &&
+                   memcmp(now, b->blob, b->blob_size) == 0;
     free(now);
     /* a RAM-tier hit: the saved entry is in RAM after a save */
     for (int r = 0; rc == 0 && r < repeat; r++) {
         struct kvt_llama_loaded l;
-        if (kvt_llama_save(b->kl, 0, b->tok, b->n) || kvt_llama_load(b->kl, 0, b->tok, b->n + 1,
-                                                                     &l))
+        if (kvt_llama_save(b->kl, 0, b->tok, b->n) ||
+            kvt_llama_load(b->kl, 0, b->tok, b->n + 1, &l))
             rc = fail("RAM load");
         b->ram_load[r] = l.ms / 1e3;
     }
@@ -203,8 +204,8 @@ static void report(const struct bench_run *b, const struct bench_args *a)
                "\"ram_restore_s\": %.6f, \"prefill_over_restore\": %.1f, \"identical\": %s}\n",
                b->n, b->blob_size, (unsigned long long)b->file_size, n, b->prefill, load,
                med(b->load_lim, n), med(b->load_ratio, n), med(b->read, n), med(b->set, n), save,
-               med(b->save_lim, n), med(b->save_ratio, n), med(b->ram_load, n),
-               b->prefill / load, b->identical ? "true" : "false");
+               med(b->save_lim, n), med(b->save_ratio, n), med(b->ram_load, n), b->prefill / load,
+               b->identical ? "true" : "false");
         return;
     }
     printf("kvtier-llama bench: %zu-token context of %s, %.1f MiB state, %d repetitions "
@@ -219,8 +220,7 @@ static void report(const struct bench_run *b, const struct bench_args *a)
     printf("  %-34s %8.4fs\n", "restore from the RAM tier", med(b->ram_load, n));
     printf("  %-34s %8.3fs   re-prefill / restore = %.0fx\n", "re-prefill of the context",
            b->prefill, b->prefill / load);
-    printf("  state after restore identical to the saved one: %s\n",
-           b->identical ? "yes" : "NO");
+    printf("  state after restore identical to the saved one: %s\n", b->identical ? "yes" : "NO");
 }
 
 static int parse(int argc, char **argv, struct bench_args *a)
@@ -274,8 +274,8 @@ static int setup(struct bench_run *b, const struct bench_args *a)
 
 int cmd_bench(int argc, char **argv)
 {
-    struct bench_args a = {.dir = "build/llama-bench", .model = "build/llama/demo.gguf",
-                           .tokens = 8192, .repeat = 7};
+    struct bench_args a = {
+        .dir = "build/llama-bench", .model = "build/llama/demo.gguf", .tokens = 8192, .repeat = 7};
     if (parse(argc, argv, &a)) {
         fprintf(stderr, "usage: kvtier-llama bench [--dir D] [--model M] [--tokens N] "
                         "[--repeat R] [--json]\n");

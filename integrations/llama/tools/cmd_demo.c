@@ -34,8 +34,8 @@ struct demo_args {
 
 static int parse(int argc, char **argv, struct demo_args *a)
 {
-    static const struct option opts[] = {{"dir", 1, 0, 'd'},    {"model", 1, 0, 'm'},
-                                         {"out", 1, 0, 'o'},    {"results", 1, 0, 'r'},
+    static const struct option opts[] = {{"dir", 1, 0, 'd'},        {"model", 1, 0, 'm'},
+                                         {"out", 1, 0, 'o'},        {"results", 1, 0, 'r'},
                                          {"transcript", 1, 0, 't'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
@@ -267,9 +267,9 @@ static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *
 static int spawn_phase(const char *phase, const struct demo_args *a, const char *out,
                        const char *results)
 {
-    char *argv[] = {"kvtier-llama", "demo-turns",     (char *)phase, "--dir",
-                    (char *)a->dir, "--model",        (char *)a->model, "--out",
-                    (char *)out,    "--results",      (char *)results, "--transcript",
+    char *argv[] = {"kvtier-llama",        "demo-turns", (char *)phase,    "--dir",
+                    (char *)a->dir,        "--model",    (char *)a->model, "--out",
+                    (char *)out,           "--results",  (char *)results,  "--transcript",
                     (char *)a->transcript, NULL};
     pid_t pid;
     fflush(stdout);

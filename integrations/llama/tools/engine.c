@@ -36,8 +36,8 @@ int engine_ensure_model(const char *path)
         return 0;
     struct model_spec m;
     model_spec_named("demo", &m);
-    fprintf(stderr, "generating the demo model (%s, %u layers, dim %u, random weights) ...\n",
-            path, m.n_layer, m.n_embd);
+    fprintf(stderr, "generating the demo model (%s, %u layers, dim %u, random weights) ...\n", path,
+            m.n_layer, m.n_embd);
     return model_write(&m, path);
 }
 
@@ -123,9 +123,10 @@ llama_token *engine_tokenize(const struct engine *e, const char *text, size_t *n
 char *engine_user_text(int turn, size_t chars)
 {
     static const char *const words[] = {
-        "the", "cache", "restores", "prefix", "of", "a", "long", "conversation", "from",
-        "disk", "so", "that", "nothing", "is", "computed", "twice", "when", "server",
-        "restarts", "model", "tokens", "state", "layer", "attention", "keys", "values"};
+        "the",          "cache", "restores",  "prefix", "of",       "a",       "long",
+        "conversation", "from",  "disk",      "so",     "that",     "nothing", "is",
+        "computed",     "twice", "when",      "server", "restarts", "model",   "tokens",
+        "state",        "layer", "attention", "keys",   "values"};
     char *s = malloc(chars + 64);
     size_t at = (size_t)snprintf(s, chars + 64, "Turn %d. ", turn);
     uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(turn + 1);

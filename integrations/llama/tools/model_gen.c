@@ -198,9 +198,11 @@ static size_t arena_bytes(const struct model_spec *m)
 
 int model_write(const struct model_spec *m, const char *path)
 {
-    struct ggml_init_params ip = {.mem_size = arena_bytes(m), .mem_buffer = NULL,
-                                  .no_alloc = false};
-    struct gen g = {.m = m, .ctx = ggml_init(ip), .gguf = gguf_init_empty(),
+    struct ggml_init_params ip = {
+        .mem_size = arena_bytes(m), .mem_buffer = NULL, .no_alloc = false};
+    struct gen g = {.m = m,
+                    .ctx = ggml_init(ip),
+                    .gguf = gguf_init_empty(),
                     .rng = m->seed * 0x9E3779B97F4A7C15ull + 1};
     if (!g.ctx || !g.gguf) {
         fprintf(stderr, "model_gen: out of memory\n");

@@ -13,8 +13,8 @@ struct model_spec {
     const char *arch; /* "llama", "qwen3" (grouped KV heads, q/k norms) or "mamba" */
     uint32_t n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx_train;
     uint32_t ssm_inner, ssm_conv, ssm_state, ssm_dt_rank; /* mamba */
-    bool f16;      /* weight matrices in F16 (else F32) */
-    uint64_t seed; /* the weights */
+    bool f16;                                             /* weight matrices in F16 (else F32) */
+    uint64_t seed;                                        /* the weights */
 };
 
 /** The spec of a named model: "llama", "qwen3", "mamba" (tiny, for tests) or "demo". */
