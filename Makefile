@@ -60,6 +60,28 @@ BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 
+# The llama.cpp integration: its own library, tools and tests, linked against llama.cpp's
+# prebuilt libraries that scripts/llama-fetch.sh puts in build/llama (the core never links them).
+LLAMA_DIR := build/llama
+LLAMA_STAMP := $(LLAMA_DIR)/.fetched-3.22.1
+LLAMA_LIBDIR := $(abspath $(LLAMA_DIR)/lib)
+LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools -Itools \
+                -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\"
+LLAMA_LIBS := -L$(LLAMA_LIBDIR) -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so \
+              -Wl,-rpath,$(LLAMA_LIBDIR)
+LLAMA_SRC := $(sort $(wildcard integrations/llama/*.c))
+LLAMA_OBJ := $(LLAMA_SRC:%.c=$(BUILD)/obj/%.o)
+LLAMA_TOOL_SRC := $(sort $(wildcard integrations/llama/tools/*.c))
+LLAMA_TOOL_OBJ := $(LLAMA_TOOL_SRC:%.c=$(BUILD)/obj/%.o)
+LLAMA_GEN_OBJ := $(BUILD)/obj/integrations/llama/tools/model_gen.o
+LLAMA_STATIC := $(BUILD)/libkvtier-llama.a
+LLAMA_SHARED := $(BUILD)/libkvtier-llama.so.$(VERSION)
+LLAMA_CLI := $(BUILD)/kvtier-llama
+LLAMA_TEST_BIN := $(BUILD)/tests/test_llama
+LLAMA_WORKER := $(BUILD)/tests/progs/llama_worker
+LLAMA_OTHER_VERSION := $(BUILD)/tests/progs/other_version.so
+LLAMA_EXAMPLE := $(BUILD)/examples/llama_chat
+
 STATIC := $(BUILD)/libkvtier.a
 SHARED := $(BUILD)/libkvtier.so.$(VERSION)
 CLI := $(BUILD)/kvtier
@@ -108,7 +130,8 @@ $(BUILD)/examples/%: examples/%.c $(STATIC) $(CONFIG)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(STATIC) $(LIBS_ALL) -lm
 
-tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN) $(LLAMA_TEST_BIN) $(LLAMA_WORKER) llama
+tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN) $(LLAMA_TEST_BIN) $(LLAMA_WORKER) \
+       $(LLAMA_OTHER_VERSION) llama
 progs: $(PROG_BIN)
 benches: $(BENCH_BIN)
 
@@ -150,27 +173,6 @@ $(BUILD)/fuzz/replay_%: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/fuzz_%.o $(
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LIBS_ALL) -lm
 
-# The llama.cpp integration: its own library, tools and tests, linked against llama.cpp's
-# prebuilt libraries that scripts/llama-fetch.sh puts in build/llama (the core never links them).
-LLAMA_DIR := build/llama
-LLAMA_STAMP := $(LLAMA_DIR)/.fetched-3.22.1
-LLAMA_LIBDIR := $(abspath $(LLAMA_DIR)/lib)
-LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools -Itools \
-                -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\"
-LLAMA_LIBS := -L$(LLAMA_LIBDIR) -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so \
-              -Wl,-rpath,$(LLAMA_LIBDIR)
-LLAMA_SRC := $(sort $(wildcard integrations/llama/*.c))
-LLAMA_OBJ := $(LLAMA_SRC:%.c=$(BUILD)/obj/%.o)
-LLAMA_TOOL_SRC := $(sort $(wildcard integrations/llama/tools/*.c))
-LLAMA_TOOL_OBJ := $(LLAMA_TOOL_SRC:%.c=$(BUILD)/obj/%.o)
-LLAMA_GEN_OBJ := $(BUILD)/obj/integrations/llama/tools/model_gen.o
-LLAMA_STATIC := $(BUILD)/libkvtier-llama.a
-LLAMA_SHARED := $(BUILD)/libkvtier-llama.so.$(VERSION)
-LLAMA_CLI := $(BUILD)/kvtier-llama
-LLAMA_TEST_BIN := $(BUILD)/tests/test_llama
-LLAMA_WORKER := $(BUILD)/tests/progs/llama_worker
-LLAMA_EXAMPLE := $(BUILD)/examples/llama_chat
-
 .PHONY: llama
 llama: $(LLAMA_STATIC) $(LLAMA_SHARED) $(LLAMA_CLI) $(LLAMA_EXAMPLE) $(BUILD)/kvtier-llama.pc
 
@@ -207,6 +209,10 @@ $(LLAMA_TEST_BIN): $(BUILD)/obj/integrations/llama/tests/test_llama.o $(LLAMA_GE
 $(LLAMA_WORKER): $(BUILD)/obj/integrations/llama/tests/llama_worker.o $(LLAMA_STATIC) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LLAMA_LIBS) $(LIBS_ALL) -lm
+
+$(LLAMA_OTHER_VERSION): integrations/llama/tests/other_version.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -shared -o $@ $<
 
 $(LLAMA_EXAMPLE): examples/llama/llama_chat.c $(LLAMA_STATIC) $(STATIC) $(LLAMA_STAMP)
 	@mkdir -p $(@D)

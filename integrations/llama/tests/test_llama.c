@@ -448,6 +448,29 @@ static void test_corrupt_entry_is_a_miss(void **s)
     free(dir);
 }
 
+/* A llama.cpp reporting another version is refused at open with a clear message. */
+static void test_other_llama_build_refused(void **s)
+{
+    (void)s;
+    char *m = model_path("llama"), *dir = strf("%s/other-build", test_dir), *out;
+    char *cmd = strf("LD_PRELOAD=%s/tests/progs/other_version.so %s/tests/progs/llama_worker load "
+                     "--model %s --dir %s --tokens 1,2,3 2>&1",
+                     KVT_BUILD_DIR, KVT_BUILD_DIR, m, dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    out = calloc(1, 4096);
+    size_t n = fread(out, 1, 4095, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_non_null(strstr(out, "llama.cpp 0.6.0-other is not the build this library maps"));
+    free(out);
+    free(cmd);
+    free(dir);
+    free(m);
+}
+
 /* The chat example, run twice on the same input: the restarted process takes its prompts from
  * the disk cache and replies exactly as the first did (greedy decoding from the same state). */
 static void test_chat_example(void **s)
@@ -514,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_other_identity_misses),
         cmocka_unit_test(test_corrupt_entry_is_a_miss),
+        cmocka_unit_test(test_other_llama_build_refused),
         cmocka_unit_test(test_chat_example),
     };
     return cmocka_run_group_tests(tests, gen_models, test_dir_teardown);
