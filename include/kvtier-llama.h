@@ -75,7 +75,8 @@ KVT_API int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opt
                            kvt_llama **out);
 /**
  * Make everything saved durable (waits up to @p flush_timeout_ms, < 0 = two minutes), then
- * close. NULL allowed. Does not touch the context.
+ * close. NULL allowed. Does not touch the context. To learn whether the flush succeeded, call
+ * kvt_llama_flush() first.
  */
 KVT_API void kvt_llama_close(kvt_llama *kl, int64_t flush_timeout_ms);
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ggml-backend.h"
 #include "kvtier-llama.h"
@@ -93,8 +94,12 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *cache_dir = NULL;
     unsigned n_ctx = 4096;
-    static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"cache-dir", 1, 0, 'c'}, {"ctx", 1, 0, 'n'}, {0, 0, 0, 0}};
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    static const struct option opts[] = {{"model", 1, 0, 'm'},
+                                         {"cache-dir", 1, 0, 'c'},
+                                         {"ctx", 1, 0, 'n'},
+                                         {"threads", 1, 0, 't'},
+                                         {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         if (o == 'm')
             model_path = optarg;
@@ -102,11 +107,14 @@ int main(int argc, char **argv)
             cache_dir = optarg;
         else if (o == 'n')
             n_ctx = (unsigned)atoi(optarg);
+        else if (o == 't')
+            threads = atoi(optarg);
         else
             return 2;
     }
     if (!model_path || !cache_dir) {
-        fprintf(stderr, "usage: llama_chat --model M.gguf --cache-dir DIR [--ctx N]\n");
+        fprintf(stderr,
+                "usage: llama_chat --model M.gguf --cache-dir DIR [--ctx N] [--threads N]\n");
         return 2;
     }
     ggml_backend_load_all_from_path(KVT_LLAMA_LIB_DIR); /* llama.cpp's CPU back-ends */
@@ -116,6 +124,7 @@ int main(int argc, char **argv)
         return 1;
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
+    cp.n_threads = cp.n_threads_batch = threads;
     struct chat c = {.ctx = llama_init_from_model(model, cp),
                      .vocab = llama_model_get_vocab(model)};
     if (!c.ctx)

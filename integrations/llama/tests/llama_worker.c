@@ -216,7 +216,7 @@ int main(int argc, char **argv)
     cp.n_ctx = (uint32_t)a.n_ctx;
     cp.n_batch = 256;
     cp.n_ubatch = 256;
-    cp.n_threads = cp.n_threads_batch = 2;
+    cp.n_threads = cp.n_threads_batch = 1; /* tiny models: no gain from more */
     cp.flash_attn_type = a.fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.type_k = cp.type_v = kv_type(a.type);
     cp.rope_freq_base = a.rope_base;
