@@ -691,6 +691,56 @@ KVT_API void kvt_pcache_get_stats(kvt_pcache *pc, struct kvt_pcache_stats *st);
 /** The cold tier, or NULL (borrowed; valid until kvt_pcache_close()). */
 KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
 
+/* ------------------------------------------------------------------------------------------
+ * Devices: GPU memory as a restore destination. CUDA is loaded at run time (the driver API of
+ * libcuda.so.1): the library builds without a toolkit and runs without a GPU, where opening a
+ * CUDA device fails with KVT_E_UNSUPPORTED ("unavailable"). A host-memory stand-in with the
+ * same asynchronous behaviour runs everywhere (tests, development).
+ *
+ * Threads: one thread at a time per device handle. Device addresses are uint64_t
+ * (CUdeviceptr for CUDA; host pointers for the stand-in).
+ */
+typedef struct kvt_device kvt_device;
+
+struct kvt_device_opts {
+    size_t staging_chunk;   /* bytes per page-locked staging slot; 0 = 8 MiB */
+    unsigned staging_depth; /* staging slots; 0 = 4, at most 16 */
+    unsigned copy_delay_us; /* stand-in only: every copy takes at least this long */
+};
+
+/** Open CUDA device @p ordinal (its primary context, one copy stream, page-locked staging).
+ * @return 0, KVT_E_UNSUPPORTED (no driver or no such device: "unavailable"), -EIO, -ENOMEM. */
+KVT_API int kvt_device_open_cuda(int ordinal, const struct kvt_device_opts *o,
+                                 kvt_device **out);
+/** Open the host-memory stand-in: its copies run on a worker thread, in order. */
+KVT_API int kvt_device_open_host(const struct kvt_device_opts *o, kvt_device **out);
+/** Close a device (NULL allowed); memory allocated on it must be freed first. */
+KVT_API void kvt_device_close(kvt_device *d);
+/** "cuda:0 NVIDIA H200", "host stand-in". */
+KVT_API const char *kvt_device_name(const kvt_device *d);
+KVT_API int kvt_device_alloc(kvt_device *d, size_t bytes, uint64_t *addr);
+KVT_API void kvt_device_free(kvt_device *d, uint64_t addr);
+/** Synchronous copies between host memory and device memory, through the staging ring. */
+KVT_API int kvt_device_upload(kvt_device *d, uint64_t dst, const void *src, size_t n);
+KVT_API int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n);
+
+/** As kvt_place_fn, for device memory: set @p dst[k] to the device address of slot k (0:
+ * only check it). */
+typedef int (*kvt_device_place_fn)(void *ud, const struct kvt_header *h, uint64_t *dst);
+
+/**
+ * kvt_file_load_into() into device memory: the file streams through the device's staging
+ * ring, each chunk hashed there and copied to the device while the next is read. Every copy
+ * has finished when the call returns; on failure the device memory must not be used.
+ */
+KVT_API int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
+                                    kvt_device_place_fn place, void *ud,
+                                    struct kvt_header **out_header);
+/** kvt_store_restore_into() into device memory (kvt_file_load_to_device()). */
+KVT_API int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
+                                        kvt_device_place_fn place, void *ud,
+                                        struct kvt_header **out_header);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,67 +16,12 @@ static const char *const MODEL = "test/model";
 static const char *const FP = "fp-load-into";
 static const char *const TOK = "tk-test";
 
-/* A kv layer of [1, 4, n, 96] float16 rows and an ssm layer, random bytes from @p seed. */
-static struct kvt_entry *make_entry(const int32_t *tok, size_t n, uint64_t seed)
-{
-    kvt_cache *c[3];
-    for (int l = 0; l < 2; l++) {
-        const int64_t shape[4] = {1, 4, (int64_t)n, 96};
-        struct kvt_tensor t[2];
-        for (int w = 0; w < 2; w++) {
-            assert_int_equal(kvt_tensor_zeros(&t[w], KVT_FLOAT16, 4, shape), 0);
-            fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
-        }
-        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
-        assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[l]), 0);
-        kvt_tensor_release(&t[0]);
-        kvt_tensor_release(&t[1]);
-    }
-    const int64_t conv[3] = {1, 3, 64}, rec[4] = {1, 8, 16, 4};
-    struct kvt_tensor t[2];
-    assert_int_equal(kvt_tensor_zeros(&t[0], KVT_FLOAT32, 3, conv), 0);
-    assert_int_equal(kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec), 0);
-    for (int w = 0; w < 2; w++)
-        fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
-    struct kvt_cache_info info = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
-    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[2]), 0);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    struct kvt_entry *e;
-    assert_int_equal(kvt_entry_new(tok, n, c, 3, "", &e), 0);
-    e->meta.model_id = strdup(MODEL);
-    e->meta.config_fingerprint = strdup(FP);
-    e->meta.tokenizer_hash = strdup(TOK);
-    return e;
-}
-
 static int32_t *tokens(size_t n, int32_t base)
 {
     int32_t *t = malloc(n * sizeof(*t));
     for (size_t i = 0; i < n; i++)
         t[i] = base + (int32_t)i;
     return t;
-}
-
-/* The bytes of every persisted tensor of @p e, concatenated in slot order. */
-static uint8_t *entry_bytes(const struct kvt_entry *e, size_t *total)
-{
-    size_t cap = kvt_entry_bytes(e) + 1, at = 0;
-    uint8_t *out = malloc(cap);
-    for (size_t i = 0; i < e->n_caches; i++) {
-        struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
-        int nt = kvt_cache_state(e->caches[i], t);
-        assert_true(nt > 0);
-        for (int j = 0; j < nt; j++) {
-            size_t b = kvt_tensor_nbytes(&t[j]);
-            assert_true(at + b <= cap);
-            kvt_tensor_copy_out(&t[j], out + at);
-            at += b;
-            kvt_tensor_release(&t[j]);
-        }
-    }
-    *total = at;
-    return out;
 }
 
 /* Placement: every slot into one pool, in order, each at @p align plus @p skew bytes (a
@@ -153,9 +98,9 @@ static void test_load_into_any_alignment(void **state)
 {
     (void)state;
     int32_t *tok = tokens(3000, 7);
-    struct kvt_entry *e = make_entry(tok, 3000, 11);
+    struct kvt_entry *e = synth_random_entry(tok, 3000, 11, MODEL, FP, TOK);
     size_t total;
-    uint8_t *want = entry_bytes(e, &total);
+    uint8_t *want = synth_entry_bytes(e, &total);
     char *path = save("a.mlxkv", e);
     struct {
         size_t align;
@@ -203,9 +148,9 @@ static void test_load_into_failures(void **state)
 {
     (void)state;
     int32_t *tok = tokens(500, 1);
-    struct kvt_entry *e = make_entry(tok, 500, 5);
+    struct kvt_entry *e = synth_random_entry(tok, 500, 5, MODEL, FP, TOK);
     size_t total;
-    uint8_t *want = entry_bytes(e, &total);
+    uint8_t *want = synth_entry_bytes(e, &total);
     char *path = save("b.mlxkv", e);
     struct pool p = pool_new(total + 16 * 8192, 64, 0);
     struct kvt_header *h = (void *)1;
@@ -257,9 +202,9 @@ static void test_store_restore_into(void **state)
 {
     (void)state;
     int32_t *tok = tokens(800, 100);
-    struct kvt_entry *e = make_entry(tok, 800, 9);
+    struct kvt_entry *e = synth_random_entry(tok, 800, 9, MODEL, FP, TOK);
     size_t total;
-    uint8_t *want = entry_bytes(e, &total);
+    uint8_t *want = synth_entry_bytes(e, &total);
     kvt_store *s = open_store();
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);
 

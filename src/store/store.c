@@ -252,7 +252,9 @@ static void restore_failed(struct kvt_store *s, const struct restore_job *j, int
  * the file's fault.
  */
 struct restore_load {
-    kvt_place_fn place; /* NULL: new caches into e */
+    kvt_place_fn place; /* NULL (and no device): new caches into e */
+    kvt_device *device; /* with device_place: into device memory */
+    kvt_device_place_fn device_place;
     void *ud;
     bool refused;       /* the placement failed: the file is not at fault */
     struct kvt_entry *e;
@@ -267,14 +269,24 @@ static int placement(void *ud, const struct kvt_header *h, void **dst)
     return rc;
 }
 
+static int device_placement(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    struct restore_load *l = ud;
+    int rc = l->device_place(l->ud, h, dst);
+    l->refused = rc != 0;
+    return rc;
+}
+
 static int load_file(struct restore_load *l, const char *path, const struct kvt_expect *x,
                      const struct restore_job *j)
 {
     const int32_t *tok;
     size_t n;
     int rc;
-    if (l->place) {
-        rc = kvt_file_load_into(path, x, placement, l, &l->h);
+    if (l->place || l->device) {
+        rc = l->device
+                 ? kvt_file_load_to_device(path, x, l->device, device_placement, l, &l->h)
+                 : kvt_file_load_into(path, x, placement, l, &l->h);
         tok = rc ? NULL : l->h->tokens;
         n = rc ? 0 : l->h->n_tokens;
     } else {
@@ -352,6 +364,21 @@ int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry 
     struct restore_load l = {0};
     int rc = restore(s, hit, &l);
     *out = l.e;
+    return rc;
+}
+
+int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
+                                kvt_device_place_fn place, void *ud,
+                                struct kvt_header **out_header)
+{
+    if (!out_header)
+        return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no output");
+    *out_header = NULL;
+    if (!s || !hit || !d || !place)
+        return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no store, hit, device or placement");
+    struct restore_load l = {.device = d, .device_place = place, .ud = ud};
+    int rc = restore(s, hit, &l);
+    *out_header = l.h;
     return rc;
 }
 

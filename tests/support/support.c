@@ -195,3 +195,58 @@ int run_cli(const char *args, bool with_stderr, char **out)
         free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+/* A kv layer of [1, 4, n, 96] float16 rows and an ssm layer, random bytes from @p seed. */
+struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed, const char *model,
+                                     const char *fp, const char *tok_hash)
+{
+    kvt_cache *c[3];
+    for (int l = 0; l < 2; l++) {
+        const int64_t shape[4] = {1, 4, (int64_t)n, 96};
+        struct kvt_tensor t[2];
+        for (int w = 0; w < 2; w++) {
+            assert_int_equal(kvt_tensor_zeros(&t[w], KVT_FLOAT16, 4, shape), 0);
+            fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
+        }
+        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
+        assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[l]), 0);
+        kvt_tensor_release(&t[0]);
+        kvt_tensor_release(&t[1]);
+    }
+    const int64_t conv[3] = {1, 3, 64}, rec[4] = {1, 8, 16, 4};
+    struct kvt_tensor t[2];
+    assert_int_equal(kvt_tensor_zeros(&t[0], KVT_FLOAT32, 3, conv), 0);
+    assert_int_equal(kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec), 0);
+    for (int w = 0; w < 2; w++)
+        fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
+    struct kvt_cache_info info = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
+    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[2]), 0);
+    kvt_tensor_release(&t[0]);
+    kvt_tensor_release(&t[1]);
+    struct kvt_entry *e;
+    assert_int_equal(kvt_entry_new(tok, n, c, 3, "", &e), 0);
+    e->meta.model_id = strdup(model);
+    e->meta.config_fingerprint = strdup(fp);
+    e->meta.tokenizer_hash = strdup(tok_hash);
+    return e;
+}
+
+/* The bytes of every persisted tensor of @p e, concatenated in slot order. */
+uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total)
+{
+    size_t cap = kvt_entry_bytes(e) + 1, at = 0;
+    uint8_t *out = malloc(cap);
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
+        int nt = kvt_cache_state(e->caches[i], t);
+        assert_true(nt > 0);
+        for (int j = 0; j < nt; j++) {
+            size_t b = kvt_tensor_nbytes(&t[j]);
+            assert_true(at + b <= cap);
+            kvt_tensor_copy_out(&t[j], out + at);
+            at += b;
+            kvt_tensor_release(&t[j]);
+        }
+    }
+    *total = at;
+    return out;
+}

@@ -45,5 +45,11 @@ void rm_rf(const char *path);
 int run_cli(const char *args, bool with_stderr, char **out);
 /** printf into a malloc'd string. */
 char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** A library-owned entry of two [1, 4, n, 96] float16 kv layers and an ssm layer, random bytes
+ * from @p seed, with the given identity (ns ""). */
+struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed, const char *model,
+                                     const char *fp, const char *tok_hash);
+/** The bytes of every persisted tensor of @p e in slot order (malloc'd; *@p total their count). */
+uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total);
 
 #endif

@@ -1,0 +1,219 @@
+/*
+ * CUDA devices through the driver API, loaded at run time: the library needs no toolkit to
+ * build and runs where there is no GPU, where opening a CUDA device reports "unavailable".
+ * One stream per device carries every copy in order; an event per staging slot tells when
+ * the copies queued from that slot are done. Staging is page-locked (cuMemHostAlloc), which
+ * is what lets host-to-device copies run at the bus's speed and overlap the next read.
+ */
+#include "device/device.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef unsigned long long CUdeviceptr;
+
+struct cuda_api {
+    void *lib;
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*PrimaryCtxRelease)(CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*GetErrorString)(CUresult, const char **);
+};
+
+struct cuda_dev {
+    struct cuda_api api;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    CUevent ev[KVT_DEVICE_MAX_SLOTS];
+};
+
+static int cu_fail(const struct cuda_api *a, CUresult r, const char *what)
+{
+    const char *s = NULL;
+    if (a->GetErrorString)
+        a->GetErrorString(r, &s);
+    return kvt_fail(-EIO, "cuda: %s: error %d (%s)", what, r, s ? s : "unknown");
+}
+
+#define CU(dv, call, what)                                                                         \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_)                                                                                    \
+            return cu_fail(&(dv)->api, r_, what);                                                  \
+    } while (0)
+
+static int load_api(struct cuda_api *a)
+{
+    a->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib)
+        return kvt_fail(KVT_E_UNSUPPORTED, "cuda: unavailable: libcuda.so.1 cannot be loaded (no "
+                                           "NVIDIA driver on this machine)");
+    static const char *const names[] = {"cuInit",
+                                        "cuDeviceGet",
+                                        "cuDeviceGetName",
+                                        "cuDevicePrimaryCtxRetain",
+                                        "cuDevicePrimaryCtxRelease_v2",
+                                        "cuCtxSetCurrent",
+                                        "cuMemAlloc_v2",
+                                        "cuMemFree_v2",
+                                        "cuMemHostAlloc",
+                                        "cuMemFreeHost",
+                                        "cuMemcpyHtoDAsync_v2",
+                                        "cuMemcpyDtoHAsync_v2",
+                                        "cuStreamCreate",
+                                        "cuStreamDestroy_v2",
+                                        "cuEventCreate",
+                                        "cuEventRecord",
+                                        "cuEventSynchronize",
+                                        "cuEventDestroy_v2",
+                                        "cuGetErrorString"};
+    void **slots = (void **)&a->Init;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        slots[i] = dlsym(a->lib, names[i]);
+        if (!slots[i]) {
+            dlclose(a->lib);
+            return kvt_fail(KVT_E_UNSUPPORTED, "cuda: unavailable: the driver lacks %s", names[i]);
+        }
+    }
+    return 0;
+}
+
+static int alloc(kvt_device *d, size_t bytes, uint64_t *addr)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx); /* the calling thread may not have it */
+    CUdeviceptr p;
+    CU(c, c->api.MemAlloc(&p, bytes ? bytes : 1), "cuMemAlloc");
+    *addr = p;
+    return 0;
+}
+
+static void dfree(kvt_device *d, uint64_t addr)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    c->api.MemFree((CUdeviceptr)addr);
+}
+
+static int host_alloc(kvt_device *d, size_t bytes, void **out)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CU(c, c->api.MemHostAlloc(out, bytes, 0), "cuMemHostAlloc (page-locked staging)");
+    return 0;
+}
+
+static void host_free(kvt_device *d, void *p)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    c->api.MemFreeHost(p);
+}
+
+static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CU(c, c->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, n, c->stream), "cuMemcpyHtoDAsync");
+    CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    return 0;
+}
+
+static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CU(c, c->api.MemcpyDtoHAsync(dst, (CUdeviceptr)src, n, c->stream), "cuMemcpyDtoHAsync");
+    CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    return 0;
+}
+
+static int wait_slot(kvt_device *d, unsigned slot)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CU(c, c->api.EventSynchronize(c->ev[slot]), "cuEventSynchronize");
+    return 0;
+}
+
+static void close_dev(kvt_device *d)
+{
+    struct cuda_dev *c = d->impl;
+    for (unsigned k = 0; k < KVT_DEVICE_MAX_SLOTS; k++)
+        if (c->ev[k])
+            c->api.EventDestroy(c->ev[k]);
+    if (c->stream)
+        c->api.StreamDestroy(c->stream);
+    if (c->ctx)
+        c->api.PrimaryCtxRelease(c->dev);
+    dlclose(c->api.lib);
+    free(c);
+}
+
+static const struct kvt_device_ops cuda_ops = {alloc, dfree, host_alloc, host_free,
+                                               h2d,   d2h,   wait_slot,  close_dev};
+
+static int setup(struct cuda_dev *c, int ordinal, kvt_device *d)
+{
+    CU(c, c->api.Init(0), "cuInit");
+    CU(c, c->api.DeviceGet(&c->dev, ordinal), "cuDeviceGet");
+    CU(c, c->api.PrimaryCtxRetain(&c->ctx, c->dev), "cuDevicePrimaryCtxRetain");
+    CU(c, c->api.CtxSetCurrent(c->ctx), "cuCtxSetCurrent");
+    CU(c, c->api.StreamCreate(&c->stream, 1 /* non-blocking */), "cuStreamCreate");
+    for (unsigned k = 0; k < KVT_DEVICE_MAX_SLOTS; k++)
+        CU(c, c->api.EventCreate(&c->ev[k], 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+    char name[96] = "";
+    c->api.DeviceGetName(name, sizeof(name), c->dev);
+    snprintf(d->name, sizeof(d->name), "cuda:%d %s", ordinal, name);
+    return 0;
+}
+
+int kvt_device_cuda_open(int ordinal, kvt_device *d)
+{
+    struct cuda_dev *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kvt_fail(-ENOMEM, "out of memory");
+    int rc = load_api(&c->api);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    d->impl = c;
+    d->ops = &cuda_ops;
+    rc = setup(c, ordinal, d);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", kvt_last_error());
+        close_dev(d);
+        d->impl = NULL;
+        /* no device, or a driver without one: the same "unavailable" as no driver at all */
+        return kvt_fail(KVT_E_UNSUPPORTED, "cuda: unavailable: %s", msg);
+    }
+    return 0;
+}

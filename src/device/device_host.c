@@ -1,0 +1,163 @@
+/*
+ * The host-memory stand-in for a device: "device" memory is host memory, and copies run on a
+ * worker thread in the order they were queued, each taking at least copy_delay_us, as a DMA
+ * engine would; waiting for a slot waits for the last copy queued for it. It tests the
+ * staging ring and the overlap of reads, hashing and copies without a GPU.
+ */
+#include "device/device.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+
+struct copy_job {
+    void *dst;
+    const void *src;
+    size_t n;
+    unsigned slot;
+    uint64_t seq;
+};
+
+#define QUEUE 64
+
+struct host_dev {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    pthread_t worker;
+    struct copy_job q[QUEUE];
+    unsigned head, count;
+    uint64_t queued, done;                    /* copies queued / finished, in order */
+    uint64_t slot_last[KVT_DEVICE_MAX_SLOTS]; /* the last copy queued for each slot */
+    unsigned delay_us;
+    bool stop;
+};
+
+static void *worker(void *arg)
+{
+    struct host_dev *h = arg;
+    pthread_mutex_lock(&h->lock);
+    for (;;) {
+        while (!h->stop && h->count == 0)
+            pthread_cond_wait(&h->cond, &h->lock);
+        if (h->count == 0)
+            break;
+        struct copy_job j = h->q[h->head];
+        pthread_mutex_unlock(&h->lock);
+        if (h->delay_us) {
+            struct timespec ts = {0, (long)h->delay_us * 1000};
+            nanosleep(&ts, NULL);
+        }
+        memcpy(j.dst, j.src, j.n);
+        pthread_mutex_lock(&h->lock);
+        h->head = (h->head + 1) % QUEUE;
+        h->count--;
+        h->done = j.seq;
+        pthread_cond_broadcast(&h->cond);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
+static int enqueue(kvt_device *d, void *dst, const void *src, size_t n, unsigned slot)
+{
+    struct host_dev *h = d->impl;
+    pthread_mutex_lock(&h->lock);
+    while (h->count == QUEUE)
+        pthread_cond_wait(&h->cond, &h->lock);
+    uint64_t seq = ++h->queued;
+    h->q[(h->head + h->count) % QUEUE] = (struct copy_job){dst, src, n, slot, seq};
+    h->count++;
+    h->slot_last[slot] = seq;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    return 0;
+}
+
+static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot)
+{
+    return enqueue(d, (void *)(uintptr_t)dst, src, n, slot);
+}
+
+static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
+{
+    return enqueue(d, dst, (const void *)(uintptr_t)src, n, slot);
+}
+
+static int wait_slot(kvt_device *d, unsigned slot)
+{
+    struct host_dev *h = d->impl;
+    pthread_mutex_lock(&h->lock);
+    while (h->done < h->slot_last[slot])
+        pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    return 0;
+}
+
+static int alloc(kvt_device *d, size_t bytes, uint64_t *addr)
+{
+    (void)d;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        return kvt_fail(-ENOMEM, "host stand-in: cannot allocate %zu bytes", bytes);
+    *addr = (uint64_t)(uintptr_t)p;
+    return 0;
+}
+
+static void dfree(kvt_device *d, uint64_t addr)
+{
+    (void)d;
+    free((void *)(uintptr_t)addr);
+}
+
+static int host_alloc(kvt_device *d, size_t bytes, void **out)
+{
+    (void)d;
+    if (posix_memalign(out, 4096, bytes))
+        return kvt_fail(-ENOMEM, "host stand-in: cannot allocate staging");
+    return 0;
+}
+
+static void host_free(kvt_device *d, void *p)
+{
+    (void)d;
+    free(p);
+}
+
+static void close_dev(kvt_device *d)
+{
+    struct host_dev *h = d->impl;
+    pthread_mutex_lock(&h->lock);
+    h->stop = true;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    pthread_join(h->worker, NULL);
+    pthread_mutex_destroy(&h->lock);
+    pthread_cond_destroy(&h->cond);
+    free(h);
+}
+
+static const struct kvt_device_ops host_ops = {alloc, dfree, host_alloc, host_free,
+                                               h2d,   d2h,   wait_slot,  close_dev};
+
+int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d)
+{
+    struct host_dev *h = calloc(1, sizeof(*h));
+    if (!h)
+        return kvt_fail(-ENOMEM, "out of memory");
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_cond_init(&h->cond, NULL);
+    h->delay_us = o ? o->copy_delay_us : 0;
+    if (pthread_create(&h->worker, NULL, worker, h)) {
+        free(h);
+        return kvt_fail(-EAGAIN, "host stand-in: cannot start its copy thread");
+    }
+    d->impl = h;
+    d->ops = &host_ops;
+    snprintf(d->name, sizeof(d->name), "host stand-in");
+    return 0;
+}
