@@ -121,6 +121,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJ) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(SUPPORT_OBJ) $(STATIC) $(CMOCKA_LIBS) $(LIBS_ALL) -lm
 
+# bench_device holds restores to the raw I/O baselines of `kvtier bench`
+$(BUILD)/bench/bench_device: bench/bench_device.c $(BUILD)/obj/tools/bench_raw.o $(STATIC) $(CONFIG)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Itools -MMD -MP -o $@ $< $(BUILD)/obj/tools/bench_raw.o $(STATIC) \
+	    $(LIBS_ALL) -lm
+
 $(BUILD)/bench/%: bench/%.c $(STATIC) $(CONFIG)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -o $@ $< $(STATIC) $(LIBS_ALL) -lm

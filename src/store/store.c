@@ -247,35 +247,17 @@ static void restore_failed(struct kvt_store *s, const struct restore_job *j, int
 }
 
 /*
- * How a restore loads its file: into new caches (kvt_file_load), or into the caller's memory
- * through its placement (kvt_file_load_into), which may refuse an entry without that being
- * the file's fault.
+ * How a restore loads its file: into new caches (kvt_file_load), or into memory the caller
+ * owns through a loader (kvt_store_restore_with), whose failure may be the caller's refusal
+ * rather than the file's fault.
  */
 struct restore_load {
-    kvt_place_fn place; /* NULL (and no device): new caches into e */
-    kvt_device *device; /* with device_place: into device memory */
-    kvt_device_place_fn device_place;
+    kvt_restore_load_fn load; /* NULL: new caches into e */
     void *ud;
-    bool refused;       /* the placement failed: the file is not at fault */
+    bool refused;
     struct kvt_entry *e;
     struct kvt_header *h;
 };
-
-static int placement(void *ud, const struct kvt_header *h, void **dst)
-{
-    struct restore_load *l = ud;
-    int rc = l->place(l->ud, h, dst);
-    l->refused = rc != 0;
-    return rc;
-}
-
-static int device_placement(void *ud, const struct kvt_header *h, uint64_t *dst)
-{
-    struct restore_load *l = ud;
-    int rc = l->device_place(l->ud, h, dst);
-    l->refused = rc != 0;
-    return rc;
-}
 
 static int load_file(struct restore_load *l, const char *path, const struct kvt_expect *x,
                      const struct restore_job *j)
@@ -283,10 +265,8 @@ static int load_file(struct restore_load *l, const char *path, const struct kvt_
     const int32_t *tok;
     size_t n;
     int rc;
-    if (l->place || l->device) {
-        rc = l->device
-                 ? kvt_file_load_to_device(path, x, l->device, device_placement, l, &l->h)
-                 : kvt_file_load_into(path, x, placement, l, &l->h);
+    if (l->load) {
+        rc = l->load(l->ud, path, x, &l->h, &l->refused);
         tok = rc ? NULL : l->h->tokens;
         n = rc ? 0 : l->h->n_tokens;
     } else {
@@ -367,19 +347,36 @@ int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry 
     return rc;
 }
 
-int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
-                                kvt_device_place_fn place, void *ud,
-                                struct kvt_header **out_header)
+int kvt_store_restore_with(kvt_store *s, const struct kvt_hit *hit, kvt_restore_load_fn load,
+                           void *ud, struct kvt_header **out_header)
 {
-    if (!out_header)
-        return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no output");
-    *out_header = NULL;
-    if (!s || !hit || !d || !place)
-        return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no store, hit, device or placement");
-    struct restore_load l = {.device = d, .device_place = place, .ud = ud};
+    struct restore_load l = {.load = load, .ud = ud};
     int rc = restore(s, hit, &l);
     *out_header = l.h;
     return rc;
+}
+
+/* kvt_store_restore_into()'s loader: the caller's placement, its refusal told apart. */
+struct placed {
+    kvt_place_fn place;
+    void *ud;
+    bool *refused;
+};
+
+static int placement(void *ud, const struct kvt_header *h, void **dst)
+{
+    struct placed *p = ud;
+    int rc = p->place(p->ud, h, dst);
+    *p->refused = rc != 0;
+    return rc;
+}
+
+static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
+                       struct kvt_header **h, bool *refused)
+{
+    struct placed *p = ud;
+    p->refused = refused;
+    return kvt_file_load_into(path, x, placement, p, h);
 }
 
 int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place, void *ud,
@@ -390,10 +387,8 @@ int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn
     *out_header = NULL;
     if (!s || !hit || !place)
         return kvt_fail(-EINVAL, "kvt_store_restore_into: no store, hit or placement");
-    struct restore_load l = {.place = place, .ud = ud};
-    int rc = restore(s, hit, &l);
-    *out_header = l.h;
-    return rc;
+    struct placed p = {.place = place, .ud = ud};
+    return kvt_store_restore_with(s, hit, load_placed, &p, out_header);
 }
 
 /** FORMAT.md V21 for a live entry: what the store writes it must be able to index. */

@@ -116,4 +116,17 @@ void kvt_pathlist_unlink(struct kvt_pathlist *pl);
  */
 int kvt_store_scan(struct kvt_store *s);
 
+/**
+ * A restore's load step into memory the caller owns: load @p path under expectations @p x,
+ * *@p h receiving the header; set *@p refused when a failure is the caller's (a refused
+ * placement), so that the file is not treated as bad.
+ */
+typedef int (*kvt_restore_load_fn)(void *ud, const char *path, const struct kvt_expect *x,
+                                   struct kvt_header **h, bool *refused);
+/** kvt_store_restore() with @p load as the load step (kvt_store_restore_into() and the
+ * device layer's restores): 0 with *@p out_header set, 0 with it NULL on a miss, or the
+ * loader's refusal. */
+int kvt_store_restore_with(kvt_store *s, const struct kvt_hit *hit, kvt_restore_load_fn load,
+                           void *ud, struct kvt_header **out_header);
+
 #endif

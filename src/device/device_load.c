@@ -1,12 +1,12 @@
 /*
- * Restores into device memory (kvt_file_load_to_device): after the header passes V1-V20 and
- * the expectations, every slot streams from the file (read ahead, O_DIRECT where possible)
- * through a ring of page-locked staging slots: a slot is filled, hashed (L3), and its copy to
- * the device queued, while the next is filled; a slot is reused once its copy is done. A
- * hash mismatch fails the load after the copies in flight have finished, so nothing the
- * caller owns is touched after the call returns.
+ * Restores into device memory (kvt_file_load_to_device, kvt_store_restore_to_device): after the
+ * header passes V1-V20 and the expectations, every slot streams from the file (read ahead, O_DIRECT
+ * where possible) through a ring of page-locked staging slots: a slot is filled, hashed (L3), and
+ * its copy to the device queued, while the next is filled; a slot is reused once its copy is done.
+ * A hash mismatch fails the load after the copies in flight have finished, so nothing the caller
+ * owns is touched after the call returns.
  */
-#include "format/format.h"
+#include "device/device.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,9 +14,10 @@
 #include <stdlib.h>
 
 #include "common/error.h"
-#include "device/device.h"
+#include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
+#include "store/store.h"
 
 struct dev_load {
     const char *name;
@@ -139,4 +140,41 @@ int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_de
     else
         kvt_header_free(h);
     return rc;
+}
+
+/* kvt_store_restore_to_device()'s loader: the caller's placement, its refusal told apart. */
+struct dev_placed {
+    kvt_device *d;
+    kvt_device_place_fn place;
+    void *ud;
+    bool *refused;
+};
+
+static int dev_placement(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    struct dev_placed *p = ud;
+    int rc = p->place(p->ud, h, dst);
+    *p->refused = rc != 0;
+    return rc;
+}
+
+static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
+                       struct kvt_header **h, bool *refused)
+{
+    struct dev_placed *p = ud;
+    p->refused = refused;
+    return kvt_file_load_to_device(path, x, p->d, dev_placement, p, h);
+}
+
+int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
+                                kvt_device_place_fn place, void *ud, struct kvt_header **out_header)
+{
+    if (!out_header)
+        return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no output");
+    *out_header = NULL;
+    if (!s || !hit || !d || !place)
+        return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no store, hit, device or "
+                                 "placement");
+    struct dev_placed p = {.d = d, .place = place, .ud = ud};
+    return kvt_store_restore_with(s, hit, load_placed, &p, out_header);
 }

@@ -1,0 +1,255 @@
+/*
+ * bench_device: restores into device memory against limits measured in the same run.
+ *
+ * For each size, an entry of that many bytes (32 layers of K and V, bfloat16) is saved, then
+ * per repetition, in alternating order:
+ *   - kvt_file_load_to_device() of the file, page cache cold and warm;
+ *   - the raw read of the same bytes (O_DIRECT, several reads in flight; tools/bench_raw.c),
+ *     cold, and a buffered read of the cached file, warm;
+ *   - a copy of the same bytes from page-locked host memory to the device, in 16 MiB pieces
+ *     on one stream (the bus's limit).
+ * The limit of a restore is the slower of its read and the copy (the two overlap at best);
+ * ratios are limit time / kvtier time, medians over the repetitions.
+ *
+ * Usage: bench_device [--host] [--dir D] [--size 256M,1G,4G] [--repeat N]
+ *   --host  the host stand-in instead of CUDA device 0 (a smoke run on machines without one)
+ * A benchmark, not a test: it prints figures and asserts nothing.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "device/device.h"
+#include "kvtier.h"
+
+#define LAYERS 32
+#define MAX_REPEAT 32
+#define COPY_PIECE ((size_t)16 << 20)
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    uint64_t v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'G': return v << 30;
+    case 'M': return v << 20;
+    case 'K': return v << 10;
+    default: return v;
+    }
+}
+
+static void fill(uint64_t *p, size_t bytes, uint64_t *state)
+{
+    for (size_t i = 0; i < bytes / 8; i++) {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        p[i] = *state;
+    }
+}
+
+/* An entry of about @p bytes: LAYERS kv caches of [1, 8, n, 128] bfloat16. */
+static struct kvt_entry *build(uint64_t bytes)
+{
+    size_t per_token = (size_t)LAYERS * 2 * 8 * 128 * 2;
+    size_t n = (size_t)(bytes / per_token);
+    int32_t *tok = malloc(n * sizeof(*tok));
+    kvt_cache *c[LAYERS];
+    uint64_t rng = 42;
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (int32_t)(i % 32000);
+    for (int l = 0; l < LAYERS; l++) {
+        const int64_t shape[4] = {1, 8, (int64_t)n, 128};
+        struct kvt_tensor t[2];
+        for (int w = 0; w < 2; w++) {
+            if (kvt_tensor_zeros(&t[w], KVT_BFLOAT16, 4, shape))
+                return NULL;
+            fill(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &rng);
+        }
+        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
+        if (kvt_cache_from_state(&info, t, 2, &c[l]))
+            return NULL;
+        kvt_tensor_release(&t[0]);
+        kvt_tensor_release(&t[1]);
+    }
+    struct kvt_entry *e;
+    if (kvt_entry_new(tok, n, c, LAYERS, "", &e))
+        return NULL;
+    free(tok);
+    return e;
+}
+
+struct dev_mem {
+    kvt_device *d;
+    uint64_t addr[2 * LAYERS];
+    int n;
+};
+
+static int place(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    struct dev_mem *m = ud;
+    int k = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++, k++) {
+            if (k >= m->n) {
+                int rc = kvt_device_alloc(m->d, h->caches[i].slots[j].bytes, &m->addr[k]);
+                if (rc)
+                    return rc;
+                m->n = k + 1;
+            }
+            dst[k] = m->addr[k];
+        }
+    return 0;
+}
+
+static double time_restore(kvt_device *d, struct dev_mem *m, const char *path, bool cold)
+{
+    if (cold ? bench_make_cold(path) : bench_make_warm(path))
+        return -1;
+    struct kvt_expect x = {.keep_cache = !cold};
+    struct kvt_header *h;
+    double t0 = bench_now();
+    int rc = kvt_file_load_to_device(path, &x, d, place, m, &h);
+    double t = bench_now() - t0;
+    kvt_header_free(h);
+    if (rc)
+        fprintf(stderr, "restore: %s\n", kvt_last_error());
+    return rc ? -1 : t;
+}
+
+/* Page-locked host memory to the device, the same bytes in 16 MiB pieces on one stream. */
+static double time_copy(kvt_device *d, void *pinned, uint64_t dev, uint64_t bytes)
+{
+    double t0 = bench_now();
+    unsigned slot = 0;
+    for (uint64_t at = 0; at < bytes; at += COPY_PIECE, slot = (slot + 1) % d->depth) {
+        size_t k = bytes - at < COPY_PIECE ? (size_t)(bytes - at) : COPY_PIECE;
+        if (d->ops->h2d(d, dev + at, (uint8_t *)pinned + at, k, slot))
+            return -1;
+    }
+    for (unsigned s = 0; s < d->depth; s++)
+        d->ops->wait(d, s);
+    return bench_now() - t0;
+}
+
+static double time_read(const char *path, void *buf, uint64_t bytes, bool cold)
+{
+    if (cold ? bench_make_cold(path) : bench_make_warm(path))
+        return -1;
+    struct bench_span s = {buf, 0, (size_t)bytes};
+    double secs;
+    bool direct;
+    if (cold)
+        return bench_raw_read(path, &s, 1, &secs, &direct) ? -1 : secs;
+    FILE *f = fopen(path, "rb");
+    double t0 = bench_now();
+    size_t got = f ? fread(buf, 1, (size_t)bytes, f) : 0;
+    secs = bench_now() - t0;
+    if (f)
+        fclose(f);
+    return got == bytes ? secs : -1;
+}
+
+static double ratio_median(const double *lim, const double *kvt, int n)
+{
+    double r[MAX_REPEAT];
+    for (int i = 0; i < n; i++)
+        r[i] = lim[i] / kvt[i];
+    return bench_median(r, (size_t)n);
+}
+
+static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
+{
+    struct kvt_entry *e = build(bytes);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/bench-device.mlxkv", dir);
+    uint64_t file;
+    if (!e || kvt_file_save(path, e, NULL, &file)) {
+        fprintf(stderr, "save: %s\n", kvt_last_error());
+        return -1;
+    }
+    kvt_entry_free(e);
+    void *buf = bench_map(file, true), *pinned;
+    uint64_t dev;
+    struct dev_mem m = {.d = d};
+    if (!buf || d->ops->host_alloc(d, (size_t)file, &pinned) ||
+        kvt_device_alloc(d, (size_t)file, &dev))
+        return -1;
+    memset(pinned, 1, (size_t)file);
+    double k[2][MAX_REPEAT], rd[2][MAX_REPEAT], cp[MAX_REPEAT], lim[2][MAX_REPEAT];
+    for (int r = 0; r < repeat; r++) {
+        cp[r] = time_copy(d, pinned, dev, file);
+        for (int w = 0; w < 2; w++) { /* w = 0 cold, 1 warm */
+            bool kvt_first = (r + w) % 2 == 0;
+            if (kvt_first)
+                k[w][r] = time_restore(d, &m, path, w == 0);
+            rd[w][r] = time_read(path, buf, file, w == 0);
+            if (!kvt_first)
+                k[w][r] = time_restore(d, &m, path, w == 0);
+            if (k[w][r] < 0 || rd[w][r] < 0 || cp[r] < 0)
+                return -1;
+            lim[w][r] = rd[w][r] > cp[r] ? rd[w][r] : cp[r];
+        }
+    }
+    double gb = (double)file / 1e9;
+    for (int w = 0; w < 2; w++) {
+        double kk[MAX_REPEAT], rr[MAX_REPEAT], cc[MAX_REPEAT];
+        memcpy(kk, k[w], sizeof(kk));
+        memcpy(rr, rd[w], sizeof(rr));
+        memcpy(cc, cp, sizeof(cc));
+        printf("%8.0f MiB %-5s restore %6.2f GB/s | read %6.2f GB/s, copy %6.2f GB/s | "
+               "ratio %.2f\n",
+               (double)file / 1048576, w ? "warm" : "cold", gb / bench_median(kk, (size_t)repeat),
+               gb / bench_median(rr, (size_t)repeat), gb / bench_median(cc, (size_t)repeat),
+               ratio_median(lim[w], k[w], repeat));
+    }
+    for (int i = 0; i < m.n; i++)
+        kvt_device_free(d, m.addr[i]);
+    kvt_device_free(d, dev);
+    d->ops->host_free(d, pinned);
+    bench_unmap(buf, file);
+    unlink(path);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = "/tmp", *sizes = "256M,1G,4G";
+    int repeat = 5;
+    bool host = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--host") == 0)
+            host = true;
+        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
+            dir = argv[++i];
+        else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
+            sizes = argv[++i];
+        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
+            repeat = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_device [--host] [--dir D] [--size 256M,1G,4G] "
+                            "[--repeat N]\n");
+            return 2;
+        }
+    }
+    if (repeat < 1 || repeat > MAX_REPEAT)
+        return 2;
+    kvt_device *d;
+    int rc = host ? kvt_device_open_host(NULL, &d) : kvt_device_open_cuda(0, NULL, &d);
+    if (rc) {
+        fprintf(stderr, "bench_device: %s\n", kvt_last_error());
+        return rc == KVT_E_UNSUPPORTED ? 77 : 1;
+    }
+    printf("bench_device: %s, staging %zu MiB x %u, %d repetitions (medians; ratio = limit "
+           "time / kvtier time, limit = slower of the read and the copy)\n",
+           kvt_device_name(d), d->chunk >> 20, d->depth, repeat);
+    char *list = strdup(sizes);
+    for (char *t = strtok(list, ","); t && rc == 0; t = strtok(NULL, ","))
+        rc = run_size(d, dir, parse_size(t), repeat);
+    free(list);
+    kvt_device_close(d);
+    return rc ? 1 : 0;
+}
