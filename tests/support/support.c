@@ -174,8 +174,14 @@ void vma_flags(const void *p, char *out, size_t n)
 int run_cli(const char *args, bool with_stderr, char **out)
 {
     char *cmd = strf("%s/kvtier %s 2>%s", KVT_BUILD_DIR, args, with_stderr ? "&1" : "/dev/null");
-    FILE *p = popen(cmd, "r");
+    int rc = run_capture(cmd, out);
     free(cmd);
+    return rc;
+}
+
+int run_capture(const char *cmd, char **out)
+{
+    FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t cap = 1 << 16, n = 0, r;
     char *buf = malloc(cap);

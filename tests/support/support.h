@@ -43,6 +43,9 @@ void rm_rf(const char *path);
  * stderr with @p with_stderr) goes to *out unless @p out is NULL (caller frees).
  */
 int run_cli(const char *args, bool with_stderr, char **out);
+/** Run the shell command @p cmd; its standard output goes to *@p out (NUL-terminated, malloc'd)
+ * unless @p out is NULL. Returns the exit status (-1 when killed by a signal). */
+int run_capture(const char *cmd, char **out);
 /** printf into a malloc'd string. */
 char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /** A library-owned entry of two [1, 4, n, 96] float16 kv layers and an ssm layer, random bytes

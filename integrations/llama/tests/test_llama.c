@@ -88,18 +88,9 @@ static int worker(char **out, const char *fmt, ...)
     vsnprintf(args, sizeof(args), fmt, ap);
     va_end(ap);
     char *cmd = strf("%s/tests/progs/llama_worker %s", KVT_BUILD_DIR, args);
-    FILE *p = popen(cmd, "r");
+    int rc = run_capture(cmd, out);
     free(cmd);
-    assert_non_null(p);
-    char *buf = calloc(1, 4096);
-    size_t n = fread(buf, 1, 4095, p);
-    buf[n] = '\0';
-    int st = pclose(p);
-    if (out)
-        *out = buf;
-    else
-        free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return rc;
 }
 
 struct loaded {
@@ -456,14 +447,7 @@ static void test_other_llama_build_refused(void **s)
     char *cmd = strf("LD_PRELOAD=%s/tests/progs/other_version.so %s/tests/progs/llama_worker load "
                      "--model %s --dir %s --tokens 1,2,3 2>&1",
                      KVT_BUILD_DIR, KVT_BUILD_DIR, m, dir);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    out = calloc(1, 4096);
-    size_t n = fread(out, 1, 4095, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_int_equal(run_capture(cmd, &out), 1);
     assert_non_null(strstr(out, "llama.cpp 0.6.0-other is not the build this library maps"));
     free(out);
     free(cmd);
