@@ -106,9 +106,9 @@ struct kvt_llama_loaded {
  * llama_memory_seq_rm(); recurrent state only serves exact prefixes. A corrupt, vanished or
  * foreign entry file is a miss and never reaches llama.cpp. From disk, the tensor bytes go
  * from the file straight into the state buffer that llama_state_seq_set_data() reads.
- * @return 0 (see r->n_tokens; a miss is not an error), -EINVAL, -ENOMEM, or KVT_E_STATE when
- *         llama.cpp refuses the state (e.g. no room in the context); the sequence is then
- *         empty.
+ * An entry llama.cpp refuses (no room in the context, rows of another size) is a miss too.
+ * @return 0 (see r->n_tokens; a miss is not an error; the sequence is then empty), -EINVAL,
+ *         -ENOMEM, or KVT_E_STATE when llama.cpp refuses a RAM entry's state.
  */
 KVT_API int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
                            struct kvt_llama_loaded *r);

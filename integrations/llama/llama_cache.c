@@ -358,8 +358,11 @@ int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size
     size_t ram = kvt_pcache_peek_prefix_len(kl->pc, tok, n, kl->ns);
     struct kvt_hit hit;
     int rc = kvt_store_find(kvt_pcache_store(kl->pc), tok, n, kl->ns, &hit);
-    if (rc == 0 && hit.prefix_len > ram)
+    if (rc == 0 && hit.prefix_len > ram) {
         rc = load_from_disk(kl, seq, &hit, r);
+        if (rc == KVT_E_STATE) /* llama.cpp refused the state (and emptied the sequence) */
+            rc = 0;
+    }
     if (rc == 0 && r->n_tokens == 0 && ram > 0) /* the RAM entry, or a vanished file's fallback */
         rc = load_from_ram(kl, seq, tok, n, r);
     if (rc == 0 && r->n_tokens == 0)

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "model_gen.h"
 
@@ -439,6 +440,49 @@ static void test_corrupt_entry_is_a_miss(void **s)
     free(dir);
 }
 
+/*
+ * An intact entry under the right identity whose caches do not fit the context (another
+ * layer count, another row size) is a miss: nothing reaches llama.cpp.
+ */
+static void test_entry_that_does_not_fit_is_a_miss(void **s)
+{
+    (void)s;
+    const struct config c = {"llama", "f16", 1};
+    for (int variant = 0; variant < 2; variant++) {
+        char *dir = strf("%s/misfit-%d", test_dir, variant);
+        int32_t tok[N_TOK];
+        prompt(tok, N_TOK, 0);
+        save(&c, dir, tok, "");
+        char *paths[4];
+        assert_int_equal(find_entries(dir, paths, 4), 1);
+        struct kvt_entry *e;
+        assert_int_equal(kvt_file_load(paths[0], NULL, &e, NULL), 0);
+        if (variant == 0) {
+            kvt_cache_free(e->caches[1]); /* one layer fewer */
+            e->n_caches = 1;
+        } else {
+            const int64_t shape[4] = {1, 1, N_TOK, 48}; /* rows of another size */
+            struct kvt_tensor t[2];
+            for (int w = 0; w < 2; w++)
+                assert_int_equal(kvt_tensor_zeros(&t[w], KVT_FLOAT16, 4, shape), 0);
+            struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = N_TOK};
+            kvt_cache_free(e->caches[1]);
+            assert_int_equal(kvt_cache_from_state(&info, t, 2, &e->caches[1]), 0);
+            kvt_tensor_release(&t[0]);
+            kvt_tensor_release(&t[1]);
+        }
+        struct kvt_save_opts so = {0};
+        assert_int_equal(unlink(paths[0]), 0);
+        assert_int_equal(kvt_file_save(paths[0], e, &so, NULL), 0);
+        kvt_entry_free(e);
+        struct loaded l = load(&c, dir, tok, N_TOK, "");
+        assert_int_equal(l.loaded, 0);
+        assert_int_equal(l.pos_max, -1);
+        free(paths[0]);
+        free(dir);
+    }
+}
+
 /* A llama.cpp reporting another version is refused at open with a clear message. */
 static void test_other_llama_build_refused(void **s)
 {
@@ -522,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_other_identity_misses),
         cmocka_unit_test(test_corrupt_entry_is_a_miss),
+        cmocka_unit_test(test_entry_that_does_not_fit_is_a_miss),
         cmocka_unit_test(test_other_llama_build_refused),
         cmocka_unit_test(test_chat_example),
     };
