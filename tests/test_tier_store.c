@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define HEADS 2
 #define HEAD_DIM 64
@@ -456,6 +457,66 @@ static void test_background_cpus_place_the_threads(void **state)
     kvt_pcache_close(pc);
 }
 
+/* A gate that holds the writer thread's steps until opened; other threads pass. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+
+static int writer_gate(void *engine, kvt_step_fn step, void *arg)
+{
+    (void)engine;
+    char name[16] = "";
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    if (!strcmp(name, "kvt-writer")) {
+        pthread_mutex_lock(&gate_mu);
+        while (!gate_open)
+            pthread_cond_wait(&gate_cond, &gate_mu);
+        pthread_mutex_unlock(&gate_mu);
+    }
+    return step(arg);
+}
+
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(200 * 1000); /* close has stopped the timer thread and is waiting for the writer */
+    pthread_mutex_lock(&gate_mu);
+    gate_open = true;
+    pthread_cond_broadcast(&gate_cond);
+    pthread_mutex_unlock(&gate_mu);
+    return NULL;
+}
+
+/* Closing with snapshots still queued discards them after the timer thread is gone; their
+ * failed outcome must not wake that thread (a use-after-free under AddressSanitizer). */
+static void test_close_with_queued_snapshots(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.snapshot_debounce_ms = 0;
+    o.run_exclusive = writer_gate;
+    gate_open = false;
+    kvt_pcache *pc = open_pc(&o);
+    int32_t tok[64];
+    for (int i = 0; i < 4; i++) {
+        seq(tok, i * 1000, 64);
+        assert_int_equal(kvt_pcache_put(pc, make_entry(tok, 64, "", (uint64_t)i + 1), NULL), 0);
+    }
+    struct kvt_pcache_stats st;
+    for (int tries = 0; tries < 500; tries++) { /* one snapshot in flight, three queued */
+        kvt_pcache_get_stats(pc, &st);
+        if (st.pending_spills == 4)
+            break;
+        usleep(2000);
+    }
+    assert_int_equal(st.pending_spills, 4);
+    pthread_t opener;
+    assert_int_equal(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
+    kvt_pcache_close(pc);
+    pthread_join(opener, NULL);
+}
+
 static void test_configuration_errors(void **state)
 {
     (void)state;
@@ -501,6 +562,7 @@ int main(void)
         T(test_eviction_spills_to_disk),
         T(test_refusing_gate_leaves_nothing),
         T(test_background_cpus_place_the_threads),
+        T(test_close_with_queued_snapshots),
         T(test_configuration_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -178,7 +178,8 @@ void kvt_pcache_close(kvt_pcache *t)
 {
     if (!t)
         return;
-    kvt_timer_thread_stop(atomic_load(&t->tt));
+    /* cleared first: settling the discarded snapshots below would wake the stopped thread */
+    kvt_timer_thread_stop(atomic_exchange(&t->tt, NULL));
     kvt_spill_queue_free(t->q); /* settles what is left, before the keys go */
     kvt_wb_free(t->wb);
     kvt_pc_free(t->pc); /* clear: never spills */
