@@ -5,7 +5,7 @@
 #   make SANITIZE=address,undefined test    sanitizer build in build/san-address-undefined
 #   make SANITIZE=thread test-threads       ThreadSanitizer build of the threaded suites
 #   make fuzz            libFuzzer targets (clang);  make fuzz-replay  corpus replay
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local       (make install-llama: the llama.cpp integration too)
 
 .DEFAULT_GOAL := all
 PREFIX ?= /usr/local
@@ -86,7 +86,8 @@ STATIC := $(BUILD)/libkvtier.a
 SHARED := $(BUILD)/libkvtier.so.$(VERSION)
 CLI := $(BUILD)/kvtier
 
-.PHONY: all lib cli tests progs benches test test-threads demo fuzz fuzz-replay install clean format
+.PHONY: all lib cli tests progs benches test test-threads demo fuzz fuzz-replay install \
+        install-llama clean format
 all: lib cli $(BUILD)/kvtier.pc
 
 lib: $(STATIC) $(SHARED)
@@ -239,6 +240,16 @@ install: all
 	ln -sf libkvtier.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvtier.so
 	install -m 755 $(CLI) $(DESTDIR)$(BINDIR)/
 	install -m 644 $(BUILD)/kvtier.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+
+# The llama.cpp integration's library, header and pkg-config file (llama.cpp itself is the
+# user's: link it as well).
+install-llama: llama install
+	install -m 644 include/kvtier-llama.h $(DESTDIR)$(INCDIR)/
+	install -m 644 $(LLAMA_STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LLAMA_SHARED) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvtier-llama.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvtier-llama.so.0
+	ln -sf libkvtier-llama.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvtier-llama.so
+	install -m 644 $(BUILD)/kvtier-llama.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 
 format:
 	clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*.c tests/*/*.[ch] bench/*.c fuzz/*.c
