@@ -223,7 +223,7 @@ $(LLAMA_OTHER_VERSION): integrations/llama/tests/other_version.c
 
 $(LLAMA_EXAMPLE): examples/llama/llama_chat.c $(LLAMA_STATIC) $(STATIC) $(LLAMA_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -I$(LLAMA_DIR)/include -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\" -o $@ $< \
+	$(CC) $(CFLAGS_ALL) -I$(LLAMA_DIR)/include -o $@ $< \
 	    $(LLAMA_STATIC) $(STATIC) $(LLAMA_LIBS) $(LIBS_ALL) -lm
 
 # `make demo`: a real llama.cpp conversation, persisted, the process restarted, the prefix

@@ -16,10 +16,6 @@
 #include "ggml-backend.h"
 #include "kvtier-llama.h"
 
-#ifndef KVT_LLAMA_LIB_DIR
-#define KVT_LLAMA_LIB_DIR "."
-#endif
-
 struct chat {
     struct llama_context *ctx;
     const struct llama_vocab *vocab;
@@ -92,14 +88,12 @@ static int turn(struct chat *c, const char *line, int max_reply)
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *cache_dir = NULL;
+    const char *model_path = NULL, *cache_dir = NULL, *backends = NULL;
     unsigned n_ctx = 4096;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    static const struct option opts[] = {{"model", 1, 0, 'm'},
-                                         {"cache-dir", 1, 0, 'c'},
-                                         {"ctx", 1, 0, 'n'},
-                                         {"threads", 1, 0, 't'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},    {"cache-dir", 1, 0, 'c'},
+                                         {"ctx", 1, 0, 'n'},      {"threads", 1, 0, 't'},
+                                         {"backends", 1, 0, 'b'}, {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         if (o == 'm')
             model_path = optarg;
@@ -109,15 +103,21 @@ int main(int argc, char **argv)
             n_ctx = (unsigned)atoi(optarg);
         else if (o == 't')
             threads = atoi(optarg);
+        else if (o == 'b')
+            backends = optarg;
         else
             return 2;
     }
     if (!model_path || !cache_dir) {
-        fprintf(stderr,
-                "usage: llama_chat --model M.gguf --cache-dir DIR [--ctx N] [--threads N]\n");
+        fprintf(stderr, "usage: llama_chat --model M.gguf --cache-dir DIR [--ctx N] [--threads N] "
+                        "[--backends DIR]\n");
         return 2;
     }
-    ggml_backend_load_all_from_path(KVT_LLAMA_LIB_DIR); /* llama.cpp's CPU back-ends */
+    /* llama.cpp's CPU back-ends: where --backends says, else where ggml looks by default */
+    if (backends)
+        ggml_backend_load_all_from_path(backends);
+    else
+        ggml_backend_load_all();
     struct llama_model *model =
         llama_model_load_from_file(model_path, llama_model_default_params());
     if (!model)

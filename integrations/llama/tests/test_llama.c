@@ -512,10 +512,10 @@ static void test_chat_example(void **s)
     for (int run = 0; run < 2; run++) {
         out[run] = strf("%s/chat.out%d", test_dir, run);
         err[run] = strf("%s/chat.err%d", test_dir, run);
-        char *cmd = strf(
-            "%s/examples/llama_chat --model %s --cache-dir %s --ctx 1024 --threads 1 < %s > %s "
-            "2> %s",
-            KVT_BUILD_DIR, m, dir, in, out[run], err[run]);
+        char *cmd = strf("%s/examples/llama_chat --model %s --cache-dir %s --ctx 1024 --threads 1 "
+                         "--backends " KVT_LLAMA_LIB_DIR " < %s > %s "
+                         "2> %s",
+                         KVT_BUILD_DIR, m, dir, in, out[run], err[run]);
         assert_int_equal(system(cmd), 0);
         free(cmd);
     }
