@@ -15,10 +15,10 @@
  *    of its weights and of its vocabulary, and every context setting that changes the state's
  *    layout or meaning (docs/LLAMA.md lists them). Another model, quantization, tokenizer or
  *    cache setting never loads another's state: it is a miss.
- *  - Mapping (docs/LLAMA.md): attention layers become `kv` caches, recurrent layers `ssm`
- *    caches. Sliding-window and hybrid memories, multi-stream contexts (kv_unified false with
- *    n_seq_max > 1 works; each sequence is one stream), M-RoPE cells and shared-memory
- *    contexts are refused (KVT_E_UNSUPPORTED) rather than mapped approximately.
+ *  - Mapping (docs/LLAMA.md): attention layers become `kv` caches, sliding-window layers
+ *    `rotating` caches, recurrent layers `ssm` caches. Hybrid memories, M-RoPE cells and
+ *    shared-memory contexts are refused (KVT_E_UNSUPPORTED) rather than mapped
+ *    approximately. Contexts with several streams work (each sequence is one stream).
  *  - Threads: a kvt_llama is used from the thread that runs the context (calls into llama.cpp
  *    are not locked); the write-behind to disk runs on kvtier's writer thread on copies that
  *    llama.cpp never sees.

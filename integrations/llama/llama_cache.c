@@ -194,8 +194,8 @@ struct blob_build {
     llama_seq_id seq;
     struct blob_plan plan;
     kvt_buf *blob;
-    uint8_t *vt;     /* token-major V of every layer, when V is transposed */
-    size_t vt_bytes; /* per layer */
+    uint8_t *vt; /* token-major V of every layer, when V is transposed */
+    size_t vt_off[KVT_LLAMA_MAX_LAYERS];
 };
 
 static void build_free(struct blob_build *b)
@@ -214,13 +214,17 @@ static int build_begin(struct blob_build *b, const struct kvt_header *h)
     if (rc == 0)
         rc = kvt_buf_new_uninit(b->plan.size, &b->blob);
     if (rc == 0 && b->plan.v_trans) {
-        b->vt_bytes = b->plan.part[1].bytes;
-        b->vt = malloc(b->vt_bytes * sh->n_layer + 1);
+        size_t total = 0; /* each below the blob's size, which did not overflow */
+        for (uint32_t il = 0; il < sh->n_layer; il++) {
+            b->vt_off[il] = total;
+            total += b->plan.part[2 * il + 1].bytes;
+        }
+        b->vt = malloc(total + 1);
         if (!b->vt)
             rc = kvt_set_error(-ENOMEM, "out of memory");
     }
     if (rc == 0)
-        blob_write_meta(sh, &b->plan, b->seq, (int32_t)h->n_tokens - 1, kvt_buf_data(b->blob));
+        blob_write_meta(sh, &b->plan, b->seq, kvt_buf_data(b->blob));
     return rc;
 }
 
@@ -228,7 +232,7 @@ static int build_begin(struct blob_build *b, const struct kvt_header *h)
 static uint8_t *build_slot(struct blob_build *b, size_t k)
 {
     if (b->plan.v_trans && k % 2 == 1)
-        return b->vt + (k / 2) * b->vt_bytes;
+        return b->vt + b->vt_off[k / 2];
     return (uint8_t *)kvt_buf_data(b->blob) + b->plan.part[k].off;
 }
 
@@ -236,11 +240,8 @@ static int place(void *ud, const struct kvt_header *h, void **dst)
 {
     struct blob_build *b = ud;
     int rc = build_begin(b, h);
-    for (size_t k = 0; rc == 0 && k < 2 * h->n_caches; k++) {
-        if (b->plan.v_trans && k % 2 == 1 && h->caches[k / 2].slots[1].bytes != b->vt_bytes)
-            return kvt_set_error(KVT_E_MISMATCH, "llama state: V sizes differ between layers");
+    for (size_t k = 0; rc == 0 && k < 2 * h->n_caches; k++)
         dst[k] = build_slot(b, k);
-    }
     return rc;
 }
 
@@ -249,8 +250,9 @@ static int build_apply(struct blob_build *b)
 {
     uint8_t *blob = kvt_buf_data(b->blob);
     for (uint32_t il = 0; b->plan.v_trans && il < b->plan.n_layer; il++)
-        blob_put_transposed(&b->plan.part[2 * il + 1], b->plan.cells, b->vt + il * b->vt_bytes,
-                            blob);
+        blob_put_transposed(&b->plan.part[2 * il + 1],
+                            il < b->plan.n_base ? b->plan.cells : b->plan.swa_cells,
+                            b->vt + b->vt_off[il], blob);
     if (llama_state_seq_set_data(b->kl->ctx, blob, b->plan.size, b->seq) != b->plan.size) {
         llama_memory_seq_rm(llama_get_memory(b->kl->ctx), b->seq, -1, -1);
         return kvt_set_error(KVT_E_STATE,
@@ -279,6 +281,17 @@ static int header_of_entry(const struct kvt_entry *e, struct kvt_header *h, stru
                 kvt_tensor_release(&t[2 * i + (size_t)j]);
             return kvt_set_error(KVT_E_MISMATCH, "llama state: cache %zu has %d tensors", i, nt);
         }
+        /* a ring trimmed before it wrapped keeps its buffer: only rows [0, offset) are live */
+        for (int j = 0;
+             j < 2 && c->info.kind == KVT_KIND_ROTATING && c->info.offset < c->info.max_size &&
+             t[2 * i + (size_t)j].shape[2] > c->info.offset;
+             j++) {
+            struct kvt_tensor live;
+            if (kvt_tensor_slice(&live, &t[2 * i + (size_t)j], 2, 0, c->info.offset))
+                return kvt_set_error(-ENOMEM, "out of memory");
+            kvt_tensor_release(&t[2 * i + (size_t)j]);
+            t[2 * i + (size_t)j] = live;
+        }
         c->n_slots = 2;
         for (int j = 0; j < 2; j++) {
             const struct kvt_tensor *x = &t[2 * i + (size_t)j];
@@ -306,6 +319,7 @@ static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok
     rc = ts ? header_of_entry(e, &h, ts) : kvt_set_error(-ENOMEM, "out of memory");
     if (rc == 0)
         rc = build_begin(&b, &h);
+    bool misfit = rc == KVT_E_MISMATCH; /* never the case for this process's own saves */
     for (size_t k = 0; rc == 0 && k < 2 * e->n_caches; k++)
         kvt_tensor_copy_out(&ts[k], build_slot(&b, k));
     if (rc == 0)
@@ -319,7 +333,7 @@ static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok
     build_free(&b);
     kvt_retain_release(t.retain);
     kvt_entry_free(e);
-    return rc;
+    return misfit ? 0 : rc;
 }
 
 static int load_from_disk(kvt_llama *kl, llama_seq_id seq, const struct kvt_hit *hit,

@@ -130,8 +130,6 @@ static int check_supported(const struct llama_model *m, const struct llama_conte
     enum llama_rope_type rt = llama_model_rope_type(m);
     if (llama_model_is_hybrid(m))
         why = "hybrid attention + recurrent memory";
-    else if (llama_model_n_swa(m) > 0)
-        why = "sliding-window attention";
     else if (rt == LLAMA_ROPE_TYPE_MROPE || rt == LLAMA_ROPE_TYPE_IMROPE ||
              rt == LLAMA_ROPE_TYPE_VISION)
         why = "multi-dimensional positions (M-RoPE)";
@@ -191,6 +189,7 @@ int identity_derive(struct llama_context *ctx, const struct kvt_llama_opts *o,
         .type_v = recurrent ? 0 : (int32_t)p->type_v,
         /* llama.cpp lays V out transposed exactly when flash attention is off outright */
         .v_trans = !recurrent && p->flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        .n_swa = recurrent ? 0 : (uint32_t)llama_model_n_swa(m),
     };
     if (id->shape.n_layer == 0 || id->shape.n_layer > KVT_LLAMA_MAX_LAYERS)
         return kvt_set_error(KVT_E_UNSUPPORTED, "kvtier-llama: %u layers", id->shape.n_layer);

@@ -82,28 +82,34 @@ static void rd_rows(struct rd *r, uint32_t cells, int32_t want_type, struct blob
     part->bytes = (size_t)(part->row * cells);
 }
 
+/*
+ * One stream's cells and layers of an attention part: the cells must hold positions
+ * @p first .. first + cells - 1, in order, each in this sequence alone; the layers go to
+ * m->a/m->b from index m->n_layer on.
+ */
 static int parse_attention_stream(const struct llama_shape *sh, struct rd *r, uint32_t cells,
-                                  int32_t seq, struct blob_map *m)
+                                  int32_t seq, int32_t first, struct blob_map *m)
 {
     for (uint32_t i = 0; i < cells && !r->bad; i++) {
         int32_t pos = (int32_t)rd_u32(r);
         uint32_t n_seq = rd_u32(r);
         int32_t id = (int32_t)rd_u32(r);
-        if (pos != (int32_t)i || n_seq != 1 || id != seq)
+        if (pos != first + (int32_t)i || n_seq != 1 || id != seq)
             return kvt_set_error(KVT_E_STATE,
                                  "llama state: cell %u holds position %d of %u sequence(s), "
-                                 "not position %u of this sequence alone",
-                                 i, pos, n_seq, i);
+                                 "not position %d of this sequence alone",
+                                 i, pos, n_seq, first + (int32_t)i);
     }
     uint32_t v_trans = rd_u32(r), n_layer = rd_u32(r);
     if (r->bad)
         return unsupported("truncated cell list");
-    if (n_layer != sh->n_layer || (v_trans != 0) != sh->v_trans)
+    if (n_layer == 0 || n_layer > sh->n_layer - m->n_layer || (v_trans != 0) != sh->v_trans)
         return unsupported("layer count or V layout differs from the context's");
+    struct blob_part *a = m->a + m->n_layer, *b = m->b + m->n_layer;
     for (uint32_t il = 0; il < n_layer; il++)
-        rd_rows(r, cells, sh->type_k, &m->a[il]);
+        rd_rows(r, cells, sh->type_k, &a[il]);
     for (uint32_t il = 0; il < n_layer && !r->bad; il++) {
-        struct blob_part *v = &m->b[il];
+        struct blob_part *v = &b[il];
         if (!v_trans) {
             rd_rows(r, cells, sh->type_v, v);
             continue;
@@ -121,35 +127,52 @@ static int parse_attention_stream(const struct llama_shape *sh, struct rd *r, ui
     }
     if (r->bad)
         return unsupported("layer types or sizes differ from the context's K/V types");
-    m->cells = cells;
-    m->last_pos = (int32_t)cells - 1;
-    m->n_layer = n_layer;
+    m->n_layer += n_layer;
     return 0;
 }
 
-static int parse_attention(const struct llama_shape *sh, struct rd *r, int32_t seq,
-                           struct blob_map *m)
+/* An attention part (llama_kv_cache::state_write): its one non-empty stream. *@p cells and
+ * the layers it holds are recorded; positions start at @p first. */
+static int parse_attention(const struct llama_shape *sh, struct rd *r, int32_t seq, int32_t first,
+                           uint32_t *cells, struct blob_map *m)
 {
     uint32_t n_stream = rd_u32(r);
     if (r->bad || n_stream != sh->n_stream)
         return unsupported("stream count differs from the context's");
-    bool found = false;
+    *cells = 0;
     for (uint32_t s = 0; s < n_stream; s++) {
-        uint32_t cells = rd_u32(r);
+        uint32_t c = rd_u32(r);
         if (r->bad)
             return unsupported("truncated");
-        if (cells == 0)
+        if (c == 0)
             continue;
-        if (found)
+        if (*cells)
             return unsupported("one sequence in several streams");
-        found = true;
-        int rc = parse_attention_stream(sh, r, cells, seq, m);
+        *cells = c;
+        int rc = parse_attention_stream(sh, r, c, seq, first, m);
         if (rc)
             return rc;
     }
-    if (!found)
+    if (!*cells)
         return kvt_set_error(KVT_E_STATE, "llama state: the sequence holds no cells");
     return 0;
+}
+
+/* Attention memory: the full-attention part, then with a sliding window the window's part
+ * (llama_kv_cache_iswa::state_write), holding the last min(n, n_swa) positions. */
+static int parse_attention_memory(const struct llama_shape *sh, struct rd *r, int32_t seq,
+                                  struct blob_map *m)
+{
+    int rc = parse_attention(sh, r, seq, 0, &m->cells, m);
+    m->last_pos = (int32_t)m->cells - 1;
+    m->n_base = m->n_layer;
+    if (rc || !sh->n_swa)
+        return rc;
+    uint32_t w = m->cells < sh->n_swa ? m->cells : sh->n_swa;
+    rc = parse_attention(sh, r, seq, (int32_t)(m->cells - w), &m->swa_cells, m);
+    if (rc == 0 && m->swa_cells != w)
+        rc = unsupported("the sliding window holds other positions than the last n_swa");
+    return rc;
 }
 
 static int parse_recurrent(const struct llama_shape *sh, struct rd *r, struct blob_map *m)
@@ -183,7 +206,10 @@ int blob_parse(const struct llama_shape *sh, const uint8_t *blob, size_t size, i
     int32_t id = (int32_t)rd_u32(&r);
     if (r.bad || magic != SEQ_MAGIC || id != seq)
         return unsupported("not a sequence state of this llama.cpp build");
-    int rc = sh->recurrent ? parse_recurrent(sh, &r, m) : parse_attention(sh, &r, seq, m);
+    m->n_layer = 0;
+    int rc = sh->recurrent ? parse_recurrent(sh, &r, m) : parse_attention_memory(sh, &r, seq, m);
+    if (rc == 0 && m->n_layer != sh->n_layer)
+        rc = unsupported("layer count differs from the model's");
     if (rc == 0 && r.at != size)
         rc = unsupported("state has parts the mapping does not know");
     return rc;
@@ -246,11 +272,20 @@ static int layer_cache(const struct llama_shape *sh, const struct blob_map *m, k
         if (rc == 0)
             rc = kvt_tensor_init(&t[1], buf, m->b[il].off, KVT_FLOAT32, 4, rec);
     } else {
+        /* a sliding-window layer is a ring of n_swa rows holding its cells in temporal order:
+         * before it wraps, rows [0, cells) with the next write at cells; once full, the
+         * oldest row first and the next write over it (idx 0) */
+        uint32_t cells = il < m->n_base ? m->cells : m->swa_cells;
+        if (il >= m->n_base)
+            info = (struct kvt_cache_info){.kind = KVT_KIND_ROTATING,
+                                           .offset = (int64_t)n_tokens,
+                                           .max_size = sh->n_swa,
+                                           .idx = cells == sh->n_swa ? 0 : cells};
         int dtype = attention_dtype(sh);
-        rc = row_view(buf, &m->a[il], m->cells, dtype, &t[0]);
+        rc = row_view(buf, &m->a[il], cells, dtype, &t[0]);
         if (rc == 0)
-            rc = sh->v_trans ? transposed_view(buf, &m->b[il], m->cells, dtype, &t[1])
-                             : row_view(buf, &m->b[il], m->cells, dtype, &t[1]);
+            rc = sh->v_trans ? transposed_view(buf, &m->b[il], cells, dtype, &t[1])
+                             : row_view(buf, &m->b[il], cells, dtype, &t[1]);
     }
     if (rc == 0)
         rc = kvt_cache_from_state(&info, t, 2, out);
@@ -295,50 +330,104 @@ static int slot_row(const struct kvt_slot *s, int dtype, uint32_t cells, uint64_
     return 0;
 }
 
-/* Bytes before the first layer part: magic, seq, then the memory's counts and cell list. */
-static size_t head_bytes(const struct llama_shape *sh, uint32_t cells)
+/*
+ * The parts of a blob: recurrent memory is one; attention memory is one (full attention) or
+ * two (then the sliding window's), each with its own count of streams, cell list, V layout
+ * and layers, its K rows then its V rows.
+ */
+struct part_geom {
+    uint32_t first_layer, n_layer, cells;
+    int32_t first_pos;
+};
+
+static int parts_of(const struct llama_shape *sh, const struct blob_plan *p, struct part_geom g[2])
+{
+    if (sh->recurrent) {
+        g[0] = (struct part_geom){0, sh->n_layer, 1, (int32_t)p->n_tokens - 1};
+        return 1;
+    }
+    g[0] = (struct part_geom){0, p->n_base, p->cells, 0};
+    g[1] = (struct part_geom){p->n_base, sh->n_layer - p->n_base, p->swa_cells,
+                              (int32_t)(p->cells - p->swa_cells)};
+    return p->n_base < sh->n_layer ? 2 : 1;
+}
+
+/* Bytes of a part before its first layer's data: counts, the cell list, V layout, layers. */
+static size_t part_head_bytes(const struct llama_shape *sh, const struct part_geom *g)
 {
     if (sh->recurrent) /* cells, pos, n_seq_id, s_trans, n_layer */
-        return 2 * 4 + 5 * 4;
+        return 5 * 4;
     /* n_stream, the first stream's cells, per cell pos/n_seq_id/seq, v_trans, n_layer */
-    return 2 * 4 + 2 * 4 + (size_t)cells * 12 + 2 * 4;
+    return 2 * 4 + (size_t)g->cells * 12 + 2 * 4;
+}
+
+/* What cache @p il of an entry must be: its kind and its rows, from the header. */
+static int check_cache(const struct llama_shape *sh, const struct blob_plan *p,
+                       const struct kvt_cache_header *c, uint32_t il, uint32_t *rows)
+{
+    if (sh->recurrent) {
+        *rows = 1;
+        return c->info.kind == KVT_KIND_SSM ? 0 : mismatch(il, "not an ssm cache");
+    }
+    if (il < p->n_base) {
+        *rows = p->cells;
+        return c->info.kind == KVT_KIND_KV ? 0 : mismatch(il, "not a kv cache");
+    }
+    *rows = p->swa_cells;
+    uint32_t idx = p->swa_cells == sh->n_swa ? 0 : p->swa_cells;
+    if (c->info.kind != KVT_KIND_ROTATING || c->info.max_size != (int64_t)sh->n_swa ||
+        c->info.offset != (int64_t)p->n_tokens || c->info.idx != (int64_t)idx)
+        return mismatch(il, "not the sliding window's ring in temporal order");
+    return 0;
 }
 
 int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h, struct blob_plan *p)
 {
     if (h->n_caches != sh->n_layer || h->n_caches > KVT_LLAMA_MAX_LAYERS)
         return mismatch((uint32_t)h->n_caches, "layer count differs from the model's");
-    if (!sh->recurrent && h->n_tokens > UINT32_MAX)
-        return mismatch(0, "too many tokens");
-    uint32_t cells = sh->recurrent ? 1 : (uint32_t)h->n_tokens;
+    if (h->n_tokens == 0 || h->n_tokens > INT32_MAX)
+        return mismatch(0, "token count out of range");
+    p->n_tokens = (uint32_t)h->n_tokens;
+    p->cells = sh->recurrent ? 1 : p->n_tokens;
+    p->n_base = 0;
+    while (p->n_base < h->n_caches && h->caches[p->n_base].info.kind == KVT_KIND_KV)
+        p->n_base++;
+    if (sh->recurrent || !sh->n_swa)
+        p->n_base = sh->recurrent ? sh->n_layer : p->n_base;
+    p->swa_cells = p->cells < sh->n_swa ? p->cells : sh->n_swa;
     int dtype = sh->recurrent ? KVT_FLOAT32 : attention_dtype(sh);
     int d = dtype < 0 ? KVT_FLOAT16 : dtype;
-    int kind = sh->recurrent ? KVT_KIND_SSM : KVT_KIND_KV;
-    size_t at = head_bytes(sh, cells);
-    p->cells = cells;
-    /* the blob holds every layer's K (or conv state), then every layer's V (or SSM state) */
-    for (int j = 0; j < 2; j++)
-        for (uint32_t il = 0; il < sh->n_layer; il++) {
-            const struct kvt_cache_header *c = &h->caches[il];
-            struct blob_part *part = &p->part[2 * il + (uint32_t)j];
-            uint64_t row;
-            if (c->info.kind != kind || c->n_slots != 2)
-                return mismatch(il, "kind differs from the model's memory");
-            if (slot_row(&c->slots[j], d, cells, &row))
-                return mismatch(il, "tensor shape or dtype does not fit the context");
-            bool trans = !sh->recurrent && j == 1 && sh->v_trans;
-            part->n_embd = trans ? (uint32_t)c->slots[j].shape[3] : 0;
-            part->row = trans ? kvt_dtype_size(d) : row;
-            part->bytes = (size_t)c->slots[j].bytes;
-            if (!add_ok(&at, 12)) /* i32 type + u64 row, or i32 type + u32 el + u32 count */
-                return mismatch(il, "state size overflows");
-            part->off = at;
-            if (!add_ok(&at, c->slots[j].bytes))
-                return mismatch(il, "state size overflows");
-        }
-    /* the context's other streams follow, each holding no cells */
-    if (!sh->recurrent && !add_ok(&at, (uint64_t)(sh->n_stream - 1) * 4))
-        return mismatch(0, "state size overflows");
+    struct part_geom g[2];
+    int np = parts_of(sh, p, g);
+    size_t at = 2 * 4; /* magic, seq */
+    for (int q = 0; q < np; q++) {
+        if (!add_ok(&at, part_head_bytes(sh, &g[q])))
+            return mismatch(0, "state size overflows");
+        for (int j = 0; j < 2; j++) /* the part's K (or conv) rows, then its V (or SSM) rows */
+            for (uint32_t il = g[q].first_layer; il < g[q].first_layer + g[q].n_layer; il++) {
+                const struct kvt_cache_header *c = &h->caches[il];
+                struct blob_part *part = &p->part[2 * il + (uint32_t)j];
+                uint32_t rows;
+                uint64_t row;
+                int rc = check_cache(sh, p, c, il, &rows);
+                if (rc)
+                    return rc;
+                if (c->n_slots != 2 || slot_row(&c->slots[j], d, rows, &row))
+                    return mismatch(il, "tensor shape or dtype does not fit the context");
+                bool trans = !sh->recurrent && j == 1 && sh->v_trans;
+                part->n_embd = trans ? (uint32_t)c->slots[j].shape[3] : 0;
+                part->row = trans ? kvt_dtype_size(d) : row;
+                part->bytes = (size_t)c->slots[j].bytes;
+                if (!add_ok(&at, 12)) /* i32 type + u64 row, or i32 type + u32 el + u32 n */
+                    return mismatch(il, "state size overflows");
+                part->off = at;
+                if (!add_ok(&at, c->slots[j].bytes))
+                    return mismatch(il, "state size overflows");
+            }
+        /* the context's other streams follow, each holding no cells */
+        if (!sh->recurrent && !add_ok(&at, (uint64_t)(sh->n_stream - 1) * 4))
+            return mismatch(0, "state size overflows");
+    }
     p->size = at;
     p->v_trans = !sh->recurrent && sh->v_trans;
     p->n_layer = sh->n_layer;
@@ -362,45 +451,59 @@ static void wr64(struct wr *w, uint64_t v)
     w->at += 8;
 }
 
+/* A part's counts and cell list, at w->at. */
+static void write_part_head(const struct llama_shape *sh, const struct part_geom *g, int32_t seq,
+                            struct wr *w)
+{
+    if (sh->recurrent) {
+        wr32(w, 1);
+        wr32(w, (uint32_t)g->first_pos);
+        wr32(w, 0); /* no sequence ids: the restore assigns its own */
+        wr32(w, 0); /* s_trans */
+        wr32(w, g->n_layer);
+        return;
+    }
+    /* the restoring context maps the sequence to its own stream whichever count this is */
+    wr32(w, sh->n_stream);
+    wr32(w, g->cells);
+    for (uint32_t i = 0; i < g->cells; i++) {
+        wr32(w, (uint32_t)(g->first_pos + (int32_t)i));
+        wr32(w, 1);
+        wr32(w, (uint32_t)seq);
+    }
+    wr32(w, sh->v_trans);
+    wr32(w, g->n_layer);
+}
+
 void blob_write_meta(const struct llama_shape *sh, const struct blob_plan *p, int32_t seq,
-                     int32_t last_pos, uint8_t *blob)
+                     uint8_t *blob)
 {
     struct wr w = {blob, 0};
     wr32(&w, SEQ_MAGIC);
     wr32(&w, (uint32_t)seq);
-    if (sh->recurrent) {
-        wr32(&w, 1);
-        wr32(&w, (uint32_t)last_pos);
-        wr32(&w, 0); /* no sequence ids: the restore assigns its own */
-        wr32(&w, 0); /* s_trans */
-        wr32(&w, sh->n_layer);
-    } else {
-        /* the restoring context maps the sequence to its own stream whichever count this is */
-        wr32(&w, sh->n_stream);
-        wr32(&w, p->cells);
-        for (uint32_t i = 0; i < p->cells; i++) {
-            wr32(&w, i);
-            wr32(&w, 1);
-            wr32(&w, (uint32_t)seq);
-        }
-        wr32(&w, sh->v_trans);
-        wr32(&w, sh->n_layer);
-    }
-    for (int j = 0; j < 2; j++)
-        for (uint32_t il = 0; il < sh->n_layer; il++) {
-            const struct blob_part *part = &p->part[2 * il + (uint32_t)j];
-            int32_t type = sh->recurrent ? GGML_F32 : j ? sh->type_v : sh->type_k;
-            w.at = part->off - 12;
-            wr32(&w, (uint32_t)type);
-            if (part->n_embd) {
-                wr32(&w, (uint32_t)part->row);
-                wr32(&w, part->n_embd);
-            } else {
-                wr64(&w, part->row);
+    struct part_geom g[2];
+    int np = parts_of(sh, p, g);
+    for (int q = 0; q < np; q++) {
+        write_part_head(sh, &g[q], seq, &w);
+        size_t end = w.at;
+        for (int j = 0; j < 2; j++)
+            for (uint32_t il = g[q].first_layer; il < g[q].first_layer + g[q].n_layer; il++) {
+                const struct blob_part *part = &p->part[2 * il + (uint32_t)j];
+                int32_t type = sh->recurrent ? GGML_F32 : j ? sh->type_v : sh->type_k;
+                w.at = part->off - 12;
+                wr32(&w, (uint32_t)type);
+                if (part->n_embd) {
+                    wr32(&w, (uint32_t)part->row);
+                    wr32(&w, part->n_embd);
+                } else {
+                    wr64(&w, part->row);
+                }
+                end = part->off + part->bytes;
             }
-        }
-    if (!sh->recurrent)
-        memset(blob + p->size - (size_t)(sh->n_stream - 1) * 4, 0, (size_t)(sh->n_stream - 1) * 4);
+        w.at = end;
+        for (uint32_t s = 1; !sh->recurrent && s < sh->n_stream; s++)
+            wr32(&w, 0); /* the other streams hold no cells */
+    }
 }
 
 void blob_put_transposed(const struct blob_part *part, uint32_t cells, const uint8_t *token_major,

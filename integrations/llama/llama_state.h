@@ -7,6 +7,8 @@
  *    types) is carried as raw row bytes in a float16 container: [1, 1, n, row_bytes / 2].
  *    A transposed V (flash attention off) is a strided view of the blob, so the entry is
  *    token-major either way; restores transpose it back.
+ *  - a sliding window (llama_kv_cache_iswa): its layers follow as `rotating` caches of
+ *    n_swa rows holding the window's cells in temporal order (docs/LLAMA.md).
  *  - recurrent memory: one `ssm` cache per layer, conv [1, cells, r] and recurrent
  *    [1, 1, cells, s], both F32 as llama.cpp keeps them.
  * Blobs are parsed with every count and size checked against the blob's length.
@@ -29,6 +31,7 @@ struct llama_shape {
     uint32_t n_stream;      /* attention: streams of the context's KV cache */
     int32_t type_k, type_v; /* ggml types of attention K and V (recurrent: F32 r and s) */
     bool v_trans;           /* attention V transposed (flash attention off) */
+    uint32_t n_swa;         /* sliding window: its size (0: none) */
 };
 
 /** One tensor's bytes inside a blob. */
@@ -38,11 +41,14 @@ struct blob_part {
     uint32_t n_embd; /* transposed V: elements per cell */
 };
 
-/** A parsed blob: where each layer's tensors lie. */
+/** A parsed blob: where each layer's tensors lie (full-attention layers first, then the
+ * sliding-window layers). */
 struct blob_map {
     uint32_t cells;
     int32_t last_pos; /* position of the last cell */
     uint32_t n_layer;
+    uint32_t n_base;    /* layers of the full-attention part */
+    uint32_t swa_cells; /* cells of the sliding-window part: the last min(cells, n_swa) */
     struct blob_part a[KVT_LLAMA_MAX_LAYERS]; /* K, or recurrent conv state */
     struct blob_part b[KVT_LLAMA_MAX_LAYERS]; /* V, or recurrent SSM state */
 };
@@ -65,7 +71,10 @@ int blob_to_caches(const struct llama_shape *sh, const struct blob_map *m, kvt_b
 /** The blob a restore builds: its size and where each slot's bytes go. */
 struct blob_plan {
     size_t size;
-    uint32_t cells;
+    uint32_t n_tokens;
+    uint32_t cells;     /* cells of the full-attention part (recurrent: 1) */
+    uint32_t n_base;    /* its layers; the sliding window's follow */
+    uint32_t swa_cells; /* cells of the sliding window's part */
     uint32_t n_layer;
     bool v_trans; /* V parts are element-major: fill them with blob_put_transposed() */
     /* slot k of the header (cache k / 2, tensor k % 2): offset of its data in the blob, row
@@ -80,7 +89,7 @@ struct blob_plan {
 int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h, struct blob_plan *p);
 /** Write everything of the planned blob but the tensor bytes. */
 void blob_write_meta(const struct llama_shape *sh, const struct blob_plan *p, int32_t seq,
-                     int32_t last_pos, uint8_t *blob);
+                     uint8_t *blob);
 /** Fill a transposed V part from its token-major bytes (@p cells x part->n_embd elements). */
 void blob_put_transposed(const struct blob_part *part, uint32_t cells, const uint8_t *token_major,
                          uint8_t *blob);

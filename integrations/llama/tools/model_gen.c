@@ -19,11 +19,12 @@ bool model_spec_named(const char *name, struct model_spec *out)
         const char *name;
         struct model_spec m;
     } known[] = {
-        {"llama", {"llama", 2, 64, 2, 2, 128, 256, 4096, 0, 0, 0, 0, false, 1}},
-        {"qwen3", {"qwen3", 2, 128, 4, 2, 256, 256, 4096, 0, 0, 0, 0, false, 2}},
-        {"mamba", {"mamba", 2, 64, 0, 0, 0, 256, 4096, 128, 4, 16, 4, false, 3}},
+        {"llama", {"llama", 2, 64, 2, 2, 128, 256, 4096, 0, 0, 0, 0, 0, false, 1}},
+        {"qwen3", {"qwen3", 2, 128, 4, 2, 256, 256, 4096, 0, 0, 0, 0, 0, false, 2}},
+        {"gemma2", {"gemma2", 4, 64, 2, 1, 128, 256, 4096, 0, 0, 0, 0, 32, false, 5}},
+        {"mamba", {"mamba", 2, 64, 0, 0, 0, 256, 4096, 128, 4, 16, 4, 0, false, 3}},
         /* prefill of a few thousand tokens takes seconds on two cores */
-        {"demo", {"llama", 8, 512, 8, 4, 1408, 256, 16384, 0, 0, 0, 0, true, 4}},
+        {"demo", {"llama", 8, 512, 8, 4, 1408, 256, 16384, 0, 0, 0, 0, 0, true, 4}},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (strcmp(name, known[i].name) == 0) {
@@ -125,6 +126,8 @@ static void set_keys(struct gen *g)
         key_u32(g, "attention.head_count_kv", m->n_head_kv);
         snprintf(k, sizeof(k), "%s.rope.freq_base", m->arch);
         gguf_set_val_f32(g->gguf, k, 10000.0f);
+        if (m->n_swa)
+            key_u32(g, "attention.sliding_window", m->n_swa);
     }
     gguf_set_val_str(g->gguf, "tokenizer.ggml.model", "test");
     const char **tok = malloc(m->n_vocab * sizeof(*tok));
@@ -165,6 +168,10 @@ static void attention_layers(struct gen *g)
         addf(g, "blk.%d.ffn_gate.weight", i, m->n_embd, m->n_ff, RANDOM);
         addf(g, "blk.%d.ffn_up.weight", i, m->n_embd, m->n_ff, RANDOM);
         addf(g, "blk.%d.ffn_down.weight", i, m->n_ff, m->n_embd, RANDOM);
+        if (strcmp(m->arch, "gemma2") == 0) { /* norms after attention and after the FFN */
+            addf(g, "blk.%d.post_attention_norm.weight", i, m->n_embd, 0, ONES);
+            addf(g, "blk.%d.post_ffw_norm.weight", i, m->n_embd, 0, ONES);
+        }
     }
 }
 
@@ -211,7 +218,8 @@ int model_write(const struct model_spec *m, const char *path)
     set_keys(&g);
     add(&g, "token_embd.weight", m->n_embd, m->n_vocab, RANDOM);
     add(&g, "output_norm.weight", m->n_embd, 0, ONES);
-    add(&g, "output.weight", m->n_embd, m->n_vocab, RANDOM);
+    if (strcmp(m->arch, "gemma2") != 0) /* gemma2 ties its output to the embedding */
+        add(&g, "output.weight", m->n_embd, m->n_vocab, RANDOM);
     if (strcmp(m->arch, "mamba") == 0)
         mamba_layers(&g);
     else

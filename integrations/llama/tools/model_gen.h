@@ -10,14 +10,17 @@
 #include <stdint.h>
 
 struct model_spec {
-    const char *arch; /* "llama", "qwen3" (grouped KV heads, q/k norms) or "mamba" */
+    const char *arch; /* "llama", "qwen3" (grouped KV heads, q/k norms), "gemma2" (sliding
+                         window on every other layer) or "mamba" */
     uint32_t n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx_train;
     uint32_t ssm_inner, ssm_conv, ssm_state, ssm_dt_rank; /* mamba */
+    uint32_t n_swa;                                       /* gemma2: the window */
     bool f16;                                             /* weight matrices in F16 (else F32) */
     uint64_t seed;                                        /* the weights */
 };
 
-/** The spec of a named model: "llama", "qwen3", "mamba" (tiny, for tests) or "demo". */
+/** The spec of a named model: "llama", "qwen3", "gemma2", "mamba" (tiny, for tests) or
+ * "demo". */
 bool model_spec_named(const char *name, struct model_spec *out);
 /** Write the model to @p path. @return 0, or -1 with a message on stderr. */
 int model_write(const struct model_spec *m, const char *path);
