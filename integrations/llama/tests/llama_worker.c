@@ -5,7 +5,9 @@
  *          rest of --tokens one at a time, saves the sequence, flushes; with --out it goes
  *          on uninterrupted: decodes --next and --steps greedy tokens, writing each step's
  *          logits to --out. With --reload it first loads the sequence back from the RAM
- *          tier (printing what was loaded), as a server does between turns.
+ *          tier (printing what was loaded), as a server does between turns; with
+ *          --reload-tokens it loads that other prompt from the RAM tier instead and goes on
+ *          from there.
  *   load:  loads the longest cached prefix of --tokens + --next, decodes what is left in
  *          one batch, then the same greedy steps, logits to --out; prints what was loaded.
  *   full:  no cache: prefills --tokens + --next the way load decodes them after its prefix
@@ -27,6 +29,8 @@ struct args {
     float rope_base;
     llama_token *tok;
     int n_tok;
+    llama_token *reload_tok; /* --reload-tokens: load this prompt from RAM after the save */
+    int n_reload;
     llama_token next;
 };
 
@@ -158,8 +162,17 @@ static int run(const struct args *a, struct llama_context *ctx, struct llama_con
             rc = die("kvt_llama_flush");
         if (rc == 0 && a->reload)
             rc = load_and_report(kl, ctx, all, a->n_tok + 1) < 0;
-        if (rc == 0 && out)
+        if (rc == 0 && a->reload_tok) {
+            llama_token *p = malloc(((size_t)a->n_reload + 1) * sizeof(*p));
+            memcpy(p, a->reload_tok, (size_t)a->n_reload * sizeof(*p));
+            p[a->n_reload] = a->next;
+            int k = load_and_report(kl, ctx, p, a->n_reload + 1);
+            rc = k < 0 || decode(ctx, p + k, a->n_reload + 1 - k) ||
+                 (out && continue_greedy(ctx, n_vocab, a->steps, out));
+            free(p);
+        } else if (rc == 0 && out) {
             rc = decode(ctx, all + a->n_tok, 1) || continue_greedy(ctx, n_vocab, a->steps, out);
+        }
     } else {
         int loaded = load_and_report(kl, ctx, all, a->n_tok + 1);
         rc = loaded < 0 ? loaded : decode(ctx, all + loaded, a->n_tok + 1 - loaded);
@@ -177,12 +190,14 @@ done:
 int main(int argc, char **argv)
 {
     struct args a = {.type = "f16", .fa = 1, .n_ctx = 1024, .split = 0};
-    static const struct option opts[] = {
-        {"model", 1, 0, 'm'},     {"dir", 1, 0, 'd'},    {"out", 1, 0, 'o'},
-        {"ns", 1, 0, 'n'},        {"type", 1, 0, 't'},   {"fa", 1, 0, 'f'},
-        {"prefill", 1, 0, 'p'},   {"steps", 1, 0, 's'},  {"tokens", 1, 0, 'k'},
-        {"next", 1, 0, 'x'},      {"split", 1, 0, 'S'},  {"ctx", 1, 0, 'c'},
-        {"rope-base", 1, 0, 'r'}, {"reload", 0, 0, 'R'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},         {"dir", 1, 0, 'd'},
+                                         {"out", 1, 0, 'o'},           {"ns", 1, 0, 'n'},
+                                         {"type", 1, 0, 't'},          {"fa", 1, 0, 'f'},
+                                         {"prefill", 1, 0, 'p'},       {"steps", 1, 0, 's'},
+                                         {"tokens", 1, 0, 'k'},        {"next", 1, 0, 'x'},
+                                         {"split", 1, 0, 'S'},         {"ctx", 1, 0, 'c'},
+                                         {"rope-base", 1, 0, 'r'},     {"reload", 0, 0, 'R'},
+                                         {"reload-tokens", 1, 0, 'T'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'm': a.model = optarg; break;
@@ -199,6 +214,7 @@ int main(int argc, char **argv)
         case 'c': a.n_ctx = atoi(optarg); break;
         case 'r': a.rope_base = strtof(optarg, NULL); break;
         case 'R': a.reload = 1; break;
+        case 'T': a.reload_tok = parse_tokens(optarg, &a.n_reload); break;
         default: return 2;
         }
     }
@@ -227,5 +243,6 @@ int main(int argc, char **argv)
     llama_free(ctx);
     llama_model_free(m);
     free(a.tok);
+    free(a.reload_tok);
     return rc;
 }

@@ -359,6 +359,42 @@ static void prefix_reuse(const struct config *c, double tolerance)
     free(dir);
 }
 
+/* The same reuse from the RAM tier in the saving process: the taken entry is a trimmed
+ * clone (for gemma2-wide, a ring trimmed before it wrapped). */
+static void prefix_reuse_ram(const struct config *c, double tolerance)
+{
+    char *dir = strf("%s/pxr-%s-%s-%d", test_dir, c->model, c->type, c->fa);
+    int32_t tok[N_TOK], diverge[50];
+    prompt(tok, N_TOK, 0);
+    memcpy(diverge, tok, 40 * sizeof(*tok));
+    prompt(diverge + 40, 10, 5);
+    char *a = strf("%s.reused", dir), *b = strf("%s.full", dir), *out;
+    char *ca = config_args(c, dir), *ta = tokens_arg(tok, N_TOK), *tr = tokens_arg(diverge, 50);
+    assert_int_equal(worker(&out,
+                            "save %s --tokens %s --prefill %d --reload-tokens %s --next %d "
+                            "--steps %d --out %s",
+                            ca, ta, PREFILL, tr, NEXT, STEPS, a),
+                     0);
+    struct loaded l = parse_loaded(out);
+    assert_int_equal(l.loaded, 40);
+    assert_int_equal(l.disk, 0);
+    assert_int_equal(l.pos_max, 39);
+    assert_int_equal(worker(NULL, "full %s --tokens %s --next %d --steps %d --split 40 --out %s",
+                            ca, tr, NEXT, STEPS, b),
+                     0);
+    double d = logit_diff(a, b);
+    print_message("%s %s fa=%d: reused prefix from RAM vs recompute: %.2e\n", c->model, c->type,
+                  c->fa, d);
+    assert_true(d <= tolerance);
+    free(out);
+    free(ca);
+    free(ta);
+    free(tr);
+    free(a);
+    free(b);
+    free(dir);
+}
+
 static void test_prefix_reuse(void **s)
 {
     (void)s;
@@ -371,6 +407,8 @@ static void test_prefix_reuse(void **s)
     prefix_reuse(&(struct config){"gemma2-wide", "f16", 1}, 1e-3);
     prefix_reuse(&(struct config){"mamba", "f16", 1}, 0);
     prefix_reuse(&(struct config){"gemma2", "f16", 1}, 0); /* a wrapped window */
+    prefix_reuse_ram(&(struct config){"llama", "f16", 0}, 1e-3);
+    prefix_reuse_ram(&(struct config){"gemma2-wide", "f16", 1}, 1e-3);
 }
 
 /* Whatever differs in identity is a miss; the same configuration is a hit (the control). */
