@@ -96,6 +96,7 @@ struct kvt_llama_loaded {
     size_t n_entry;  /* tokens of the entry it came from (> n_tokens when trimmed) */
     bool from_disk;  /* read from the store (else from the RAM tier) */
     double ms;       /* wall time of the load, llama_state_seq_set_data included */
+    double set_ms;   /* of which llama_state_seq_set_data */
 };
 
 /**

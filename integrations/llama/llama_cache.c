@@ -245,15 +245,18 @@ static int place(void *ud, const struct kvt_header *h, void **dst)
     return rc;
 }
 
-/* Finish the blob (transposed V) and hand it to llama.cpp. */
-static int build_apply(struct blob_build *b)
+/* Finish the blob (transposed V) and hand it to llama.cpp; *@p ms: set_data's time. */
+static int build_apply(struct blob_build *b, double *ms)
 {
     uint8_t *blob = kvt_buf_data(b->blob);
     for (uint32_t il = 0; b->plan.v_trans && il < b->plan.n_layer; il++)
         blob_put_transposed(&b->plan.part[2 * il + 1],
                             il < b->plan.n_base ? b->plan.cells : b->plan.swa_cells,
                             b->vt + b->vt_off[il], blob);
-    if (llama_state_seq_set_data(b->kl->ctx, blob, b->plan.size, b->seq) != b->plan.size) {
+    double t0 = mono_ms();
+    size_t got = llama_state_seq_set_data(b->kl->ctx, blob, b->plan.size, b->seq);
+    *ms = mono_ms() - t0;
+    if (got != b->plan.size) {
         llama_memory_seq_rm(llama_get_memory(b->kl->ctx), b->seq, -1, -1);
         return kvt_set_error(KVT_E_STATE,
                              "kvtier-llama: llama.cpp refused the state of %u "
@@ -322,10 +325,11 @@ static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok
     bool misfit = rc == KVT_E_MISMATCH; /* never the case for this process's own saves */
     for (size_t k = 0; rc == 0 && k < 2 * e->n_caches; k++)
         kvt_tensor_copy_out(&ts[k], build_slot(&b, k));
+    double set_ms = 0;
     if (rc == 0)
-        rc = build_apply(&b);
+        rc = build_apply(&b, &set_ms);
     if (rc == 0)
-        *r = (struct kvt_llama_loaded){e->n_tokens, e->n_tokens, t.from_disk, 0};
+        *r = (struct kvt_llama_loaded){e->n_tokens, e->n_tokens, t.from_disk, 0, set_ms};
     for (size_t k = 0; ts && k < 2 * e->n_caches; k++)
         kvt_tensor_release(&ts[k]);
     free(ts);
@@ -344,8 +348,9 @@ static int load_from_disk(kvt_llama *kl, llama_seq_id seq, const struct kvt_hit 
     int rc = kvt_store_restore_into(kvt_pcache_store(kl->pc), hit, place, &b, &h);
     if (rc == KVT_E_MISMATCH) /* the entry does not fit this context: a miss, never loaded */
         rc = 0;
+    double set_ms = 0;
     if (rc == 0 && h) {
-        rc = build_apply(&b);
+        rc = build_apply(&b, &set_ms);
         /* an entry longer than the match is trimmable (the store's find says so) */
         if (rc == 0 && hit->prefix_len < h->n_tokens &&
             !llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, (llama_pos)hit->prefix_len, -1)) {
@@ -353,7 +358,7 @@ static int load_from_disk(kvt_llama *kl, llama_seq_id seq, const struct kvt_hit 
             rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp cannot trim the state");
         }
         if (rc == 0)
-            *r = (struct kvt_llama_loaded){hit->prefix_len, h->n_tokens, true, 0};
+            *r = (struct kvt_llama_loaded){hit->prefix_len, h->n_tokens, true, 0, set_ms};
     }
     kvt_header_free(h);
     build_free(&b);
