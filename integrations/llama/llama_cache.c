@@ -116,7 +116,7 @@ static int entry_of_blob(kvt_llama *kl, kvt_buf *buf, llama_seq_id seq, const ll
                          size_t n, struct kvt_entry **out)
 {
     const struct llama_shape *sh = &kl->id.shape;
-    struct blob_map *m = malloc(sizeof(*m));
+    struct blob_map *m = calloc(1, sizeof(*m));
     kvt_cache **caches = calloc(sh->n_layer, sizeof(*caches));
     int rc = m && caches ? 0 : kvt_set_error(-ENOMEM, "out of memory");
     if (rc == 0)

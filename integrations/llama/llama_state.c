@@ -6,6 +6,8 @@
  *     u32 n_seq_id (1), i32 seq id; u32 v_trans, u32 n_layer; per layer K: i32 type,
  *     u64 row bytes, cells rows; per layer V: the same, or when transposed i32 type,
  *     u32 element bytes, u32 elements per cell, then elements x cells, element-major.
+ *   sliding window (llama-kv-cache-iswa.cpp): two attention parts, the full-attention
+ *     layers' and then the window's, whose cells are the last min(n, n_swa) positions.
  *   recurrent: u32 cells; per cell i32 pos, u32 n_seq_id (0); u32 s_trans (0), u32 n_layer;
  *     per layer r: i32 type, u64 row bytes, cells rows; per layer s: the same.
  */
