@@ -171,6 +171,17 @@ fuzz:
 	    CFLAGS=-fsanitize=fuzzer-no-link fuzz-targets
 fuzz-targets: $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 
+# the llama.cpp state mapping's target takes its object from the integration
+LLAMA_STATE_OBJ = $(BUILD)/obj/integrations/llama/llama_state.o
+$(BUILD)/fuzz/fuzz_llama_state: $(BUILD)/obj/fuzz/fuzz_llama_state.o $(LLAMA_STATE_OBJ) \
+                                $(FUZZ_COMMON_OBJ) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL) -lm
+$(BUILD)/fuzz/replay_llama_state: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/fuzz_llama_state.o \
+                                  $(LLAMA_STATE_OBJ) $(FUZZ_COMMON_OBJ) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(LIBS_ALL) -lm
+
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL) -lm

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets one after another, SECONDS each, at low priority:
-#   fuzz/run.sh SECONDS [NAME...]        (names: header, load; default: all targets)
+#   fuzz/run.sh SECONDS [NAME...]        (names: header, load, llama_state; default: all targets)
 # Each target grows a working corpus in build/libfuzzer/corpus/NAME (seeded from
 # fuzz/corpus/NAME) and writes crashing inputs to build/libfuzzer/artifacts/NAME/ and its log
 # to build/libfuzzer/NAME.log. Afterwards `fuzz/run.sh --merge NAME...` minimizes the working

@@ -266,48 +266,6 @@ static int build_apply(struct blob_build *b, double *ms)
     return 0;
 }
 
-/* The header-shaped description of an entry's persisted tensors, for planning its blob. */
-static int header_of_entry(const struct kvt_entry *e, struct kvt_header *h, struct kvt_tensor *t)
-{
-    memset(h, 0, sizeof(*h));
-    h->n_tokens = e->n_tokens;
-    h->n_caches = e->n_caches;
-    h->caches = calloc(e->n_caches ? e->n_caches : 1, sizeof(*h->caches));
-    if (!h->caches)
-        return kvt_set_error(-ENOMEM, "out of memory");
-    for (size_t i = 0; i < e->n_caches; i++) {
-        struct kvt_cache_header *c = &h->caches[i];
-        kvt_cache_get_info(e->caches[i], &c->info);
-        int nt = kvt_cache_state(e->caches[i], &t[2 * i]);
-        if (nt != 2) {
-            for (int j = 0; j < nt; j++)
-                kvt_tensor_release(&t[2 * i + (size_t)j]);
-            return kvt_set_error(KVT_E_MISMATCH, "llama state: cache %zu has %d tensors", i, nt);
-        }
-        /* a ring trimmed before it wrapped keeps its buffer: only rows [0, offset) are live */
-        for (int j = 0;
-             j < 2 && c->info.kind == KVT_KIND_ROTATING && c->info.offset < c->info.max_size &&
-             t[2 * i + (size_t)j].shape[2] > c->info.offset;
-             j++) {
-            struct kvt_tensor live;
-            if (kvt_tensor_slice(&live, &t[2 * i + (size_t)j], 2, 0, c->info.offset))
-                return kvt_set_error(-ENOMEM, "out of memory");
-            kvt_tensor_release(&t[2 * i + (size_t)j]);
-            t[2 * i + (size_t)j] = live;
-        }
-        c->n_slots = 2;
-        for (int j = 0; j < 2; j++) {
-            const struct kvt_tensor *x = &t[2 * i + (size_t)j];
-            struct kvt_slot *s = &c->slots[j];
-            s->dtype = x->dtype;
-            s->rank = x->rank;
-            memcpy(s->shape, x->shape, sizeof(s->shape));
-            s->bytes = kvt_tensor_nbytes(x);
-        }
-    }
-    return 0;
-}
-
 static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
                          struct kvt_llama_loaded *r)
 {
@@ -319,7 +277,7 @@ static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok
     struct kvt_tensor *ts = calloc(2 * e->n_caches + 1, sizeof(*ts));
     struct kvt_header h = {0};
     struct blob_build b = {.kl = kl, .seq = seq};
-    rc = ts ? header_of_entry(e, &h, ts) : kvt_set_error(-ENOMEM, "out of memory");
+    rc = ts ? blob_describe(e, &h, ts) : kvt_set_error(-ENOMEM, "out of memory");
     if (rc == 0)
         rc = build_begin(&b, &h);
     bool misfit = rc == KVT_E_MISMATCH; /* never the case for this process's own saves */

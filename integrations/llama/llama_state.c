@@ -14,6 +14,7 @@
 #include "llama_state.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,6 +151,8 @@ static int parse_attention(const struct llama_shape *sh, struct rd *r, int32_t s
             continue;
         if (*cells)
             return unsupported("one sequence in several streams");
+        if (c > INT32_MAX - (uint32_t)first)
+            return unsupported("more cells than positions");
         *cells = c;
         int rc = parse_attention_stream(sh, r, c, seq, first, m);
         if (rc)
@@ -166,10 +169,12 @@ static int parse_attention_memory(const struct llama_shape *sh, struct rd *r, in
                                   struct blob_map *m)
 {
     int rc = parse_attention(sh, r, seq, 0, &m->cells, m);
+    if (rc)
+        return rc;
     m->last_pos = (int32_t)m->cells - 1;
     m->n_base = m->n_layer;
-    if (rc || !sh->n_swa)
-        return rc;
+    if (!sh->n_swa)
+        return 0;
     uint32_t w = m->cells < sh->n_swa ? m->cells : sh->n_swa;
     rc = parse_attention(sh, r, seq, (int32_t)(m->cells - w), &m->swa_cells, m);
     if (rc == 0 && m->swa_cells != w)
@@ -506,6 +511,47 @@ void blob_write_meta(const struct llama_shape *sh, const struct blob_plan *p, in
         for (uint32_t s = 1; !sh->recurrent && s < sh->n_stream; s++)
             wr32(&w, 0); /* the other streams hold no cells */
     }
+}
+
+int blob_describe(const struct kvt_entry *e, struct kvt_header *h, struct kvt_tensor *t)
+{
+    memset(h, 0, sizeof(*h));
+    h->n_tokens = e->n_tokens;
+    h->n_caches = e->n_caches;
+    h->caches = calloc(e->n_caches ? e->n_caches : 1, sizeof(*h->caches));
+    if (!h->caches)
+        return kvt_set_error(-ENOMEM, "out of memory");
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_cache_header *c = &h->caches[i];
+        kvt_cache_get_info(e->caches[i], &c->info);
+        int nt = kvt_cache_state(e->caches[i], &t[2 * i]);
+        if (nt != 2) {
+            for (int j = 0; j < nt; j++)
+                kvt_tensor_release(&t[2 * i + (size_t)j]);
+            return kvt_set_error(KVT_E_MISMATCH, "llama state: cache %zu has %d tensors", i, nt);
+        }
+        /* a ring trimmed before it wrapped keeps its buffer: only rows [0, offset) are live */
+        for (int j = 0;
+             j < 2 && c->info.kind == KVT_KIND_ROTATING && c->info.offset < c->info.max_size &&
+             t[2 * i + (size_t)j].shape[2] > c->info.offset;
+             j++) {
+            struct kvt_tensor live;
+            if (kvt_tensor_slice(&live, &t[2 * i + (size_t)j], 2, 0, c->info.offset))
+                return kvt_set_error(-ENOMEM, "out of memory");
+            kvt_tensor_release(&t[2 * i + (size_t)j]);
+            t[2 * i + (size_t)j] = live;
+        }
+        c->n_slots = 2;
+        for (int j = 0; j < 2; j++) {
+            const struct kvt_tensor *x = &t[2 * i + (size_t)j];
+            struct kvt_slot *s = &c->slots[j];
+            s->dtype = x->dtype;
+            s->rank = x->rank;
+            memcpy(s->shape, x->shape, sizeof(s->shape));
+            s->bytes = kvt_tensor_nbytes(x);
+        }
+    }
+    return 0;
 }
 
 void blob_put_transposed(const struct blob_part *part, uint32_t cells, const uint8_t *token_major,

@@ -90,6 +90,13 @@ int blob_plan_header(const struct llama_shape *sh, const struct kvt_header *h, s
 /** Write everything of the planned blob but the tensor bytes. */
 void blob_write_meta(const struct llama_shape *sh, const struct blob_plan *p, int32_t seq,
                      uint8_t *blob);
+/**
+ * The header-shaped description of entry @p e's live tensors, for planning its blob from
+ * RAM: @p h's caches array is malloc'd (free it), @p t receives two owned views per cache
+ * (release them), a ring trimmed before it wrapped cut to its live rows.
+ * @return 0, KVT_E_MISMATCH (a cache without two tensors) or -ENOMEM.
+ */
+int blob_describe(const struct kvt_entry *e, struct kvt_header *h, struct kvt_tensor *t);
 /** Fill a transposed V part from its token-major bytes (@p cells x part->n_embd elements). */
 void blob_put_transposed(const struct blob_part *part, uint32_t cells, const uint8_t *token_major,
                          uint8_t *blob);
