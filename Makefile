@@ -88,6 +88,7 @@ CLI := $(BUILD)/kvtier
 
 .PHONY: all lib cli tests progs benches test test-threads demo fuzz fuzz-replay install \
         install-llama clean format
+.PHONY: python test-python
 all: lib cli $(BUILD)/kvtier.pc
 
 lib: $(STATIC) $(SHARED)
@@ -142,8 +143,21 @@ tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN) $(LLAMA_TEST_BIN) $(LLAMA_W
 progs: $(PROG_BIN)
 benches: $(BENCH_BIN)
 
-test: tests
-	@scripts/run-tests.sh $(BUILD) $(TEST_BIN) $(LLAMA_TEST_BIN)
+# The normal build also runs the Python package's pytest suite (sanitizer builds: C only).
+test: tests $(if $(SANITIZE),,python)
+	@scripts/run-tests.sh $(BUILD) $(TEST_BIN) $(LLAMA_TEST_BIN); c=$$?; \
+	 $(if $(SANITIZE),exit $$c,scripts/run-pytest.sh $(PYTHON) $(PY_OUT); p=$$?; [ $$c = 0 ] && [ $$p = 0 ])
+
+# The Python package (python/), built against this build's static library into $(PY_OUT).
+PYTHON ?= /usr/bin/python3
+PY_OUT := $(BUILD)/python
+python: $(STATIC)
+	@cd python && KVTIER_BUILD=$(abspath $(BUILD)) $(PYTHON) setup.py -q build \
+	    --build-base $(abspath $(BUILD))/python-build --build-lib $(abspath $(PY_OUT))
+	@echo "python: kvtier package in $(PY_OUT) (PYTHONPATH=$(PY_OUT))"
+
+test-python: python
+	@scripts/run-pytest.sh $(PYTHON) $(PY_OUT)
 
 # Suites that run threads, for the ThreadSanitizer build (SANITIZE=thread).
 THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $(BUILD)/tests/test_cache_clone $(BUILD)/tests/test_store_mp% $(BUILD)/tests/test_store $(BUILD)/tests/test_stream $(BUILD)/tests/test_prefault $(BUILD)/tests/test_format_roundtrip $(BUILD)/tests/test_device,$(TEST_BIN))

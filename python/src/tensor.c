@@ -302,7 +302,14 @@ PyTypeObject KvtTensor_Type = {
     .tp_repr = (reprfunc)tensor_repr,
     .tp_as_buffer = &tensor_as_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A tensor held by kvtier (read-only, shared without copying).",
+    .tp_doc = "A tensor held by kvtier, shared with Python without copying.\n\n"
+              "numpy() gives a read-only numpy view (buffer protocol); torch() a torch tensor\n"
+              "over the same bytes (DLPack). numpy.asarray(t) and\n"
+              "torch.utils.dlpack.from_dlpack(t) work too. bfloat16 reaches torch as\n"
+              "torch.bfloat16 and numpy as uint16 holding the bit patterns (numpy has no\n"
+              "bfloat16; torch.from_numpy(a.view(numpy.int16)).view(torch.bfloat16) gives\n"
+              "the values back).\n"
+              "The bytes may be shared with other holders: do not write into them.",
     .tp_weaklistoffset = offsetof(KvtTensor, weakrefs),
     .tp_methods = tensor_methods,
     .tp_getset = tensor_getset,
