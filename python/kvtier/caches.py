@@ -108,7 +108,12 @@ class Cache:
 
 
 def _rows(t: TensorLike) -> int:
-    return int(t.shape[2])
+    """Rows on the token axis; 0 for what is no tensor of rank >= 3 (the extension then
+    raises the precise TypeError or rank error)."""
+    try:
+        return int(t.shape[2])
+    except (AttributeError, IndexError, TypeError):
+        return 0
 
 
 class KVCache(Cache):
@@ -219,6 +224,8 @@ class TurboQuantCache(Cache):
             super().__init__(_ext.cache_new(5, k_bits=k_bits, v_bits=v_bits))
             return
         off = _rows(tensors[0]) if offset is None else offset
+        if not head_dim and len(tensors) > 1 and len(getattr(tensors[1], "shape", ())) == 4:
+            head_dim = int(tensors[1].shape[3]) * 32  # scales: one per group of 32
         super().__init__(self._from_state(tensors, off, k_bits=k_bits, v_bits=v_bits,
                                           head_dim=head_dim))
 

@@ -45,7 +45,7 @@ def test_bfloat16_reaches_numpy_as_uint16_bits():
     kt, _ = kvtier.KVCache(k, v).state()
     a = kt.numpy()
     assert a.dtype == np.uint16
-    assert torch.equal(torch.from_numpy(a.view(np.int16)).view(torch.bfloat16), k)
+    assert torch.equal(torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16), k)
 
 
 def test_torch_input_is_wrapped_not_copied_and_released_once():
