@@ -119,7 +119,8 @@ class Store:
         self._s.put(entry.tokens, entry._c_caches(), entry._meta(), entry.created_at or 0)
 
     def has_durable_prefix(self, tokens: Any, namespace: Optional[str] = None) -> bool:
-        """Whether an entry on disk covers a prefix of ``tokens``."""
+        """Whether a durable entry of ``namespace`` starts with ``tokens`` and is exactly
+        that long or trimmable (so ``tokens`` could be restored from disk)."""
         return self._s.has_durable_prefix(as_tokens(tokens), namespace)
 
     def refresh(self) -> None:
