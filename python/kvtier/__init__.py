@@ -6,7 +6,8 @@ that torch and numpy read without a copy.
 
 Three levels:
 
-- files: :func:`save`, :func:`load`, :func:`verify`, :func:`read_header`;
+- files: :func:`save`, :func:`load`, :func:`verify`, :func:`read_header`,
+  :func:`load_into` (into memory you own);
 - :class:`Store`: a directory of entries for one model, with a prefix index;
 - :class:`PromptCache`: the RAM prompt cache over a store, with write-behind and idle
   demotion.
@@ -23,7 +24,7 @@ from .entry import Entry
 from .errors import (CorruptError, FormatError, InvalidArgumentError, KvtierError,
                      KvtierOSError, MismatchError, RefusedError, StateError, TimeoutError,
                      TooLargeError, UnsupportedError)
-from .files import Header, load, plan_size, read_header, save, verify
+from .files import Header, load, load_into, plan_size, read_header, save, verify
 from .pcache import FlushReport, PromptCache, Take
 from .store import Hit, Record, Store
 from .tensors import Tensor, as_tokens
@@ -37,7 +38,7 @@ buf_cache_bytes = _ext.buf_cache_bytes
 __all__ = [
     "KINDS", "Cache", "KVCache", "RotatingCache", "QuantizedKVCache",
     "RotatingQuantizedKVCache", "SSMCache", "TurboQuantCache", "Entry", "Tensor", "as_tokens",
-    "save", "load", "verify", "read_header", "plan_size", "Header",
+    "save", "load", "load_into", "verify", "read_header", "plan_size", "Header",
     "Store", "Hit", "Record", "PromptCache", "Take", "FlushReport",
     "KvtierError", "FormatError", "CorruptError", "MismatchError", "UnsupportedError",
     "TooLargeError", "StateError", "RefusedError", "TimeoutError", "InvalidArgumentError",

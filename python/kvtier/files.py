@@ -1,7 +1,7 @@
 """The file level: one entry per .mlxkv v3 file, saved crash-safely, validated on read."""
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -76,9 +76,13 @@ def verify(path: PathLike, *, model_id: Optional[str] = None,
                                n_layers, True, False))
 
 
-def read_header(path: PathLike, *, max_header_bytes: int = 0) -> Header:
-    """Read and validate the header only (cheap: no tensor bytes)."""
-    d = _ext.file_read_header(os.fspath(path), max_header_bytes)
+#: Where a restore into caller memory puts the slots: a sequence of destinations (one per
+#: tensor slot, caches in order; None skips a slot), or a callable that receives the
+#: validated :class:`Header` and returns that sequence.
+Place = Union[Sequence[Any], Callable[[Header], Sequence[Any]]]
+
+
+def header_of(d: Dict[str, Any]) -> Header:
     m = d["meta"]
     return Header(format_version=d["format_version"],
                   created_at=None if d["created_at"] < 0 else d["created_at"],
@@ -88,6 +92,37 @@ def read_header(path: PathLike, *, max_header_bytes: int = 0) -> Header:
                   caches=d["caches"], file_size=d["file_size"], header_len=d["header_len"],
                   data_start=d["data_start"], header_hash=d["header_hash"],
                   trimmable=d["trimmable"], indexable=d["indexable"])
+
+
+def place_arg(place: Place) -> Any:
+    """The form the extension takes: a sequence, or a callable of the header dict."""
+    if callable(place):
+        return lambda d: place(header_of(d))
+    return list(place)
+
+
+def load_into(path: PathLike, place: Place, *, model_id: Optional[str] = None,
+              config_fingerprint: Optional[str] = None, tokenizer_hash: Optional[str] = None,
+              namespace: Optional[str] = None, n_layers: int = 0, verify: bool = True,
+              keep_cache: bool = False) -> Header:
+    """Load the file's tensors into memory you own: an engine's preallocated KV buffers.
+
+    ``place`` gives one destination per tensor slot (caches in order, each cache's slots in
+    FORMAT.md order): a writable, C-contiguous numpy array or torch tensor (or any writable
+    buffer) of at least the slot's bytes, which receives them exactly as the file holds
+    them (rows ``[0, offset)``, no capacity), or None to skip the slot. Pass the sequence,
+    or a callable that receives the validated :class:`Header` (shapes, dtypes, scalars)
+    before any tensor byte is read. Same checks as :func:`load`, hashes verified in the
+    same pass; on failure the destinations may hold part of the bytes. The GIL is released
+    while it reads (the callable runs with the GIL held). Returns the header."""
+    return header_of(_ext.file_load_into(**dict(
+        _expect(path, model_id, config_fingerprint, tokenizer_hash, namespace, n_layers,
+                verify, keep_cache), place=place_arg(place))))
+
+
+def read_header(path: PathLike, *, max_header_bytes: int = 0) -> Header:
+    """Read and validate the header only (cheap: no tensor bytes)."""
+    return header_of(_ext.file_read_header(os.fspath(path), max_header_bytes))
 
 
 def plan_size(entry: Entry) -> int:

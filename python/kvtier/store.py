@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _ext
 from .entry import Entry
-from .files import PathLike
+from .files import Header, PathLike, Place, header_of, place_arg
 from .tensors import as_tokens
 
 
@@ -107,6 +107,16 @@ class Store:
         if trim and entry.n_tokens > hit.prefix_len:
             entry.trim(entry.n_tokens - hit.prefix_len)
         return entry
+
+    def restore_into(self, hit: Hit, place: Place) -> Optional[Header]:
+        """Read the entry of ``hit`` into memory you own (see :func:`kvtier.load_into` for
+        ``place``). Returns the header (its caches' scalars say how many rows are live;
+        trimming to ``hit.prefix_len`` is yours), or None on a miss."""
+        if not hit:
+            return None
+        d = self._s.restore_into((hit.prefix_len, hit.n_tokens, hit.id, hit.trimmable),
+                                 place_arg(place))
+        return None if d is None else header_of(d)
 
     def get(self, tokens: Any, namespace: Optional[str] = None) -> Optional[Entry]:
         """``restore(find(tokens, namespace))``: the longest cached prefix, or None."""

@@ -96,6 +96,9 @@ PyObject *kvtpy_store_stats_dict(const struct kvt_store_stats *st);
 extern PyMethodDef kvtpy_file_methods[];
 extern PyMethodDef kvtpy_cache_functions[];
 extern PyMethodDef kvtpy_store_functions[];
+extern PyMethodDef kvtpy_into_methods[];
+/* kvt_store_restore_into() with destinations from @p place; a header dict, None on a miss. */
+PyObject *kvtpy_store_restore_into(kvt_store *s, const struct kvt_hit *hit, PyObject *place);
 extern PyMethodDef kvtpy_pcache_functions[];
 /* A list of dicts of the records of @p s (GIL released for the snapshot). */
 PyObject *kvtpy_store_list(kvt_store *s);

@@ -129,7 +129,8 @@ PyMODINIT_FUNC PyInit__ext(void)
             goto fail;
     }
     if (add_functions(m, kvtpy_file_methods) < 0 || add_functions(m, kvtpy_cache_functions) < 0 ||
-        add_functions(m, kvtpy_store_functions) < 0 || add_functions(m, kvtpy_pcache_functions) < 0)
+        add_functions(m, kvtpy_store_functions) < 0 || add_functions(m, kvtpy_pcache_functions) < 0 ||
+        add_functions(m, kvtpy_into_methods) < 0)
         goto fail;
     struct { const char *name; long v; } consts[] = {
         {"E_FORMAT", KVT_E_FORMAT}, {"E_CORRUPT", KVT_E_CORRUPT},

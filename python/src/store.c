@@ -176,6 +176,24 @@ static PyObject *store_restore(KvtStore *self, PyObject *args)
     return kvtpy_entry_out(e);
 }
 
+static PyObject *store_restore_into(KvtStore *self, PyObject *args)
+{
+    struct kvt_hit hit = {0};
+    Py_ssize_t prefix, ntok;
+    unsigned long long id;
+    int trimmable;
+    PyObject *place;
+    if (!PyArg_ParseTuple(args, "(nnKp)O", &prefix, &ntok, &id, &trimmable, &place))
+        return NULL;
+    hit.prefix_len = (size_t)prefix, hit.n_tokens = (size_t)ntok, hit.id = id;
+    hit.trimmable = trimmable;
+    if (enter(self) < 0)
+        return NULL;
+    PyObject *r = kvtpy_store_restore_into(self->s, &hit, place);
+    leave(self);
+    return r;
+}
+
 static PyObject *store_put(KvtStore *self, PyObject *args)
 {
     PyObject *tokens, *caches, *meta = Py_None;
@@ -280,6 +298,7 @@ static PyMethodDef store_methods[] = {
     {"close", (PyCFunction)store_close, METH_NOARGS, NULL},
     {"find", (PyCFunction)store_find, METH_VARARGS, NULL},
     {"restore", (PyCFunction)store_restore, METH_VARARGS, NULL},
+    {"restore_into", (PyCFunction)store_restore_into, METH_VARARGS, NULL},
     {"put", (PyCFunction)store_put, METH_VARARGS, NULL},
     {"has_durable_prefix", (PyCFunction)store_has_durable_prefix, METH_VARARGS, NULL},
     {"refresh", (PyCFunction)store_refresh, METH_NOARGS, NULL},

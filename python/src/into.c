@@ -1,0 +1,190 @@
+/*
+ * Restores into memory the caller owns (kvt_file_load_into, kvt_store_restore_into): the
+ * library asks where each slot goes once the header has passed its checks; the binding asks
+ * Python (a callable given the header, or a ready sequence) for one writable, contiguous
+ * destination per slot - a numpy array, a torch tensor, any writable buffer - or None.
+ * The place callback runs on the calling thread, inside the GIL-free section: it takes the GIL.
+ */
+#include "ext.h"
+#include "dlpack_abi.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+struct dest {
+    Py_buffer view;
+    bool has_view;
+    DLManagedTensor *dl;
+};
+
+struct place_ctx {
+    PyObject *place; /* callable(header dict) -> sequence, or a sequence */
+    struct dest *dests;
+    size_t n;
+    bool py_error; /* a Python exception is set: report it rather than the library's code */
+};
+
+/* Writable contiguous memory of @p o, at least @p need bytes; 0 or -1 with an exception. */
+static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void **out)
+{
+    size_t have;
+    if (PyObject_CheckBuffer(o)) {
+        if (PyObject_GetBuffer(o, &d->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        d->has_view = true;
+        *out = d->view.buf;
+        have = (size_t)d->view.len;
+    } else if (PyObject_HasAttrString(o, "__dlpack__")) {
+        PyObject *cap = PyObject_CallMethod(o, "__dlpack__", NULL);
+        if (!cap)
+            return -1;
+        if (!PyCapsule_IsValid(cap, "dltensor")) {
+            Py_DECREF(cap);
+            PyErr_Format(PyExc_TypeError, "destination %zu: not a DLPack capsule", k);
+            return -1;
+        }
+        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        PyCapsule_SetName(cap, "used_dltensor");
+        Py_DECREF(cap);
+        d->dl = m;
+        DLTensor *t = &m->dl_tensor;
+        size_t numel = 1;
+        int64_t want = 1;
+        bool contiguous = true;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            numel *= (size_t)t->shape[i];
+            if (t->strides && t->shape[i] != 1 && t->strides[i] != want)
+                contiguous = false;
+            want *= t->shape[i];
+        }
+        if (t->device.device_type != KVTPY_DL_CPU || (!contiguous && numel > 1)) {
+            PyErr_Format(PyExc_ValueError, "destination %zu: not contiguous host memory", k);
+            return -1;
+        }
+        *out = (char *)t->data + t->byte_offset;
+        have = numel * ((size_t)t->dtype.bits * t->dtype.lanes / 8);
+    } else {
+        PyErr_Format(PyExc_TypeError, "destination %zu: expected a writable array or tensor, "
+                     "got %.80s", k, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    if (have < need) {
+        PyErr_Format(PyExc_ValueError, "destination %zu holds %zu bytes, the slot has %llu", k,
+                     have, (unsigned long long)need);
+        return -1;
+    }
+    return 0;
+}
+
+static int place_cb(void *ud, const struct kvt_header *h, void **dst)
+{
+    struct place_ctx *c = ud;
+    PyGILState_STATE g = PyGILState_Ensure();
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        n += (size_t)h->caches[i].n_slots;
+    PyObject *list = NULL, *seq = NULL;
+    if (PyCallable_Check(c->place)) {
+        PyObject *hd = kvtpy_header_dict(h);
+        list = hd ? PyObject_CallOneArg(c->place, hd) : NULL;
+        Py_XDECREF(hd);
+    } else {
+        list = Py_NewRef(c->place);
+    }
+    if (list)
+        seq = PySequence_Fast(list, "place must return a sequence of destinations");
+    if (seq && (size_t)PySequence_Fast_GET_SIZE(seq) != n)
+        PyErr_Format(PyExc_ValueError, "%zd destinations for %zu slots",
+                     PySequence_Fast_GET_SIZE(seq), n);
+    if (seq && !PyErr_Occurred()) {
+        c->dests = calloc(n ? n : 1, sizeof(*c->dests));
+        if (!c->dests)
+            PyErr_NoMemory();
+        c->n = c->dests ? n : 0;
+        size_t k = 0;
+        for (size_t i = 0; c->dests && i < h->n_caches && !PyErr_Occurred(); i++)
+            for (int j = 0; j < h->caches[i].n_slots && !PyErr_Occurred(); j++, k++) {
+                PyObject *o = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)k);
+                dst[k] = NULL;
+                if (o != Py_None)
+                    writable(o, k, h->caches[i].slots[j].bytes, &c->dests[k], &dst[k]);
+            }
+    }
+    Py_XDECREF(seq);
+    Py_XDECREF(list);
+    int rc = 0;
+    if (PyErr_Occurred()) {
+        c->py_error = true;
+        rc = -EINVAL;
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+static void release_dests(struct place_ctx *c)
+{
+    for (size_t k = 0; k < c->n; k++) {
+        if (c->dests[k].has_view)
+            PyBuffer_Release(&c->dests[k].view);
+        if (c->dests[k].dl && c->dests[k].dl->deleter)
+            c->dests[k].dl->deleter(c->dests[k].dl);
+    }
+    free(c->dests);
+}
+
+static PyObject *finish(struct place_ctx *c, int rc, struct kvt_header *h)
+{
+    release_dests(c);
+    if (c->py_error) {
+        kvt_header_free(h);
+        return NULL; /* the exception raised in place() */
+    }
+    if (rc < 0)
+        return kvtpy_raise(rc);
+    if (!h)
+        Py_RETURN_NONE; /* a store miss */
+    PyObject *d = kvtpy_header_dict(h);
+    kvt_header_free(h);
+    return d;
+}
+
+static PyObject *py_file_load_into(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"path", "place", "model_id", "config_fingerprint",
+                             "tokenizer_hash", "ns", "n_layers", "no_verify", "keep_cache", NULL};
+    const char *path;
+    struct kvt_expect x = {0};
+    Py_ssize_t n_layers = 0;
+    int no_verify = 0, keep_cache = 0;
+    struct place_ctx c = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|zzzznpp", kwlist, &path, &c.place,
+                                     &x.model_id, &x.config_fingerprint, &x.tokenizer_hash,
+                                     &x.ns, &n_layers, &no_verify, &keep_cache))
+        return NULL;
+    x.n_layers = n_layers > 0 ? (size_t)n_layers : 0;
+    x.no_verify = no_verify, x.keep_cache = keep_cache;
+    struct kvt_header *h = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvt_file_load_into(path, &x, place_cb, &c, &h);
+    Py_END_ALLOW_THREADS
+    return finish(&c, rc, h);
+}
+
+PyObject *kvtpy_store_restore_into(kvt_store *s, const struct kvt_hit *hit, PyObject *place)
+{
+    struct place_ctx c = {.place = place};
+    struct kvt_header *h = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvt_store_restore_into(s, hit, place_cb, &c, &h);
+    Py_END_ALLOW_THREADS
+    return finish(&c, rc, h);
+}
+
+PyMethodDef kvtpy_into_methods[] = {
+    {"file_load_into", (PyCFunction)(void (*)(void))py_file_load_into,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {NULL, NULL, 0, NULL},
+};
