@@ -8,7 +8,7 @@ import numpy as np
 from . import _ext
 from .entry import Entry
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, os.PathLike]
 
 
 @dataclass

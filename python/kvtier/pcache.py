@@ -84,6 +84,7 @@ class PromptCache:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
         return self._pc.closed
 
     def take(self, tokens: Any, namespace: Optional[str] = None) -> Optional[Take]:

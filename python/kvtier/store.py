@@ -81,6 +81,7 @@ class Store:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
         return self._s.closed
 
     @property

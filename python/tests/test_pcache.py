@@ -129,3 +129,31 @@ def test_exit_closes_open_caches_before_the_interpreter_finalizes(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "exiting" in r.stdout, r.stderr
+
+
+def test_threads_put_and_take_while_the_writer_releases_tensors(tmp_path):
+    import threading
+    errors = []
+    with open_pc(tmp_path, snapshot_debounce_ms=0) as pc:
+        def work(i):
+            try:
+                for j in range(10):
+                    base = (i * 100 + j) * 1000
+                    k, v = kv_pair(64, seed=base)
+                    # wrapped torch tensors: the writer thread releases them (taking the GIL)
+                    pc.put(kvtier.Entry(range(base, base + 64), [kvtier.KVCache(k, v)]))
+                    t = pc.take(list(range(base, base + 64)) + [1])
+                    assert t is not None and same(t.entry.caches[0].torch()[0], k)
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        r = pc.flush()
+        assert r.durable and r.dropped == 0 and r.failed == 0
+        st = pc.stats()
+        assert st["cold"]["entries"] == 40 and st["hits"] >= 40  # every entry snapshotted
