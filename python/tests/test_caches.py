@@ -71,10 +71,12 @@ def test_kv_append_grows_in_steps_and_trims():
 
 def test_rotating_wraps_and_stops_being_trimmable():
     c = kvtier.RotatingCache(max_size=4)
-    for i in range(4):
+    for i in range(3):
         k, v = kv_pair(1, seed=i)
         c.append(k, v)
-    assert c.is_trimmable is False or c.offset < 4
+    assert c.offset == 3 and c.is_trimmable
+    c.append(*kv_pair(1, seed=3))
+    assert c.offset == 4 and not c.is_trimmable  # offset == max_size: the ring is full
     k, v = kv_pair(1, seed=9)
     kw, _ = c.append(k, v)
     assert c.offset == 5 and kw.shape[2] == 4 and not c.is_trimmable
