@@ -118,8 +118,8 @@ static PyObject *py_cache_new(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"kind", "max_size", "group_size", "bits", "k_bits", "v_bits", NULL};
     struct kvt_cache_info p = {0};
     long long max_size = 0, group = 0, bits = 0, kb = 0, vb = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|LLLLL", kwlist, &p.kind, &max_size, &group,
-                                     &bits, &kb, &vb))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|LLLLL", kwlist, &p.kind, &max_size, &group, &bits,
+                                     &kb, &vb))
         return NULL;
     p.max_size = max_size, p.group_size = group, p.bits = bits, p.k_bits = kb, p.v_bits = vb;
     kvt_cache *c;
@@ -132,8 +132,8 @@ static PyObject *py_cache_new(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *py_cache_from_state(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"kind", "tensors", "offset", "idx", "max_size", "group_size",
-                             "bits", "k_bits", "v_bits", "head_dim", "dtypes", NULL};
+    static char *kwlist[] = {"kind", "tensors", "offset", "idx",      "max_size", "group_size",
+                             "bits", "k_bits",  "v_bits", "head_dim", "dtypes",   NULL};
     struct kvt_cache_info p = {0};
     long long off = 0, idx = 0, max_size = 0, group = 0, bits = 0, kb = 0, vb = 0, hd = 0;
     PyObject *tensors, *dtypes = Py_None;
@@ -345,6 +345,8 @@ static PyGetSetDef cache_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* PyVarObject_HEAD_INIT ends in a comma, which clang-format cannot know */
+/* clang-format off */
 PyTypeObject KvtCache_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvtier._ext.Cache",
@@ -355,3 +357,4 @@ PyTypeObject KvtCache_Type = {
     .tp_methods = cache_methods,
     .tp_getset = cache_getset,
 };
+/* clang-format on */

@@ -8,8 +8,14 @@
 #include <stdint.h>
 
 enum { KVTPY_DL_CPU = 1 };
-enum { KVTPY_DL_INT = 0, KVTPY_DL_UINT = 1, KVTPY_DL_FLOAT = 2, KVTPY_DL_BFLOAT = 4,
-       KVTPY_DL_COMPLEX = 5, KVTPY_DL_BOOL = 6 };
+enum {
+    KVTPY_DL_INT = 0,
+    KVTPY_DL_UINT = 1,
+    KVTPY_DL_FLOAT = 2,
+    KVTPY_DL_BFLOAT = 4,
+    KVTPY_DL_COMPLEX = 5,
+    KVTPY_DL_BOOL = 6
+};
 
 typedef struct {
     int32_t device_type;

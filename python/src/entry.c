@@ -83,8 +83,8 @@ PyObject *kvtpy_entry_out(struct kvt_entry *e)
     PyObject *tokens = PyBytes_FromStringAndSize((const char *)e->tokens,
                                                  (Py_ssize_t)(e->n_tokens * sizeof(int32_t)));
     PyObject *caches = PyList_New((Py_ssize_t)e->n_caches);
-    PyObject *meta = meta_dict(e->meta.model_id, e->meta.config_fingerprint,
-                               e->meta.tokenizer_hash, e->meta.ns);
+    PyObject *meta =
+        meta_dict(e->meta.model_id, e->meta.config_fingerprint, e->meta.tokenizer_hash, e->meta.ns);
     PyObject *r = NULL;
     for (size_t i = 0; caches && i < e->n_caches; i++) {
         PyObject *c = kvtpy_cache_wrap(e->caches[i]);
@@ -110,9 +110,9 @@ static PyObject *slot_dict(const struct kvt_slot *s)
         PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(s->shape[i]));
     if (!shape)
         return NULL;
-    return Py_BuildValue("{s:s,s:N,s:K,s:K,s:K}", "dtype", kvt_dtype_name(s->dtype), "shape",
-                         shape, "off", (unsigned long long)s->off, "bytes",
-                         (unsigned long long)s->bytes, "hash", (unsigned long long)s->hash);
+    return Py_BuildValue("{s:s,s:N,s:K,s:K,s:K}", "dtype", kvt_dtype_name(s->dtype), "shape", shape,
+                         "off", (unsigned long long)s->off, "bytes", (unsigned long long)s->bytes,
+                         "hash", (unsigned long long)s->hash);
 }
 
 static PyObject *cache_header_dict(const struct kvt_cache_header *c)
@@ -129,15 +129,13 @@ static PyObject *cache_header_dict(const struct kvt_cache_header *c)
     if (!slots)
         return NULL;
     const struct kvt_cache_info *i = &c->info;
-    return Py_BuildValue("{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O,s:N}", "kind",
-                         kvt_kind_name(i->kind), "offset", (long long)i->offset, "idx",
-                         (long long)i->idx, "max_size", (long long)i->max_size, "group_size",
-                         (long long)i->group_size, "bits", (long long)i->bits, "k_bits",
-                         (long long)i->k_bits, "v_bits", (long long)i->v_bits, "head_dim",
-                         (long long)i->head_dim, "trimmable",
-                         kvt_kind_is_trimmable(i->kind, i->offset, i->max_size) ? Py_True
-                                                                                 : Py_False,
-                         "tensors", slots);
+    return Py_BuildValue(
+        "{s:s,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O,s:N}", "kind", kvt_kind_name(i->kind), "offset",
+        (long long)i->offset, "idx", (long long)i->idx, "max_size", (long long)i->max_size,
+        "group_size", (long long)i->group_size, "bits", (long long)i->bits, "k_bits",
+        (long long)i->k_bits, "v_bits", (long long)i->v_bits, "head_dim", (long long)i->head_dim,
+        "trimmable", kvt_kind_is_trimmable(i->kind, i->offset, i->max_size) ? Py_True : Py_False,
+        "tensors", slots);
 }
 
 PyObject *kvtpy_header_dict(const struct kvt_header *h)
@@ -157,16 +155,14 @@ PyObject *kvtpy_header_dict(const struct kvt_header *h)
         Py_XDECREF(meta);
         return NULL;
     }
-    return Py_BuildValue("{s:i,s:L,s:N,s:y#,s:N,s:I,s:I,s:K,s:K,s:O,s:O}", "format_version",
-                         h->format_version, "created_at", (long long)h->created_at, "meta", meta,
-                         "tokens", (const char *)h->tokens,
-                         (Py_ssize_t)(h->n_tokens * sizeof(int32_t)), "caches", caches,
-                         "header_len", (unsigned)h->header_len, "data_start",
-                         (unsigned)h->data_start, "header_hash",
-                         (unsigned long long)h->header_hash, "file_size",
-                         (unsigned long long)h->file_size, "trimmable",
-                         kvt_header_is_trimmable(h) ? Py_True : Py_False, "indexable",
-                         kvt_header_is_indexable(h) ? Py_True : Py_False);
+    return Py_BuildValue(
+        "{s:i,s:L,s:N,s:y#,s:N,s:I,s:I,s:K,s:K,s:O,s:O}", "format_version", h->format_version,
+        "created_at", (long long)h->created_at, "meta", meta, "tokens", (const char *)h->tokens,
+        (Py_ssize_t)(h->n_tokens * sizeof(int32_t)), "caches", caches, "header_len",
+        (unsigned)h->header_len, "data_start", (unsigned)h->data_start, "header_hash",
+        (unsigned long long)h->header_hash, "file_size", (unsigned long long)h->file_size,
+        "trimmable", kvt_header_is_trimmable(h) ? Py_True : Py_False, "indexable",
+        kvt_header_is_indexable(h) ? Py_True : Py_False);
 }
 
 PyObject *kvtpy_store_stats_dict(const struct kvt_store_stats *st)
@@ -231,8 +227,7 @@ static int dup_meta(const char *s, const char **out)
     return 0;
 }
 
-int kvtpy_entry_owned(PyObject *tokens, PyObject *caches, PyObject *meta,
-                      struct kvt_entry **out)
+int kvtpy_entry_owned(PyObject *tokens, PyObject *caches, PyObject *meta, struct kvt_entry **out)
 {
     struct kvtpy_borrowed b;
     *out = NULL;

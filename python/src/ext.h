@@ -85,8 +85,7 @@ int kvtpy_borrow_begin(PyObject *tokens, PyObject *caches, PyObject *meta, long 
                        struct kvtpy_borrowed *b);
 void kvtpy_borrow_end(struct kvtpy_borrowed *b);
 /* A library-owned entry of clones of the caches (sharing their bytes), for the prompt cache. */
-int kvtpy_entry_owned(PyObject *tokens, PyObject *caches, PyObject *meta,
-                      struct kvt_entry **out);
+int kvtpy_entry_owned(PyObject *tokens, PyObject *caches, PyObject *meta, struct kvt_entry **out);
 /* A dict of a header's fields. */
 PyObject *kvtpy_header_dict(const struct kvt_header *h);
 /* A dict of store statistics. */

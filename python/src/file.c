@@ -16,8 +16,9 @@ struct expect_args {
 
 static int parse_expect(PyObject *args, PyObject *kw, const char **path, struct expect_args *a)
 {
-    static char *kwlist[] = {"path", "model_id", "config_fingerprint", "tokenizer_hash", "ns",
-                             "n_layers", "no_verify", "keep_cache", NULL};
+    static char *kwlist[] = {"path",           "model_id",   "config_fingerprint",
+                             "tokenizer_hash", "ns",         "n_layers",
+                             "no_verify",      "keep_cache", NULL};
     memset(a, 0, sizeof(*a));
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zzzznpp", kwlist, path, &a->x.model_id,
                                      &a->x.config_fingerprint, &a->x.tokenizer_hash, &a->x.ns,
@@ -32,21 +33,23 @@ static int parse_expect(PyObject *args, PyObject *kw, const char **path, struct 
 static PyObject *py_file_save(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"path", "tokens", "caches", "meta", "created_at", "max_file_bytes",
-                             "no_sync", "drop_cache", NULL};
+    static char *kwlist[] = {"path",           "tokens",  "caches",     "meta", "created_at",
+                             "max_file_bytes", "no_sync", "drop_cache", NULL};
     const char *path;
     PyObject *tokens, *caches, *meta = Py_None;
     long long created_at = 0;
     unsigned long long max_bytes = 0;
     int no_sync = 0, drop_cache = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO|OLKpp", kwlist, &path, &tokens, &caches,
-                                     &meta, &created_at, &max_bytes, &no_sync, &drop_cache))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO|OLKpp", kwlist, &path, &tokens, &caches, &meta,
+                                     &created_at, &max_bytes, &no_sync, &drop_cache))
         return NULL;
     struct kvtpy_borrowed b;
     if (kvtpy_borrow_begin(tokens, caches, meta, created_at, &b) < 0)
         return NULL;
-    struct kvt_save_opts o = {.created_at = created_at, .max_file_bytes = max_bytes,
-                              .no_sync = no_sync, .drop_cache = drop_cache};
+    struct kvt_save_opts o = {.created_at = created_at,
+                              .max_file_bytes = max_bytes,
+                              .no_sync = no_sync,
+                              .drop_cache = drop_cache};
     uint64_t bytes = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS

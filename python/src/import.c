@@ -62,10 +62,14 @@ static int format_dtype(const char *f, Py_ssize_t item)
     case 'e': return KVT_FLOAT16;
     case 'f': return KVT_FLOAT32;
     case 'd': return KVT_FLOAT64;
-    case 'H': case 'I': case 'L': case 'Q':
-        return item == 2 ? KVT_UINT16 : item == 4 ? KVT_UINT32 : item == 8 ? KVT_UINT64 : -1;
-    case 'h': case 'i': case 'l': case 'q':
-        return item == 2 ? KVT_INT16 : item == 4 ? KVT_INT32 : item == 8 ? KVT_INT64 : -1;
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q': return item == 2 ? KVT_UINT16 : item == 4 ? KVT_UINT32 : item == 8 ? KVT_UINT64 : -1;
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q': return item == 2 ? KVT_INT16 : item == 4 ? KVT_INT32 : item == 8 ? KVT_INT64 : -1;
     default: return -1;
     }
 }
@@ -77,14 +81,22 @@ static int dl_to_dtype(DLDataType t)
     switch (t.code) {
     case KVTPY_DL_BOOL: return t.bits == 8 ? KVT_BOOL : -1;
     case KVTPY_DL_UINT:
-        return t.bits == 8 ? KVT_UINT8 : t.bits == 16 ? KVT_UINT16 : t.bits == 32 ? KVT_UINT32
-               : t.bits == 64 ? KVT_UINT64 : -1;
+        return t.bits == 8    ? KVT_UINT8
+               : t.bits == 16 ? KVT_UINT16
+               : t.bits == 32 ? KVT_UINT32
+               : t.bits == 64 ? KVT_UINT64
+                              : -1;
     case KVTPY_DL_INT:
-        return t.bits == 8 ? KVT_INT8 : t.bits == 16 ? KVT_INT16 : t.bits == 32 ? KVT_INT32
-               : t.bits == 64 ? KVT_INT64 : -1;
+        return t.bits == 8    ? KVT_INT8
+               : t.bits == 16 ? KVT_INT16
+               : t.bits == 32 ? KVT_INT32
+               : t.bits == 64 ? KVT_INT64
+                              : -1;
     case KVTPY_DL_FLOAT:
-        return t.bits == 16 ? KVT_FLOAT16 : t.bits == 32 ? KVT_FLOAT32
-               : t.bits == 64 ? KVT_FLOAT64 : -1;
+        return t.bits == 16   ? KVT_FLOAT16
+               : t.bits == 32 ? KVT_FLOAT32
+               : t.bits == 64 ? KVT_FLOAT64
+                              : -1;
     case KVTPY_DL_BFLOAT: return t.bits == 16 ? KVT_BFLOAT16 : -1;
     case KVTPY_DL_COMPLEX: return t.bits == 64 ? KVT_COMPLEX64 : -1;
     default: return -1;
@@ -151,8 +163,8 @@ static int import_buffer(PyObject *o, int as_dtype, const char *what, struct kvt
     else if (dtype < 0)
         why = "has a dtype kvtier does not know";
     if (why) {
-        PyErr_Format(dtype < 0 ? PyExc_TypeError : PyExc_ValueError, "%s %s (format '%s')",
-                     what, why, v->format ? v->format : "B");
+        PyErr_Format(dtype < 0 ? PyExc_TypeError : PyExc_ValueError, "%s %s (format '%s')", what,
+                     why, v->format ? v->format : "B");
         PyBuffer_Release(v);
         free(h);
         return -1;
@@ -180,8 +192,7 @@ static int import_dlpack(PyObject *o, int as_dtype, const char *what, struct kvt
     if (!cap)
         return -1;
     if (!PyCapsule_IsValid(cap, "dltensor")) {
-        PyErr_Format(PyExc_TypeError, "%s: __dlpack__ did not return a \"dltensor\" capsule",
-                     what);
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack__ did not return a \"dltensor\" capsule", what);
         Py_DECREF(cap);
         return -1;
     }

@@ -64,8 +64,10 @@ static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void *
         *out = (char *)t->data + t->byte_offset;
         have = numel * ((size_t)t->dtype.bits * t->dtype.lanes / 8);
     } else {
-        PyErr_Format(PyExc_TypeError, "destination %zu: expected a writable array or tensor, "
-                     "got %.80s", k, Py_TYPE(o)->tp_name);
+        PyErr_Format(PyExc_TypeError,
+                     "destination %zu: expected a writable array or tensor, "
+                     "got %.80s",
+                     k, Py_TYPE(o)->tp_name);
         return -1;
     }
     if (have < need) {
@@ -151,16 +153,17 @@ static PyObject *finish(struct place_ctx *c, int rc, struct kvt_header *h)
 static PyObject *py_file_load_into(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"path", "place", "model_id", "config_fingerprint",
-                             "tokenizer_hash", "ns", "n_layers", "no_verify", "keep_cache", NULL};
+    static char *kwlist[] = {"path",           "place", "model_id", "config_fingerprint",
+                             "tokenizer_hash", "ns",    "n_layers", "no_verify",
+                             "keep_cache",     NULL};
     const char *path;
     struct kvt_expect x = {0};
     Py_ssize_t n_layers = 0;
     int no_verify = 0, keep_cache = 0;
     struct place_ctx c = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|zzzznpp", kwlist, &path, &c.place,
-                                     &x.model_id, &x.config_fingerprint, &x.tokenizer_hash,
-                                     &x.ns, &n_layers, &no_verify, &keep_cache))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|zzzznpp", kwlist, &path, &c.place, &x.model_id,
+                                     &x.config_fingerprint, &x.tokenizer_hash, &x.ns, &n_layers,
+                                     &no_verify, &keep_cache))
         return NULL;
     x.n_layers = n_layers > 0 ? (size_t)n_layers : 0;
     x.no_verify = no_verify, x.keep_cache = keep_cache;
@@ -184,7 +187,7 @@ PyObject *kvtpy_store_restore_into(kvt_store *s, const struct kvt_hit *hit, PyOb
 }
 
 PyMethodDef kvtpy_into_methods[] = {
-    {"file_load_into", (PyCFunction)(void (*)(void))py_file_load_into,
-     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"file_load_into", (PyCFunction)(void (*)(void))py_file_load_into, METH_VARARGS | METH_KEYWORDS,
+     NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -129,14 +129,17 @@ PyMODINIT_FUNC PyInit__ext(void)
             goto fail;
     }
     if (add_functions(m, kvtpy_file_methods) < 0 || add_functions(m, kvtpy_cache_functions) < 0 ||
-        add_functions(m, kvtpy_store_functions) < 0 || add_functions(m, kvtpy_pcache_functions) < 0 ||
-        add_functions(m, kvtpy_into_methods) < 0)
+        add_functions(m, kvtpy_store_functions) < 0 ||
+        add_functions(m, kvtpy_pcache_functions) < 0 || add_functions(m, kvtpy_into_methods) < 0)
         goto fail;
-    struct { const char *name; long v; } consts[] = {
-        {"E_FORMAT", KVT_E_FORMAT}, {"E_CORRUPT", KVT_E_CORRUPT},
-        {"E_MISMATCH", KVT_E_MISMATCH}, {"E_UNSUPPORTED", KVT_E_UNSUPPORTED},
-        {"E_TOO_LARGE", KVT_E_TOO_LARGE}, {"E_STATE", KVT_E_STATE},
-        {"E_REFUSED", KVT_E_REFUSED}, {"E_TIMEOUT", KVT_E_TIMEOUT},
+    struct {
+        const char *name;
+        long v;
+    } consts[] = {
+        {"E_FORMAT", KVT_E_FORMAT},           {"E_CORRUPT", KVT_E_CORRUPT},
+        {"E_MISMATCH", KVT_E_MISMATCH},       {"E_UNSUPPORTED", KVT_E_UNSUPPORTED},
+        {"E_TOO_LARGE", KVT_E_TOO_LARGE},     {"E_STATE", KVT_E_STATE},
+        {"E_REFUSED", KVT_E_REFUSED},         {"E_TIMEOUT", KVT_E_TIMEOUT},
         {"VERSION_MAJOR", KVT_VERSION_MAJOR}, {"VERSION_MINOR", KVT_VERSION_MINOR},
         {"VERSION_PATCH", KVT_VERSION_PATCH}, {"STEP", KVT_STEP},
     };

@@ -32,6 +32,8 @@ static PyObject *retain_wrap(kvt_retain *r)
     return (PyObject *)self;
 }
 
+/* PyVarObject_HEAD_INIT ends in a comma, which clang-format cannot know */
+/* clang-format off */
 PyTypeObject KvtRetain_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvtier._ext.Retain",
@@ -40,6 +42,7 @@ PyTypeObject KvtRetain_Type = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A hold on the donor of a taken prefix; consumed by a put.",
 };
+/* clang-format on */
 
 /* ---- PromptCache ---- */
 
@@ -61,11 +64,11 @@ static void leave(KvtPcache *self)
 static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    static char *kwlist[] = {"ram_max_bytes", "cold_dir", "model_id", "config_fingerprint",
-                             "tokenizer_hash", "max_bytes", "n_layers", "no_verify",
-                             "spill_queue_max_bytes", "write_behind", "demote_idle_ms",
-                             "snapshot_debounce_ms", "flush_timeout_ms", "background_cpus",
-                             NULL};
+    static char *kwlist[] = {"ram_max_bytes",      "cold_dir",        "model_id",
+                             "config_fingerprint", "tokenizer_hash",  "max_bytes",
+                             "n_layers",           "no_verify",       "spill_queue_max_bytes",
+                             "write_behind",       "demote_idle_ms",  "snapshot_debounce_ms",
+                             "flush_timeout_ms",   "background_cpus", NULL};
     struct kvt_pcache_opts o;
     kvt_pcache_opts_init(&o);
     unsigned long long ram = o.ram_max_bytes, max_bytes = 0;
@@ -73,11 +76,10 @@ static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
     int no_verify = 0, write_behind = o.write_behind;
     long long queue = o.spill_queue_max_bytes, demote = o.demote_idle_ms;
     long long debounce = o.snapshot_debounce_ms, flush_timeout = o.flush_timeout_ms;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|KzzzzKnpLpLLLz", kwlist, &ram, &o.cold_dir,
-                                     &o.cold.model_id, &o.cold.config_fingerprint,
-                                     &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
-                                     &queue, &write_behind, &demote, &debounce, &flush_timeout,
-                                     &o.background_cpus))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "|KzzzzKnpLpLLLz", kwlist, &ram, &o.cold_dir, &o.cold.model_id,
+            &o.cold.config_fingerprint, &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
+            &queue, &write_behind, &demote, &debounce, &flush_timeout, &o.background_cpus))
         return NULL;
     o.ram_max_bytes = ram;
     o.cold.max_bytes = max_bytes;
@@ -216,15 +218,14 @@ static PyObject *pcache_put(KvtPcache *self, PyObject *args)
 
 static PyObject *report_dict(const struct kvt_flush_report *r)
 {
-    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "durable",
-                         r->durable ? Py_True : Py_False, "pending_snapshots",
-                         (unsigned long long)r->pending_snapshots, "pending_spills",
-                         (unsigned long long)r->pending_spills, "pending_spill_bytes",
-                         (unsigned long long)r->pending_spill_bytes, "dropped",
-                         (unsigned long long)r->dropped, "failed", (unsigned long long)r->failed,
-                         "missing", (unsigned long long)r->missing, "entries",
-                         (unsigned long long)r->entries, "longest_durable_prefix_tokens",
-                         (unsigned long long)r->longest_durable_prefix_tokens);
+    return Py_BuildValue(
+        "{s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "durable", r->durable ? Py_True : Py_False,
+        "pending_snapshots", (unsigned long long)r->pending_snapshots, "pending_spills",
+        (unsigned long long)r->pending_spills, "pending_spill_bytes",
+        (unsigned long long)r->pending_spill_bytes, "dropped", (unsigned long long)r->dropped,
+        "failed", (unsigned long long)r->failed, "missing", (unsigned long long)r->missing,
+        "entries", (unsigned long long)r->entries, "longest_durable_prefix_tokens",
+        (unsigned long long)r->longest_durable_prefix_tokens);
 }
 
 static PyObject *pcache_flush(KvtPcache *self, PyObject *args)
@@ -259,16 +260,15 @@ static PyObject *pcache_stats(KvtPcache *self, PyObject *unused)
     PyObject *cold = st.has_cold ? kvtpy_store_stats_dict(&st.cold) : Py_NewRef(Py_None);
     if (!cold)
         return NULL;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "records",
-                         (unsigned long long)st.records, "total_bytes",
-                         (unsigned long long)st.total_bytes, "hits", (unsigned long long)st.hits,
-                         "misses", (unsigned long long)st.misses, "demotions",
-                         (unsigned long long)st.demotions, "pending_spills",
-                         (unsigned long long)st.pending_spills, "pending_spill_bytes",
-                         (unsigned long long)st.pending_spill_bytes, "dropped_spills",
-                         (unsigned long long)st.dropped_spills, "failed_spills",
-                         (unsigned long long)st.failed_spills, "pending_snapshots",
-                         (unsigned long long)st.pending_snapshots, "cold", cold);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "records", (unsigned long long)st.records,
+        "total_bytes", (unsigned long long)st.total_bytes, "hits", (unsigned long long)st.hits,
+        "misses", (unsigned long long)st.misses, "demotions", (unsigned long long)st.demotions,
+        "pending_spills", (unsigned long long)st.pending_spills, "pending_spill_bytes",
+        (unsigned long long)st.pending_spill_bytes, "dropped_spills",
+        (unsigned long long)st.dropped_spills, "failed_spills",
+        (unsigned long long)st.failed_spills, "pending_snapshots",
+        (unsigned long long)st.pending_snapshots, "cold", cold);
 }
 
 static PyObject *pcache_demote_idle(KvtPcache *self, PyObject *args)
@@ -369,6 +369,8 @@ static PyGetSetDef pcache_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* PyVarObject_HEAD_INIT ends in a comma, which clang-format cannot know */
+/* clang-format off */
 PyTypeObject KvtPcache_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvtier._ext.PromptCache",
@@ -379,3 +381,4 @@ PyTypeObject KvtPcache_Type = {
     .tp_methods = pcache_methods,
     .tp_getset = pcache_getset,
 };
+/* clang-format on */

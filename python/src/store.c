@@ -39,12 +39,11 @@ PyObject *kvtpy_store_list(kvt_store *s)
         return kvtpy_raise(rc);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list && i < n; i++) {
-        PyObject *d = Py_BuildValue("{s:K,s:s,s:s,s:n,s:K,s:L,s:O}", "id",
-                                    (unsigned long long)v[i].id, "path", v[i].path, "ns",
-                                    v[i].ns, "n_tokens", (Py_ssize_t)v[i].n_tokens, "bytes",
-                                    (unsigned long long)v[i].bytes, "mtime_ms",
-                                    (long long)v[i].mtime_ms, "trimmable",
-                                    v[i].trimmable ? Py_True : Py_False);
+        PyObject *d = Py_BuildValue(
+            "{s:K,s:s,s:s,s:n,s:K,s:L,s:O}", "id", (unsigned long long)v[i].id, "path", v[i].path,
+            "ns", v[i].ns, "n_tokens", (Py_ssize_t)v[i].n_tokens, "bytes",
+            (unsigned long long)v[i].bytes, "mtime_ms", (long long)v[i].mtime_ms, "trimmable",
+            v[i].trimmable ? Py_True : Py_False);
         if (!d) {
             Py_CLEAR(list);
             break;
@@ -58,9 +57,9 @@ PyObject *kvtpy_store_list(kvt_store *s)
 static PyObject *py_store_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    static char *kwlist[] = {"dir", "model_id", "config_fingerprint", "tokenizer_hash",
-                             "max_bytes", "n_layers", "no_verify", "quarantine", "read_only",
-                             NULL};
+    static char *kwlist[] = {"dir",       "model_id", "config_fingerprint", "tokenizer_hash",
+                             "max_bytes", "n_layers", "no_verify",          "quarantine",
+                             "read_only", NULL};
     const char *dir;
     struct kvt_store_opts o = {0};
     unsigned long long max_bytes = 0;
@@ -92,8 +91,7 @@ static PyObject *py_store_open(PyObject *mod, PyObject *args, PyObject *kw)
 }
 
 PyMethodDef kvtpy_store_functions[] = {
-    {"store_open", (PyCFunction)(void (*)(void))py_store_open, METH_VARARGS | METH_KEYWORDS,
-     NULL},
+    {"store_open", (PyCFunction)(void (*)(void))py_store_open, METH_VARARGS | METH_KEYWORDS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -313,6 +311,8 @@ static PyGetSetDef store_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* PyVarObject_HEAD_INIT ends in a comma, which clang-format cannot know */
+/* clang-format off */
 PyTypeObject KvtStore_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvtier._ext.Store",
@@ -323,3 +323,4 @@ PyTypeObject KvtStore_Type = {
     .tp_methods = store_methods,
     .tp_getset = store_getset,
 };
+/* clang-format on */

@@ -107,12 +107,14 @@ static void capsule_destructor(PyObject *cap)
 
 static int dl_dtype(int dtype, bool signed_ints, DLDataType *out)
 {
-    static const struct { uint8_t code, bits; } map[KVT_DTYPE_COUNT] = {
+    static const struct {
+        uint8_t code, bits;
+    } map[KVT_DTYPE_COUNT] = {
         {KVTPY_DL_UINT, 8}, /* bool: torch 1.13 reads it as uint8 */
-        {KVTPY_DL_UINT, 8}, {KVTPY_DL_UINT, 16}, {KVTPY_DL_UINT, 32}, {KVTPY_DL_UINT, 64},
-        {KVTPY_DL_INT, 8}, {KVTPY_DL_INT, 16}, {KVTPY_DL_INT, 32}, {KVTPY_DL_INT, 64},
-        {KVTPY_DL_FLOAT, 16}, {KVTPY_DL_FLOAT, 32}, {KVTPY_DL_FLOAT, 64},
-        {KVTPY_DL_BFLOAT, 16}, {KVTPY_DL_COMPLEX, 64},
+        {KVTPY_DL_UINT, 8},     {KVTPY_DL_UINT, 16},  {KVTPY_DL_UINT, 32},  {KVTPY_DL_UINT, 64},
+        {KVTPY_DL_INT, 8},      {KVTPY_DL_INT, 16},   {KVTPY_DL_INT, 32},   {KVTPY_DL_INT, 64},
+        {KVTPY_DL_FLOAT, 16},   {KVTPY_DL_FLOAT, 32}, {KVTPY_DL_FLOAT, 64}, {KVTPY_DL_BFLOAT, 16},
+        {KVTPY_DL_COMPLEX, 64},
     };
     if (dtype < 0 || dtype >= KVT_DTYPE_COUNT)
         return -1;
@@ -162,7 +164,8 @@ static PyObject *tensor_dlpack(KvtTensor *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O", kwlist, &stream))
         return NULL;
     if (stream != Py_None) {
-        PyErr_SetString(PyExc_ValueError, "kvtier tensors live in host memory: stream must be None");
+        PyErr_SetString(PyExc_ValueError,
+                        "kvtier tensors live in host memory: stream must be None");
         return NULL;
     }
     return make_capsule(self, false);
@@ -294,6 +297,8 @@ static PyGetSetDef tensor_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* PyVarObject_HEAD_INIT ends in a comma, which clang-format cannot know */
+/* clang-format off */
 PyTypeObject KvtTensor_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvtier._ext.Tensor",
@@ -314,3 +319,4 @@ PyTypeObject KvtTensor_Type = {
     .tp_methods = tensor_methods,
     .tp_getset = tensor_getset,
 };
+/* clang-format on */
