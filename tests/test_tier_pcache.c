@@ -8,9 +8,9 @@
  */
 #include "test_tier_stubs.h"
 
-#include "tier/prompt_cache.h"
+#include "tier/ram_lru.h"
 
-static struct cold C;
+static struct kvt_store C;
 static struct gate G;
 static int hook_runs;
 static int on_put_calls;
@@ -60,7 +60,7 @@ static kvt_pcache *open_tier(bool cold, uint64_t ram_max)
     struct kvt_tier_cfg cfg = {
         .cache = &stub_cache_ops,
         .cold = cold ? &stub_cold_ops : NULL,
-        .cold_ud = cold ? &C : NULL,
+        .store = cold ? &C : NULL,
         .ram_max_bytes = ram_max,
         .spill_queue_max_bytes = 1 << 30,
         .write_behind = false,
@@ -94,7 +94,7 @@ static void seq(int32_t *out, int32_t start, size_t n)
 
 static void free_take(struct kvt_take *t)
 {
-    st_entry_free(NULL, t->entry);
+    st_entry_free(t->entry);
     kvt_retain_release(t->retain);
     memset(t, 0, sizeof(*t));
 }
@@ -581,7 +581,7 @@ static int failing_sink(void *ud, struct kvt_entry *clones)
 {
     (void)ud;
     failing_sink_calls++;
-    st_entry_free(NULL, clones);
+    st_entry_free(clones);
     return -ENOMEM;
 }
 
@@ -589,47 +589,47 @@ static void test_eviction_sink_failure_skips_spill(void **state)
 {
     (void)state;
     failing_sink_calls = 0;
-    struct kvt_pc_cfg cfg = {
-        .max_bytes = 150,
+    struct kvt_tier_cfg cfg = {
+        .ram_max_bytes = 150,
         .cache = &stub_cache_ops,
         .cold = &stub_cold_ops,
-        .cold_ud = &C,
-        .spill_owned = failing_sink,
+        .store = &C,
         .log = stub_log,
     };
-    struct kvt_pc *pc;
-    assert_int_equal(kvt_pc_new(&cfg, &pc), 0);
+    struct kvt_ram_lru_links links = {.spill = failing_sink};
+    struct kvt_ram_lru *pc;
+    assert_int_equal(kvt_ram_lru_new(&cfg, &links, &pc), 0);
     kvt_retain *r;
     assert_int_equal(kvt_retain_new(count_hook, &hook_runs, &r), 0);
-    assert_int_equal(kvt_pc_put(pc, sentry_seq(1, 4, "", 1, 100, true), r), 0);
-    assert_int_equal(kvt_pc_put(pc, sentry_seq(9, 4, "", 1, 100, true), NULL), 0);
+    assert_int_equal(kvt_ram_lru_put(pc, sentry_seq(1, 4, "", 1, 100, true), r), 0);
+    assert_int_equal(kvt_ram_lru_put(pc, sentry_seq(9, 4, "", 1, 100, true), NULL), 0);
     assert_int_equal(failing_sink_calls, 1);
     assert_int_equal(hook_runs, 1);
     assert_int_equal(world_get(&W.caches_live), 1); /* only the fresh record */
     assert_int_equal(cold_get(&C, &C.puts), 0);
-    struct kvt_pc_stats st;
-    kvt_pc_get_stats(pc, &st);
+    struct kvt_ram_lru_stats st;
+    kvt_ram_lru_get_stats(pc, &st);
     assert_int_equal(st.records, 1);
-    kvt_pc_free(pc);
+    kvt_ram_lru_free(pc);
 }
 
 static void test_sync_spill_without_owned_sink(void **state)
 {
     (void)state;
-    struct kvt_pc_cfg cfg = {
-        .max_bytes = 150,
+    struct kvt_tier_cfg cfg = {
+        .ram_max_bytes = 150,
         .cache = &stub_cache_ops,
         .cold = &stub_cold_ops,
-        .cold_ud = &C,
+        .store = &C,
     };
-    struct kvt_pc *pc;
-    assert_int_equal(kvt_pc_new(&cfg, &pc), 0);
-    kvt_pc_put(pc, sentry_seq(1, 4, "", 1, 100, true), NULL);
-    kvt_pc_put(pc, sentry_seq(9, 4, "", 1, 100, true), NULL);
+    struct kvt_ram_lru *pc;
+    assert_int_equal(kvt_ram_lru_new(&cfg, NULL, &pc), 0);
+    kvt_ram_lru_put(pc, sentry_seq(1, 4, "", 1, 100, true), NULL);
+    kvt_ram_lru_put(pc, sentry_seq(9, 4, "", 1, 100, true), NULL);
     assert_int_equal(cold_get(&C, &C.put_ok), 1); /* the live entry, stored synchronously */
     assert_true(cold_has(&C, (int32_t[]){1, 2, 3, 4}, 4, ""));
     assert_int_equal(world_get(&W.clones_made), 0);
-    kvt_pc_free(pc);
+    kvt_ram_lru_free(pc);
 }
 
 static void test_retain_hook_runs_once_after_last_holder(void **state)
@@ -649,7 +649,7 @@ static void test_retain_hook_runs_once_after_last_holder(void **state)
     assert_ptr_equal(t2.retain, r);
 
     /* The caller extends t1 and puts it back with its retain: the ancestor goes. */
-    st_entry_free(NULL, t1.entry);
+    st_entry_free(t1.entry);
     kvt_pcache_put(pc, sentry_seq(1, 6, "", 1, 10, true), t1.retain);
     assert_false(kvt_pcache_find_exact(pc, p, 5, ""));
     assert_int_equal(hook_runs, 0);

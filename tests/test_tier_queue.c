@@ -6,7 +6,7 @@
  */
 #include "test_tier_stubs.h"
 
-#include "tier/spill_queue.h"
+#include "tier/write_queue.h"
 
 #define ITEMS 64
 
@@ -23,7 +23,7 @@ static struct {
     bool hold;    /* the writer blocks inside store() */
     int in_store; /* the writer is inside store() */
     bool fail[ITEMS];
-    struct kvt_spill_queue *q; /* for the settle callback's lock check */
+    struct kvt_write_queue *q; /* for the settle callback's lock check */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 static int item_id(const struct kvt_entry *e)
@@ -36,7 +36,7 @@ static size_t q_bytes(void *ud, const struct kvt_entry *e)
     (void)ud;
     size_t b = 0;
     for (size_t i = 0; i < e->n_caches; i++)
-        b += st_bytes(NULL, e->caches[i]);
+        b += st_bytes(e->caches[i]);
     return b;
 }
 
@@ -68,7 +68,7 @@ static void q_dispose(void *ud, struct kvt_entry *e)
     pthread_mutex_lock(&S.mu);
     S.disposed[item_id(e)]++;
     pthread_mutex_unlock(&S.mu);
-    st_entry_free(NULL, e);
+    st_entry_free(e);
 }
 
 static bool q_can_drop_even(void *ud, const struct kvt_entry *e)
@@ -81,8 +81,8 @@ static void q_settle(void *ud, bool stored)
 {
     int id = (int)(intptr_t)ud;
     /* Settles run without the queue's lock: taking it here must not deadlock. */
-    struct kvt_spill_stats st;
-    kvt_spill_queue_get_stats(S.q, &st);
+    struct kvt_write_queue_stats st;
+    kvt_write_queue_get_stats(S.q, &st);
     pthread_mutex_lock(&S.mu);
     S.settled[id] = stored ? 1 : 2;
     S.settle_calls[id]++;
@@ -132,41 +132,40 @@ static int setup(void **state)
     return 0;
 }
 
-static struct kvt_spill_queue *make_queue(int64_t cap, bool can_drop)
+static struct kvt_write_queue *make_queue(int64_t cap, bool can_drop)
 {
-    struct kvt_spill_cfg cfg = {
-        .cap_bytes = cap,
+    struct kvt_write_queue_ops ops = {
         .bytes_of = q_bytes,
         .store = q_store,
         .dispose = q_dispose,
         .can_drop = can_drop ? q_can_drop_even : NULL,
     };
-    struct kvt_spill_queue *q = NULL;
-    assert_int_equal(kvt_spill_queue_new(&cfg, &q), 0);
+    struct kvt_write_queue *q = NULL;
+    assert_int_equal(kvt_write_queue_new(&ops, cap, NULL, &q), 0);
     S.q = q;
     return q;
 }
 
 /* Item @p id of @p bytes (one cache). */
-static void put_item(struct kvt_spill_queue *q, int id, size_t bytes)
+static void put_item(struct kvt_write_queue *q, int id, size_t bytes)
 {
     int32_t tok[2] = {id, 7};
     struct kvt_entry *e = sentry_new(tok, 2, "", 1, bytes, true);
-    assert_int_equal(kvt_spill_queue_enqueue(q, e, q_settle, (void *)(intptr_t)id), 0);
+    assert_int_equal(kvt_write_queue_enqueue(q, e, q_settle, (void *)(intptr_t)id), 0);
 }
 
-static void stats(struct kvt_spill_queue *q, struct kvt_spill_stats *st)
+static void stats(struct kvt_write_queue *q, struct kvt_write_queue_stats *st)
 {
-    kvt_spill_queue_get_stats(q, st);
+    kvt_write_queue_get_stats(q, st);
 }
 
 static void test_fifo_on_one_writer(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(1 << 30, false);
+    struct kvt_write_queue *q = make_queue(1 << 30, false);
     for (int i = 0; i < 40; i++)
         put_item(q, i, 1000 + (size_t)i);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0);
 
     assert_int_equal(get(&S.n_order), 40);
     for (int i = 0; i < 40; i++) {
@@ -177,26 +176,26 @@ static void test_fifo_on_one_writer(void **state)
     }
     assert_false(S.two_writers);
     assert_false(pthread_equal(S.writer, pthread_self()));
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     stats(q, &st);
     assert_int_equal(st.pending_count, 0);
     assert_int_equal(st.pending_bytes, 0);
     assert_int_equal(st.stored, 40);
     assert_int_equal(st.dropped, 0);
     assert_int_equal(st.failed, 0);
-    kvt_spill_queue_free(q);
+    kvt_write_queue_free(q);
     assert_int_equal(world_get(&W.caches_live), 0);
 }
 
 static void test_drop_oldest_queued(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(200, false);
+    struct kvt_write_queue *q = make_queue(200, false);
     set_hold(true);
     put_item(q, 1, 100);
     wait_in_store(); /* 1 is in flight */
     put_item(q, 2, 100);
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     stats(q, &st);
     assert_int_equal(st.pending_count, 2);
     assert_int_equal(st.pending_bytes, 200);
@@ -218,7 +217,7 @@ static void test_drop_oldest_queued(void **state)
     assert_int_equal(st.dropped, 2);
 
     set_hold(false);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0);
     assert_int_equal(get(&S.n_order), 2);
     assert_int_equal(S.order[0], 1);
     assert_int_equal(S.order[1], 4);
@@ -228,37 +227,37 @@ static void test_drop_oldest_queued(void **state)
         assert_int_equal(get(&S.disposed[i]), 1);
         assert_int_equal(get(&S.settle_calls[i]), 1);
     }
-    kvt_spill_queue_free(q);
+    kvt_write_queue_free(q);
     assert_int_equal(world_get(&W.caches_live), 0);
 }
 
 static void test_soft_cap_oversized_item(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(50, false);
+    struct kvt_write_queue *q = make_queue(50, false);
     set_hold(true);
     put_item(q, 1, 100); /* alone over the cap: nothing may go, so it stays */
     wait_in_store();
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     stats(q, &st);
     assert_int_equal(st.pending_count, 1);
     assert_int_equal(st.pending_bytes, 100);
     assert_int_equal(st.dropped, 0);
     set_hold(false);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0);
     assert_int_equal(get(&S.settled[1]), 1);
-    kvt_spill_queue_free(q);
+    kvt_write_queue_free(q);
 }
 
 static void test_cap_zero_keeps_newest_and_in_flight(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(0, false);
+    struct kvt_write_queue *q = make_queue(0, false);
     set_hold(true);
     put_item(q, 1, 10);
     wait_in_store();
     put_item(q, 2, 10); /* in flight + newest: both stay */
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     stats(q, &st);
     assert_int_equal(st.pending_count, 2);
     assert_int_equal(st.dropped, 0);
@@ -271,24 +270,24 @@ static void test_cap_zero_keeps_newest_and_in_flight(void **state)
     assert_int_equal(get(&S.settled[2]), 2);
     assert_int_equal(get(&S.settled[3]), 2);
     set_hold(false);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0);
     assert_int_equal(get(&S.n_order), 2);
     assert_int_equal(S.order[0], 1);
     assert_int_equal(S.order[1], 4);
-    kvt_spill_queue_free(q);
+    kvt_write_queue_free(q);
     assert_int_equal(world_get(&W.caches_live), 0);
 }
 
 static void test_can_drop_is_honored(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(200, true); /* only even ids may be dropped */
+    struct kvt_write_queue *q = make_queue(200, true); /* only even ids may be dropped */
     set_hold(true);
     put_item(q, 1, 100);
     wait_in_store();
     put_item(q, 3, 100);
     put_item(q, 5, 100); /* over the cap, but 3 may not go and 5 is the newest */
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     stats(q, &st);
     assert_int_equal(st.dropped, 0);
     assert_int_equal(st.pending_count, 3);
@@ -298,48 +297,48 @@ static void test_can_drop_is_honored(void **state)
     assert_int_equal(st.dropped, 1);
     assert_int_equal(get(&S.settled[6]), 2);
     set_hold(false);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0);
     int want[] = {1, 3, 5, 8};
     assert_int_equal(get(&S.n_order), 4);
     for (int i = 0; i < 4; i++)
         assert_int_equal(S.order[i], want[i]);
-    kvt_spill_queue_free(q);
+    kvt_write_queue_free(q);
 }
 
 static void test_failure_keeps_the_queue_flushing(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(1 << 20, false);
+    struct kvt_write_queue *q = make_queue(1 << 20, false);
     S.fail[2] = true;
     S.fail[3] = true;
     for (int i = 1; i <= 6; i++)
         put_item(q, i, 10);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0);
     assert_int_equal(get(&S.n_order), 6);
     for (int i = 1; i <= 6; i++) {
         assert_int_equal(S.order[i - 1], i);
         assert_int_equal(get(&S.settled[i]), (i == 2 || i == 3) ? 2 : 1);
         assert_int_equal(get(&S.disposed[i]), 1);
     }
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     stats(q, &st);
     assert_int_equal(st.failed, 2);
     assert_int_equal(st.stored, 4);
     assert_int_equal(st.pending_count, 0);
-    kvt_spill_queue_free(q);
+    kvt_write_queue_free(q);
     assert_int_equal(world_get(&W.caches_live), 0);
 }
 
 static void *free_thread(void *arg)
 {
-    kvt_spill_queue_free(arg);
+    kvt_write_queue_free(arg);
     return NULL;
 }
 
 static void test_shutdown_disposes_everything_once(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(1 << 20, false);
+    struct kvt_write_queue *q = make_queue(1 << 20, false);
     set_hold(true);
     put_item(q, 1, 10);
     wait_in_store();
@@ -369,30 +368,29 @@ static void test_shutdown_disposes_everything_once(void **state)
 static void test_drain_waits_and_times_out(void **state)
 {
     (void)state;
-    struct kvt_spill_queue *q = make_queue(1 << 20, false);
+    struct kvt_write_queue *q = make_queue(1 << 20, false);
     set_hold(true);
     put_item(q, 1, 10);
     put_item(q, 2, 10);
     wait_in_store();
-    assert_int_equal(kvt_spill_queue_drain(q, kvt_tier_mono_ms() + 20), KVT_E_TIMEOUT);
+    assert_int_equal(kvt_write_queue_drain(q, kvt_tier_mono_ms() + 20), KVT_E_TIMEOUT);
     assert_int_equal(get(&S.settled[1]), 0);
     set_hold(false);
-    assert_int_equal(kvt_spill_queue_drain(q, kvt_tier_mono_ms() + 60000), 0);
+    assert_int_equal(kvt_write_queue_drain(q, kvt_tier_mono_ms() + 60000), 0);
     assert_int_equal(get(&S.settled[1]), 1);
     assert_int_equal(get(&S.settled[2]), 1);
-    assert_int_equal(kvt_spill_queue_drain(q, -1), 0); /* nothing pending: returns at once */
-    kvt_spill_queue_free(q);
+    assert_int_equal(kvt_write_queue_drain(q, -1), 0); /* nothing pending: returns at once */
+    kvt_write_queue_free(q);
 }
 
 static void test_bad_configuration(void **state)
 {
     (void)state;
-    struct kvt_spill_cfg cfg = {
-        .cap_bytes = -1, .bytes_of = q_bytes, .store = q_store, .dispose = q_dispose};
-    struct kvt_spill_queue *q = (void *)1;
-    assert_int_equal(kvt_spill_queue_new(&cfg, &q), -EINVAL);
+    struct kvt_write_queue_ops ops = {.bytes_of = q_bytes, .store = q_store, .dispose = q_dispose};
+    struct kvt_write_queue *q = (void *)1;
+    assert_int_equal(kvt_write_queue_new(&ops, -1, NULL, &q), -EINVAL);
     assert_null(q);
-    kvt_spill_queue_free(NULL);
+    kvt_write_queue_free(NULL);
 }
 
 int main(void)

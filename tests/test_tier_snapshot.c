@@ -7,7 +7,7 @@
  */
 #include "test_tier_stubs.h"
 
-static struct cold C;
+static struct kvt_store C;
 static struct gate G;
 
 static int setup(void **state)
@@ -46,7 +46,7 @@ static kvt_pcache *open_tier(const struct opts *o)
     struct kvt_tier_cfg cfg = {
         .cache = &stub_cache_ops,
         .cold = &stub_cold_ops,
-        .cold_ud = &C,
+        .store = &C,
         .ram_max_bytes = o->ram_max ? o->ram_max : 1 << 20,
         .spill_queue_max_bytes = 1 << 30,
         .write_behind = !o->write_behind_off,

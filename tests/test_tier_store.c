@@ -527,7 +527,7 @@ static void test_configuration_errors(void **state)
     assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
     assert_null(pc);
     assert_string_equal(kvt_last_error(),
-                        "--ssd-cache requires the RAM prompt cache (--prompt-cache 0 disables it)");
+                        "cold_dir requires the RAM prompt cache (ram_max_bytes is 0)");
     base_opts(&o);
     o.spill_queue_max_bytes = -1;
     assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);

@@ -112,21 +112,18 @@ STUB void scache_dispose(struct scache *c)
     free(c);
 }
 
-STUB size_t st_bytes(void *ud, const kvt_cache *c)
+STUB size_t st_bytes(const kvt_cache *c)
 {
-    (void)ud;
     return ((const struct scache *)c)->bytes;
 }
 
-STUB bool st_trimmable(void *ud, const kvt_cache *c)
+STUB bool st_trimmable(const kvt_cache *c)
 {
-    (void)ud;
     return ((const struct scache *)c)->trimmable;
 }
 
-STUB int st_trim(void *ud, kvt_cache *kc, int64_t n)
+STUB int st_trim(kvt_cache *kc, int64_t n)
 {
-    (void)ud;
     struct scache *c = (struct scache *)kc;
     if (n == 0)
         return 0;
@@ -172,9 +169,8 @@ STUB struct kvt_entry *sentry_seq(int32_t start, size_t n, const char *ns, size_
     return e;
 }
 
-STUB void st_entry_free(void *ud, struct kvt_entry *e)
+STUB void st_entry_free(struct kvt_entry *e)
 {
-    (void)ud;
     if (!e)
         return;
     for (size_t i = 0; i < e->n_caches; i++)
@@ -186,9 +182,8 @@ STUB void st_entry_free(void *ud, struct kvt_entry *e)
     free(e);
 }
 
-STUB int st_entry_clone(void *ud, const struct kvt_entry *e, struct kvt_entry **out)
+STUB int st_entry_clone(const struct kvt_entry *e, struct kvt_entry **out)
 {
-    (void)ud;
     *out = NULL;
     struct kvt_entry *c = calloc(1, sizeof(*c));
     c->tokens = malloc((e->n_tokens ? e->n_tokens : 1) * sizeof(int32_t));
@@ -209,7 +204,7 @@ STUB int st_entry_clone(void *ud, const struct kvt_entry *e, struct kvt_entry **
         }
         pthread_mutex_unlock(&W.mu);
         if (fail) {
-            st_entry_free(NULL, c); /* releases the clones built so far */
+            st_entry_free(c); /* releases the clones built so far */
             return -ENOMEM;
         }
         struct scache *k = calloc(1, sizeof(*k));
@@ -330,6 +325,9 @@ STUB int gate_run(void *engine, kvt_step_fn step, void *arg)
 
 /* ---------------------------------------------------------------- cold tier */
 
+/* The tier sees its cold tier only as an opaque kvt_store and the ops table, so the stub is
+ * this suite's own struct kvt_store. */
+
 struct crec {
     int32_t *tok;
     size_t n;
@@ -340,7 +338,7 @@ struct crec {
 
 #define COLD_MAX 256
 
-struct cold {
+struct kvt_store {
     pthread_mutex_t mu;
     struct crec recs[COLD_MAX];
     size_t n;
@@ -354,13 +352,13 @@ struct cold {
     int refused_puts;              /* puts aborted by a refusing gate */
 };
 
-STUB void cold_init(struct cold *c)
+STUB void cold_init(struct kvt_store *c)
 {
     memset(c, 0, sizeof(*c));
     pthread_mutex_init(&c->mu, NULL);
 }
 
-STUB void cold_destroy(struct cold *c)
+STUB void cold_destroy(struct kvt_store *c)
 {
     for (size_t i = 0; i < c->n; i++) {
         free(c->recs[i].tok);
@@ -370,7 +368,7 @@ STUB void cold_destroy(struct cold *c)
     pthread_mutex_destroy(&c->mu);
 }
 
-STUB int cold_get(struct cold *c, const int *field)
+STUB int cold_get(struct kvt_store *c, const int *field)
 {
     pthread_mutex_lock(&c->mu);
     int v = *field;
@@ -378,7 +376,7 @@ STUB int cold_get(struct cold *c, const int *field)
     return v;
 }
 
-STUB size_t cold_count(struct cold *c)
+STUB size_t cold_count(struct kvt_store *c)
 {
     pthread_mutex_lock(&c->mu);
     size_t n = c->n;
@@ -387,7 +385,7 @@ STUB size_t cold_count(struct cold *c)
 }
 
 /* Whether the cold tier holds exactly these tokens. */
-STUB bool cold_has(struct cold *c, const int32_t *tok, size_t n, const char *ns)
+STUB bool cold_has(struct kvt_store *c, const int32_t *tok, size_t n, const char *ns)
 {
     bool found = false;
     pthread_mutex_lock(&c->mu);
@@ -398,7 +396,7 @@ STUB bool cold_has(struct cold *c, const int32_t *tok, size_t n, const char *ns)
     return found;
 }
 
-STUB void cold_remove_locked(struct cold *c, size_t i)
+STUB void cold_remove_locked(struct kvt_store *c, size_t i)
 {
     free(c->recs[i].tok);
     free(c->recs[i].ns);
@@ -407,8 +405,8 @@ STUB void cold_remove_locked(struct cold *c, size_t i)
 }
 
 /* Insert with the store's rules: exact duplicates go, trimmable entries supersede ancestors. */
-STUB void cold_insert(struct cold *c, const int32_t *tok, size_t n, const char *ns, bool trimmable,
-                      size_t n_caches, size_t bytes)
+STUB void cold_insert(struct kvt_store *c, const int32_t *tok, size_t n, const char *ns,
+                      bool trimmable, size_t n_caches, size_t bytes)
 {
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < c->n;) {
@@ -434,9 +432,8 @@ STUB void cold_insert(struct cold *c, const int32_t *tok, size_t n, const char *
     pthread_mutex_unlock(&c->mu);
 }
 
-STUB int cs_find(void *ud, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit)
+STUB int cs_find(kvt_store *c, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit)
 {
-    struct cold *c = ud;
     memset(hit, 0, sizeof(*hit));
     pthread_mutex_lock(&c->mu);
     c->finds++;
@@ -462,9 +459,8 @@ STUB int cs_find(void *ud, const int32_t *tok, size_t n, const char *ns, struct 
     return 0;
 }
 
-STUB int cs_restore(void *ud, const struct kvt_hit *hit, struct kvt_entry **out)
+STUB int cs_restore(kvt_store *c, const struct kvt_hit *hit, struct kvt_entry **out)
 {
-    struct cold *c = ud;
     *out = NULL;
     pthread_mutex_lock(&c->mu);
     c->restores++;
@@ -481,7 +477,7 @@ STUB int cs_restore(void *ud, const struct kvt_hit *hit, struct kvt_entry **out)
 }
 
 struct put_ctx {
-    struct cold *c;
+    struct kvt_store *c;
     int step;
     int fail_step;
     bool open;
@@ -502,9 +498,8 @@ STUB int put_step(void *arg)
 }
 
 /* N tensors (two per cache) = N + 1 gated steps; cleanup on every failure path. */
-STUB int cs_put(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine)
+STUB int cs_put(kvt_store *c, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine)
 {
-    struct cold *c = ud;
     pthread_mutex_lock(&c->mu);
     c->puts++;
     bool fail = c->fail_puts != 0;
@@ -520,8 +515,8 @@ STUB int cs_put(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, vo
     bool trimmable = true;
     size_t bytes = 0;
     for (size_t i = 0; i < e->n_caches; i++) {
-        trimmable = trimmable && st_trimmable(NULL, e->caches[i]);
-        bytes += st_bytes(NULL, e->caches[i]);
+        trimmable = trimmable && st_trimmable(e->caches[i]);
+        bytes += st_bytes(e->caches[i]);
     }
     pthread_mutex_lock(&c->mu);
     if (p.open)
@@ -541,9 +536,8 @@ STUB int cs_put(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, vo
     return rc;
 }
 
-STUB bool cs_has_durable_prefix(void *ud, const int32_t *tok, size_t n, const char *ns)
+STUB bool cs_has_durable_prefix(kvt_store *c, const int32_t *tok, size_t n, const char *ns)
 {
-    struct cold *c = ud;
     bool found = false;
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < c->n && !found; i++) {
@@ -555,9 +549,8 @@ STUB bool cs_has_durable_prefix(void *ud, const int32_t *tok, size_t n, const ch
     return found;
 }
 
-STUB void cs_get_stats(void *ud, struct kvt_store_stats *st)
+STUB void cs_get_stats(kvt_store *c, struct kvt_store_stats *st)
 {
-    struct cold *c = ud;
     memset(st, 0, sizeof(*st));
     pthread_mutex_lock(&c->mu);
     st->entries = c->n;
@@ -572,9 +565,8 @@ STUB void cs_get_stats(void *ud, struct kvt_store_stats *st)
     pthread_mutex_unlock(&c->mu);
 }
 
-STUB void cs_close(void *ud)
+STUB void cs_close(kvt_store *c)
 {
-    struct cold *c = ud;
     pthread_mutex_lock(&c->mu);
     c->closes++;
     pthread_mutex_unlock(&c->mu);

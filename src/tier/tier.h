@@ -1,7 +1,7 @@
 /*
  * The tier layer's internal seams: the ops tables through which the tier policy reaches
  * caches and the cold tier, and the configuration that assembles a prompt cache from them.
- * kvt_pcache_open() binds these to the real kvt_cache / kvt_store (pcache.c); the test
+ * kvt_pcache_open() binds these to the real kvt_cache / kvt_store (pcache_open.c); the test
  * suites bind counting test doubles, so every policy rule is testable without disk or engine.
  */
 #ifndef KVT_TIER_H
@@ -19,39 +19,41 @@
  * opaque to the tier: every per-cache question goes through this table.
  */
 struct kvt_tier_cache_ops {
-    size_t (*bytes)(void *ud, const kvt_cache *c);
-    bool (*is_trimmable)(void *ud, const kvt_cache *c);
-    int (*trim)(void *ud, kvt_cache *c, int64_t n);
+    size_t (*bytes)(const kvt_cache *c);
+    bool (*is_trimmable)(const kvt_cache *c);
+    int (*trim)(kvt_cache *c, int64_t n);
     /* A new entry holding clones of every cache of @p e (tokens and meta copied). On failure
      * the clones built so far are released and *out is NULL. */
-    int (*entry_clone)(void *ud, const struct kvt_entry *e, struct kvt_entry **out);
+    int (*entry_clone)(const struct kvt_entry *e, struct kvt_entry **out);
     /* Release @p e and every cache it holds (NULL allowed). */
-    void (*entry_free)(void *ud, struct kvt_entry *e);
+    void (*entry_free)(struct kvt_entry *e);
 };
 
 /*
- * Cold-tier operations (the store). find is index-only; restore, put and get_stats may do
- * I/O or take the store's own lock, so the tier never calls them under its lock (find and
+ * Cold-tier operations, with the store's own signatures (the real table is the kvt_store_*
+ * functions themselves). find is index-only; restore, put and get_stats may do I/O or take
+ * the store's own lock, so the tier never calls them under its lock (find and
  * has_durable_prefix excepted: no I/O, never waiting on a write).
  */
 struct kvt_tier_cold_ops {
-    int (*find)(void *ud, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit);
+    int (*find)(kvt_store *s, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit);
     /* 0 with *out NULL on a miss; the entry owns its bytes (its retain is a no-op). */
-    int (*restore)(void *ud, const struct kvt_hit *hit, struct kvt_entry **out);
+    int (*restore)(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
     /* Persist @p e (borrowed), running each blocking write step inside @p rx (may be NULL). */
-    int (*put)(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine);
-    bool (*has_durable_prefix)(void *ud, const int32_t *tok, size_t n, const char *ns);
-    void (*get_stats)(void *ud, struct kvt_store_stats *st);
-    void (*close)(void *ud); /* optional: called last by kvt_pcache_close() */
+    int (*put)(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine);
+    bool (*has_durable_prefix)(kvt_store *s, const int32_t *tok, size_t n, const char *ns);
+    void (*get_stats)(kvt_store *s, struct kvt_store_stats *st);
+    void (*close)(kvt_store *s); /* optional: called last by kvt_pcache_close() */
 };
 
-/* Everything a prompt cache is assembled from (TIER.md §8 options, already validated). */
+/*
+ * Everything a prompt cache is assembled from (TIER.md §8 options, already validated): the
+ * one configuration every part of the tier reads.
+ */
 struct kvt_tier_cfg {
     const struct kvt_tier_cache_ops *cache;
-    void *cache_ud;
     const struct kvt_tier_cold_ops *cold; /* NULL = no cold tier (no queue, no snapshots) */
-    void *cold_ud;
-    kvt_store *store; /* what kvt_pcache_store() returns (may be NULL) */
+    kvt_store *store; /* the cold tier every cold op is called on; kvt_pcache_store() */
 
     uint64_t ram_max_bytes;
     int64_t spill_queue_max_bytes; /* >= 0 */

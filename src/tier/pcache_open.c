@@ -1,7 +1,7 @@
 /*
  * kvt_pcache_open(): option defaults and checks (TIER.md §8), the store as cold tier, and
  * the binding of the tier's ops tables to the real cache layer and kvt_store. The policy
- * itself lives in tier.c and below, which never call the cache or store layers directly.
+ * itself lives in assembly.c and its parts, which never call the cache or store layers directly.
  */
 #include <errno.h>
 #include <string.h>
@@ -11,81 +11,22 @@
 #include "io/stream.h"
 #include "tier/tier.h"
 
-static size_t cache_bytes(void *ud, const kvt_cache *c)
-{
-    (void)ud;
-    return kvt_cache_bytes(c);
-}
-
-static bool cache_is_trimmable(void *ud, const kvt_cache *c)
-{
-    (void)ud;
-    return kvt_cache_is_trimmable(c);
-}
-
-static int cache_trim(void *ud, kvt_cache *c, int64_t n)
-{
-    (void)ud;
-    return kvt_cache_trim(c, n);
-}
-
-static int entry_clone(void *ud, const struct kvt_entry *e, struct kvt_entry **out)
-{
-    (void)ud;
-    return kvt_entry_clone(e, out);
-}
-
-static void entry_free(void *ud, struct kvt_entry *e)
-{
-    (void)ud;
-    kvt_entry_free(e);
-}
-
+/* The real layers plug in as they are: the ops tables take their functions unchanged. */
 static const struct kvt_tier_cache_ops real_cache_ops = {
-    .bytes = cache_bytes,
-    .is_trimmable = cache_is_trimmable,
-    .trim = cache_trim,
-    .entry_clone = entry_clone,
-    .entry_free = entry_free,
+    .bytes = kvt_cache_bytes,
+    .is_trimmable = kvt_cache_is_trimmable,
+    .trim = kvt_cache_trim,
+    .entry_clone = kvt_entry_clone,
+    .entry_free = kvt_entry_free,
 };
 
-static int cold_find(void *ud, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit)
-{
-    return kvt_store_find(ud, tok, n, ns, hit);
-}
-
-static int cold_restore(void *ud, const struct kvt_hit *hit, struct kvt_entry **out)
-{
-    return kvt_store_restore(ud, hit, out);
-}
-
-static int cold_put(void *ud, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine)
-{
-    return kvt_store_put(ud, e, rx, engine);
-}
-
-static bool cold_has_durable_prefix(void *ud, const int32_t *tok, size_t n, const char *ns)
-{
-    return kvt_store_has_durable_prefix(ud, tok, n, ns);
-}
-
-static void cold_get_stats(void *ud, struct kvt_store_stats *st)
-{
-    kvt_store_get_stats(ud, st);
-}
-
-static void cold_close(void *ud)
-{
-    kvt_store_close(ud);
-}
-
 static const struct kvt_tier_cold_ops real_cold_ops = {
-    .find = cold_find,
-    .restore = cold_restore,
-    .put = cold_put,
-    .has_durable_prefix = cold_has_durable_prefix,
-    .get_stats = cold_get_stats,
-    .close = cold_close,
+    .find = kvt_store_find,
+    .restore = kvt_store_restore,
+    .put = kvt_store_put,
+    .has_durable_prefix = kvt_store_has_durable_prefix,
+    .get_stats = kvt_store_get_stats,
+    .close = kvt_store_close,
 };
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -130,8 +71,7 @@ static int check_opts(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)
         return kvt_fail(-EINVAL, "flush_timeout_ms %lld is negative",
                         (long long)o->flush_timeout_ms);
     if (o->cold_dir && o->ram_max_bytes == 0)
-        return kvt_fail(-EINVAL,
-                        "--ssd-cache requires the RAM prompt cache (--prompt-cache 0 disables it)");
+        return kvt_fail(-EINVAL, "cold_dir requires the RAM prompt cache (ram_max_bytes is 0)");
     return 0;
 }
 
@@ -190,7 +130,6 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
      * while the engine decodes (populating fresh memory holds the process's mmap lock). */
     kvt_wstream_warm(NULL);
     cfg.cold = &real_cold_ops;
-    cfg.cold_ud = store;
     cfg.store = store;
     cfg.demote_idle_ms = o->demote_idle_ms;
     return kvt_tier_open(&cfg, out); /* closes the store on failure */

@@ -1,7 +1,7 @@
 /*
  * Write-behind snapshots (TIER.md §5): every put marks its exact key (ns, tokens) dirty and
  * (re)arms a debounce timer; an attempt clones the RAM record inside the engine exclusion
- * and hands the clones to the spill queue. Outcomes: stored (the queue wrote it, or the
+ * and hands the clones to the write queue. Outcomes: stored (the queue wrote it, or the
  * record is gone but a durable prefix exists) and missing clear the key; failed keeps it
  * dirty and re-arms it. flush() forces attempts until a pass clears nothing and reports
  * whether everything is on disk.
@@ -10,7 +10,7 @@
  * queue settles the snapshot), so the settle callback may touch it. The lock is never held
  * while calling the prompt cache, the queue, the engine or the cold tier.
  */
-#include "tier/write_behind.h"
+#include "tier/snapshots.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -34,8 +34,12 @@ struct key {
     bool armed, running;
 };
 
-struct kvt_wb {
-    struct kvt_wb_cfg cfg;
+struct kvt_snapshots {
+    struct kvt_tier_cfg cfg;
+    struct kvt_ram_lru *ram;
+    struct kvt_write_queue *q;
+    void (*wake)(void *ud);
+    void *wake_ud;
     pthread_mutex_t mu;
     pthread_cond_t cond; /* an attempt finished, or a flush ended */
     struct key *keys;
@@ -48,7 +52,7 @@ struct kvt_wb {
 };
 
 struct clone_step {
-    struct kvt_pc *pc;
+    struct kvt_ram_lru *ram;
     const struct key *k;
     struct kvt_entry *out;
     int rc;
@@ -56,7 +60,7 @@ struct clone_step {
 };
 
 struct settle_ctx {
-    struct kvt_wb *wb;
+    struct kvt_snapshots *wb;
     struct key *k;
     uint64_t gen;
 };
@@ -73,7 +77,7 @@ static struct timespec to_ts(int64_t ms)
 }
 
 /* Wait on the condition until @p deadline (monotonic ms; < 0 = none): false on timeout. */
-static bool wait_until(struct kvt_wb *wb, int64_t deadline)
+static bool wait_until(struct kvt_snapshots *wb, int64_t deadline)
 {
     if (deadline < 0) {
         pthread_cond_wait(&wb->cond, &wb->mu);
@@ -83,15 +87,21 @@ static bool wait_until(struct kvt_wb *wb, int64_t deadline)
     return pthread_cond_timedwait(&wb->cond, &wb->mu, &ts) != ETIMEDOUT;
 }
 
-int kvt_wb_new(const struct kvt_wb_cfg *cfg, struct kvt_wb **out)
+int kvt_snapshots_new(const struct kvt_tier_cfg *cfg, struct kvt_ram_lru *ram,
+                      struct kvt_write_queue *q, void (*wake)(void *ud), void *wake_ud,
+                      struct kvt_snapshots **out)
 {
     *out = NULL;
-    if (!cfg || !cfg->pc || !cfg->q || !cfg->cold)
+    if (!cfg || !ram || !q || !cfg->cold)
         return kvt_fail(-EINVAL, "write-behind: bad configuration");
-    struct kvt_wb *wb = calloc(1, sizeof(*wb));
+    struct kvt_snapshots *wb = calloc(1, sizeof(*wb));
     if (!wb)
         return kvt_fail(-ENOMEM, "write-behind: out of memory");
     wb->cfg = *cfg;
+    wb->ram = ram;
+    wb->q = q;
+    wb->wake = wake;
+    wb->wake_ud = wake_ud;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -109,7 +119,7 @@ static void key_free(struct key *k)
     free(k);
 }
 
-void kvt_wb_free(struct kvt_wb *wb)
+void kvt_snapshots_free(struct kvt_snapshots *wb)
 {
     if (!wb)
         return;
@@ -123,15 +133,15 @@ void kvt_wb_free(struct kvt_wb *wb)
     free(wb);
 }
 
-static void wake(struct kvt_wb *wb)
+static void wake(struct kvt_snapshots *wb)
 {
-    if (wb->cfg.wake)
-        wb->cfg.wake(wb->cfg.wake_ud);
+    if (wb->wake)
+        wb->wake(wb->wake_ud);
 }
 
-void kvt_wb_schedule(struct kvt_wb *wb, const int32_t *tok, size_t n, const char *ns)
+void kvt_snapshots_schedule(struct kvt_snapshots *wb, const int32_t *tok, size_t n, const char *ns)
 {
-    if (!wb->cfg.enabled || n == 0 || !tok)
+    if (!wb->cfg.write_behind || n == 0 || !tok)
         return;
     ns = kvt_tier_ns(ns);
     uint64_t h = key_hash(tok, n, ns);
@@ -163,12 +173,12 @@ void kvt_wb_schedule(struct kvt_wb *wb, const int32_t *tok, size_t n, const char
     }
     k->gen++;
     k->armed = true;
-    k->due = kvt_tier_mono_ms() + wb->cfg.debounce_ms;
+    k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_debounce_ms;
     pthread_mutex_unlock(&wb->mu);
     wake(wb);
 }
 
-static void unlink_key(struct kvt_wb *wb, struct key *k)
+static void unlink_key(struct kvt_snapshots *wb, struct key *k)
 {
     struct key **p = &wb->keys;
     while (*p != k)
@@ -178,7 +188,7 @@ static void unlink_key(struct kvt_wb *wb, struct key *k)
 }
 
 /* Record an attempt's outcome. @p gen is the key's generation when the attempt began. */
-static void finish(struct kvt_wb *wb, struct key *k, uint64_t gen, enum outcome o)
+static void finish(struct kvt_snapshots *wb, struct key *k, uint64_t gen, enum outcome o)
 {
     bool rearmed = false;
     pthread_mutex_lock(&wb->mu);
@@ -186,7 +196,7 @@ static void finish(struct kvt_wb *wb, struct key *k, uint64_t gen, enum outcome 
     if (o == OUT_FAILED) {
         if (!k->armed) {
             k->armed = true;
-            k->due = kvt_tier_mono_ms() + wb->cfg.busy_retry_ms;
+            k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
         }
         rearmed = true;
     } else if (k->gen == gen) {
@@ -216,48 +226,48 @@ static int clone_step(void *arg)
 {
     struct clone_step *st = arg;
     st->ran = true;
-    st->rc = kvt_pc_clone_exact(st->pc, st->k->tok, st->k->n, st->k->ns, &st->out);
+    st->rc = kvt_ram_lru_clone_exact(st->ram, st->k->tok, st->k->n, st->k->ns, &st->out);
     return st->rc < 0 ? st->rc : 0;
 }
 
 /* One attempt on @p k, whose `running` the caller set. The outcome is recorded here, or by
  * the queue's settle callback once the snapshot is written. */
-static void attempt(struct kvt_wb *wb, struct key *k, uint64_t gen, bool forced)
+static void attempt(struct kvt_snapshots *wb, struct key *k, uint64_t gen, bool forced)
 {
-    const struct kvt_wb_cfg *c = &wb->cfg;
+    const struct kvt_tier_cfg *c = &wb->cfg;
     if (!forced && c->busy && c->busy(c->engine)) {
         finish(wb, k, gen, OUT_FAILED); /* would stall admission; a late snapshot is as good */
         return;
     }
-    struct clone_step st = {.pc = c->pc, .k = k};
+    struct clone_step st = {.ram = wb->ram, .k = k};
     kvt_tier_run_exclusive(c->run_exclusive, c->engine, clone_step, &st);
     if (!st.ran || st.rc < 0) {
-        kvt_pc_entry_free(c->pc, st.out);
+        kvt_ram_lru_entry_free(wb->ram, st.out);
         finish(wb, k, gen, OUT_FAILED);
         return;
     }
     if (st.rc == 1) {
         struct settle_ctx *ctx = malloc(sizeof(*ctx));
         if (!ctx) {
-            kvt_pc_entry_free(c->pc, st.out);
+            kvt_ram_lru_entry_free(wb->ram, st.out);
             finish(wb, k, gen, OUT_FAILED);
             return;
         }
         *ctx = (struct settle_ctx){wb, k, gen};
-        if (kvt_spill_queue_enqueue(c->q, st.out, settled, ctx) < 0) {
+        if (kvt_write_queue_enqueue(wb->q, st.out, settled, ctx) < 0) {
             free(ctx);
             finish(wb, k, gen, OUT_FAILED);
         }
         return;
     }
     /* Evicted or superseded: fine if the disk already holds it (or a longer trimmable one). */
-    bool durable = c->cold->has_durable_prefix(c->cold_ud, k->tok, k->n, k->ns);
+    bool durable = c->cold->has_durable_prefix(c->store, k->tok, k->n, k->ns);
     finish(wb, k, gen, durable ? OUT_STORED : OUT_MISSING);
 }
 
-int64_t kvt_wb_tick(void *arg, int64_t now)
+int64_t kvt_snapshots_tick(void *arg, int64_t now)
 {
-    struct kvt_wb *wb = arg;
+    struct kvt_snapshots *wb = arg;
     pthread_mutex_lock(&wb->mu);
     for (;;) {
         struct key *due = NULL;
@@ -286,7 +296,7 @@ int64_t kvt_wb_tick(void *arg, int64_t now)
     }
 }
 
-uint64_t kvt_wb_pending(struct kvt_wb *wb)
+uint64_t kvt_snapshots_pending(struct kvt_snapshots *wb)
 {
     pthread_mutex_lock(&wb->mu);
     uint64_t n = wb->n_keys;
@@ -294,7 +304,7 @@ uint64_t kvt_wb_pending(struct kvt_wb *wb)
     return n;
 }
 
-static uint64_t wb_missing(struct kvt_wb *wb)
+static uint64_t wb_missing(struct kvt_snapshots *wb)
 {
     pthread_mutex_lock(&wb->mu);
     uint64_t n = wb->missing_total;
@@ -302,7 +312,7 @@ static uint64_t wb_missing(struct kvt_wb *wb)
     return n;
 }
 
-static bool any_running(const struct kvt_wb *wb)
+static bool any_running(const struct kvt_snapshots *wb)
 {
     for (const struct key *k = wb->keys; k; k = k->next)
         if (k->running)
@@ -312,7 +322,7 @@ static bool any_running(const struct kvt_wb *wb)
 
 /* One pass: a forced attempt per key not yet visited, one at a time, draining after each.
  * @return 0 or KVT_E_TIMEOUT. */
-static int flush_pass(struct kvt_wb *wb, uint64_t pass, int64_t deadline)
+static int flush_pass(struct kvt_snapshots *wb, uint64_t pass, int64_t deadline)
 {
     for (;;) {
         pthread_mutex_lock(&wb->mu);
@@ -343,20 +353,20 @@ static int flush_pass(struct kvt_wb *wb, uint64_t pass, int64_t deadline)
         pthread_mutex_unlock(&wb->mu);
 
         attempt(wb, pick, gen, true);
-        int rc = kvt_spill_queue_drain(wb->cfg.q, deadline);
+        int rc = kvt_write_queue_drain(wb->q, deadline);
         if (rc < 0)
             return rc;
     }
 }
 
-static void fill_report(struct kvt_wb *wb, struct kvt_flush_report *r, uint64_t missing0,
-                        const struct kvt_spill_stats *s0, bool timed_out)
+static void fill_report(struct kvt_snapshots *wb, struct kvt_flush_report *r, uint64_t missing0,
+                        const struct kvt_write_queue_stats *s0, bool timed_out)
 {
-    struct kvt_spill_stats s;
+    struct kvt_write_queue_stats s;
     struct kvt_store_stats cs;
     memset(&cs, 0, sizeof(cs));
-    kvt_spill_queue_get_stats(wb->cfg.q, &s);
-    wb->cfg.cold->get_stats(wb->cfg.cold_ud, &cs);
+    kvt_write_queue_get_stats(wb->q, &s);
+    wb->cfg.cold->get_stats(wb->cfg.store, &cs);
 
     memset(r, 0, sizeof(*r));
     pthread_mutex_lock(&wb->mu);
@@ -373,14 +383,14 @@ static void fill_report(struct kvt_wb *wb, struct kvt_flush_report *r, uint64_t 
                  !r->failed && !r->missing;
 }
 
-int kvt_wb_flush(struct kvt_wb *wb, int64_t timeout_ms, struct kvt_flush_report *r)
+int kvt_snapshots_flush(struct kvt_snapshots *wb, int64_t timeout_ms, struct kvt_flush_report *r)
 {
     int64_t now = kvt_tier_mono_ms();
     int64_t deadline = timeout_ms > INT64_MAX / 4 ? -1 : now + timeout_ms;
-    struct kvt_spill_stats s0;
+    struct kvt_write_queue_stats s0;
     int rc = 0;
 
-    kvt_spill_queue_get_stats(wb->cfg.q, &s0); /* drops and failures count from here */
+    kvt_write_queue_get_stats(wb->q, &s0); /* drops and failures count from here */
     pthread_mutex_lock(&wb->mu);
     if (wb->flushing) { /* single flight: share the running flush's report */
         uint64_t seq = wb->flush_seq;
@@ -406,7 +416,7 @@ int kvt_wb_flush(struct kvt_wb *wb, int64_t timeout_ms, struct kvt_flush_report 
     pthread_mutex_unlock(&wb->mu);
 
     if (!rc)
-        rc = kvt_spill_queue_drain(wb->cfg.q, deadline);
+        rc = kvt_write_queue_drain(wb->q, deadline);
     while (!rc) {
         pthread_mutex_lock(&wb->mu);
         uint64_t cleared0 = wb->cleared_total;
@@ -427,7 +437,7 @@ int kvt_wb_flush(struct kvt_wb *wb, int64_t timeout_ms, struct kvt_flush_report 
     for (struct key *k = wb->keys; k; k = k->next) {
         if (!k->armed && !k->running) { /* left dirty: back on the retry timer */
             k->armed = true;
-            k->due = kvt_tier_mono_ms() + wb->cfg.busy_retry_ms;
+            k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
             rearmed = true;
         }
     }

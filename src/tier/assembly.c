@@ -1,8 +1,8 @@
 /*
- * The prompt cache assembled from its parts (TIER.md): the RAM tier, the spill queue with
- * its writer, write-behind snapshots and the timer thread that also runs idle demotion.
- * Everything here goes through the ops tables of tier.h, so the whole public kvt_pcache
- * behavior runs the same over the real store (pcache.c) and over test doubles.
+ * The assembly: kvt_pcache built from its parts (TIER.md) — the RAM LRU, the write-behind
+ * queue with its writer thread, the snapshots, and the timer thread that also runs idle
+ * demotion. Everything here goes through the ops tables of tier.h, so the whole public
+ * kvt_pcache behavior runs the same over the real store (pcache_open.c) and over test doubles.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -10,17 +10,17 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "tier/prompt_cache.h"
-#include "tier/spill_queue.h"
+#include "tier/ram_lru.h"
+#include "tier/write_queue.h"
 #include "tier/tier.h"
 #include "tier/timer_thread.h"
-#include "tier/write_behind.h"
+#include "tier/snapshots.h"
 
 struct kvt_pcache {
     struct kvt_tier_cfg cfg;
-    struct kvt_pc *pc;
-    struct kvt_spill_queue *q;
-    struct kvt_wb *wb;
+    struct kvt_ram_lru *pc; /* the RAM LRU */
+    struct kvt_write_queue *q;
+    struct kvt_snapshots *wb;
     _Atomic(struct kvt_timer_thread *) tt;
     int64_t demote_next; /* timer thread only */
     int64_t demote_interval;
@@ -34,32 +34,32 @@ static int64_t wall_now(const kvt_pcache *t)
 static size_t q_bytes_of(void *ud, const struct kvt_entry *e)
 {
     kvt_pcache *t = ud;
-    return kvt_pc_entry_bytes(t->pc, e);
+    return kvt_ram_lru_entry_bytes(t->pc, e);
 }
 
 static int q_store(void *ud, const struct kvt_entry *e)
 {
     kvt_pcache *t = ud;
-    return t->cfg.cold->put(t->cfg.cold_ud, e, t->cfg.run_exclusive, t->cfg.engine);
+    return t->cfg.cold->put(t->cfg.store, e, t->cfg.run_exclusive, t->cfg.engine);
 }
 
 static void q_dispose(void *ud, struct kvt_entry *e)
 {
     kvt_pcache *t = ud;
-    kvt_pc_entry_free(t->pc, e);
+    kvt_ram_lru_entry_free(t->pc, e);
 }
 
 static int spill_owned(void *ud, struct kvt_entry *clones)
 {
     kvt_pcache *t = ud;
-    return kvt_spill_queue_enqueue(t->q, clones, NULL, NULL);
+    return kvt_write_queue_enqueue(t->q, clones, NULL, NULL);
 }
 
 static void on_put(void *ud, const int32_t *tok, size_t n, const char *ns)
 {
     kvt_pcache *t = ud;
     if (t->wb)
-        kvt_wb_schedule(t->wb, tok, n, ns);
+        kvt_snapshots_schedule(t->wb, tok, n, ns);
     if (t->cfg.on_put)
         t->cfg.on_put(t->cfg.on_put_ud, tok, n, ns);
 }
@@ -78,7 +78,7 @@ struct demote_step {
 static int demote_step(void *arg)
 {
     struct demote_step *d = arg;
-    d->count = kvt_pc_demote_idle(d->t->pc, d->t->cfg.demote_idle_ms, wall_now(d->t));
+    d->count = kvt_ram_lru_demote_idle(d->t->pc, d->t->cfg.demote_idle_ms, wall_now(d->t));
     return 0;
 }
 
@@ -100,63 +100,27 @@ static int64_t demote_tick(void *ud, int64_t now)
     return t->demote_next;
 }
 
-static int open_parts(kvt_pcache *t)
+static int open_queue(kvt_pcache *t)
 {
     const struct kvt_tier_cfg *c = &t->cfg;
-    bool cold = c->cold != NULL;
-    struct kvt_pc_cfg pcc = {
-        .max_bytes = c->ram_max_bytes,
-        .cache = c->cache,
-        .cache_ud = c->cache_ud,
-        .cold = c->cold,
-        .cold_ud = c->cold_ud,
-        .spill_owned = cold ? spill_owned : NULL,
-        .spill_ud = t,
-        .on_put = on_put,
-        .on_put_ud = t,
-        .wall_ms = c->wall_ms,
-        .clock_ud = c->clock_ud,
-        .log = c->log,
-        .log_ud = c->log_ud,
-    };
-    int rc = kvt_pc_new(&pcc, &t->pc);
-    if (rc < 0 || !cold)
-        return rc;
-
-    struct kvt_spill_cfg qc = {
-        .cap_bytes = c->spill_queue_max_bytes,
+    struct kvt_write_queue_ops ops = {
         .bytes_of = q_bytes_of,
         .store = q_store,
         .dispose = q_dispose,
         .ud = t,
-        .cpus = c->pin_threads ? &c->cpus : NULL,
     };
-    rc = kvt_spill_queue_new(&qc, &t->q);
-    if (rc < 0)
-        return rc;
+    return kvt_write_queue_new(&ops, c->spill_queue_max_bytes, c->pin_threads ? &c->cpus : NULL,
+                               &t->q);
+}
 
-    struct kvt_wb_cfg wc = {
-        .pc = t->pc,
-        .q = t->q,
-        .cold = c->cold,
-        .cold_ud = c->cold_ud,
-        .run_exclusive = c->run_exclusive,
-        .busy = c->busy,
-        .engine = c->engine,
-        .enabled = c->write_behind,
-        .debounce_ms = c->snapshot_debounce_ms,
-        .busy_retry_ms = c->snapshot_busy_retry_ms,
-        .wake = wake_timers,
-        .wake_ud = t,
-    };
-    rc = kvt_wb_new(&wc, &t->wb);
-    if (rc < 0)
-        return rc;
-
+/* The timer thread runs the snapshots' debounce and idle demotion, when either is on. */
+static int start_timers(kvt_pcache *t)
+{
+    const struct kvt_tier_cfg *c = &t->cfg;
     struct kvt_timer_task tasks[2];
     int n = 0;
     if (c->write_behind)
-        tasks[n++] = (struct kvt_timer_task){kvt_wb_tick, t->wb};
+        tasks[n++] = (struct kvt_timer_task){kvt_snapshots_tick, t->wb};
     if (c->demote_idle_ms > 0) {
         int64_t iv = c->demote_interval_ms;
         if (iv <= 0)
@@ -168,10 +132,30 @@ static int open_parts(kvt_pcache *t)
     if (n == 0)
         return 0;
     struct kvt_timer_thread *tt;
-    rc = kvt_timer_thread_start(tasks, n, c->pin_threads ? &c->cpus : NULL, &tt);
+    int rc = kvt_timer_thread_start(tasks, n, c->pin_threads ? &c->cpus : NULL, &tt);
     if (rc == 0)
         atomic_store(&t->tt, tt);
     return rc;
+}
+
+static int open_parts(kvt_pcache *t)
+{
+    bool cold = t->cfg.cold != NULL;
+    struct kvt_ram_lru_links links = {
+        .spill = cold ? spill_owned : NULL,
+        .on_put = on_put,
+        .ud = t,
+    };
+    int rc = kvt_ram_lru_new(&t->cfg, &links, &t->pc);
+    if (rc < 0 || !cold)
+        return rc;
+    rc = open_queue(t);
+    if (rc < 0)
+        return rc;
+    rc = kvt_snapshots_new(&t->cfg, t->pc, t->q, wake_timers, t, &t->wb);
+    if (rc < 0)
+        return rc;
+    return start_timers(t);
 }
 
 void kvt_pcache_close(kvt_pcache *t)
@@ -180,11 +164,11 @@ void kvt_pcache_close(kvt_pcache *t)
         return;
     /* cleared first: settling the discarded snapshots below would wake the stopped thread */
     kvt_timer_thread_stop(atomic_exchange(&t->tt, NULL));
-    kvt_spill_queue_free(t->q); /* settles what is left, before the keys go */
-    kvt_wb_free(t->wb);
-    kvt_pc_free(t->pc); /* clear: never spills */
+    kvt_write_queue_free(t->q); /* settles what is left, before the keys go */
+    kvt_snapshots_free(t->wb);
+    kvt_ram_lru_free(t->pc); /* clear: never spills */
     if (t->cfg.cold && t->cfg.cold->close)
-        t->cfg.cold->close(t->cfg.cold_ud);
+        t->cfg.cold->close(t->cfg.store);
     free(t);
 }
 
@@ -194,7 +178,7 @@ int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out)
     kvt_pcache *t = calloc(1, sizeof(*t));
     if (!t) {
         if (cfg->cold && cfg->cold->close)
-            cfg->cold->close(cfg->cold_ud);
+            cfg->cold->close(cfg->store);
         return kvt_fail(-ENOMEM, "prompt cache: out of memory");
     }
     t->cfg = *cfg;
@@ -217,7 +201,7 @@ int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
         memset(out, 0, sizeof(*out));
         return kvt_fail(-EINVAL, "kvt_pcache_take: NULL cache");
     }
-    return kvt_pc_take(t->pc, tok, n, ns, out);
+    return kvt_ram_lru_take(t->pc, tok, n, ns, out);
 }
 
 int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)
@@ -226,30 +210,30 @@ int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)
         kvt_retain_release(retain);
         return kvt_fail(-EINVAL, "kvt_pcache_put: NULL cache");
     }
-    return kvt_pc_put(t->pc, e, retain);
+    return kvt_ram_lru_put(t->pc, e, retain);
 }
 
 size_t kvt_pcache_peek_prefix_len(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns)
 {
-    return t ? kvt_pc_peek_prefix_len(t->pc, tok, n, ns) : 0;
+    return t ? kvt_ram_lru_peek_prefix_len(t->pc, tok, n, ns) : 0;
 }
 
 bool kvt_pcache_find_exact(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns)
 {
-    return t && kvt_pc_find_exact(t->pc, tok, n, ns);
+    return t && kvt_ram_lru_find_exact(t->pc, tok, n, ns);
 }
 
 size_t kvt_pcache_demote_idle(kvt_pcache *t, int64_t idle_ms, int64_t now_ms)
 {
     if (!t)
         return 0;
-    return kvt_pc_demote_idle(t->pc, idle_ms, now_ms > 0 ? now_ms : wall_now(t));
+    return kvt_ram_lru_demote_idle(t->pc, idle_ms, now_ms > 0 ? now_ms : wall_now(t));
 }
 
 void kvt_pcache_clear(kvt_pcache *t)
 {
     if (t)
-        kvt_pc_clear(t->pc);
+        kvt_ram_lru_clear(t->pc);
 }
 
 int kvt_pcache_flush(kvt_pcache *t, int64_t timeout_ms, struct kvt_flush_report *r)
@@ -261,7 +245,7 @@ int kvt_pcache_flush(kvt_pcache *t, int64_t timeout_ms, struct kvt_flush_report 
         r->durable = true;
         return 0;
     }
-    return kvt_wb_flush(t->wb, timeout_ms < 0 ? t->cfg.flush_timeout_ms : timeout_ms, r);
+    return kvt_snapshots_flush(t->wb, timeout_ms < 0 ? t->cfg.flush_timeout_ms : timeout_ms, r);
 }
 
 void kvt_pcache_get_stats(kvt_pcache *t, struct kvt_pcache_stats *st)
@@ -269,8 +253,8 @@ void kvt_pcache_get_stats(kvt_pcache *t, struct kvt_pcache_stats *st)
     memset(st, 0, sizeof(*st));
     if (!t)
         return;
-    struct kvt_pc_stats ps;
-    kvt_pc_get_stats(t->pc, &ps);
+    struct kvt_ram_lru_stats ps;
+    kvt_ram_lru_get_stats(t->pc, &ps);
     st->records = ps.records;
     st->total_bytes = ps.total_bytes;
     st->hits = ps.hits;
@@ -278,15 +262,15 @@ void kvt_pcache_get_stats(kvt_pcache *t, struct kvt_pcache_stats *st)
     st->demotions = ps.demotions;
     if (!t->cfg.cold)
         return;
-    struct kvt_spill_stats qs;
-    kvt_spill_queue_get_stats(t->q, &qs);
+    struct kvt_write_queue_stats qs;
+    kvt_write_queue_get_stats(t->q, &qs);
     st->pending_spills = qs.pending_count;
     st->pending_spill_bytes = qs.pending_bytes;
     st->dropped_spills = qs.dropped;
     st->failed_spills = qs.failed;
-    st->pending_snapshots = kvt_wb_pending(t->wb);
+    st->pending_snapshots = kvt_snapshots_pending(t->wb);
     st->has_cold = true;
-    t->cfg.cold->get_stats(t->cfg.cold_ud, &st->cold);
+    t->cfg.cold->get_stats(t->cfg.store, &st->cold);
 }
 
 kvt_store *kvt_pcache_store(kvt_pcache *t)

@@ -1,6 +1,6 @@
 /*
- * The spill queue (TIER.md §3): a bounded FIFO of owned entries written by one writer
- * thread. Every item is disposed exactly once on every path (stored, failed, dropped,
+ * The write-behind queue (TIER.md §3, the "spill queue"): a bounded FIFO of owned entries written
+ * by one writer thread. Every item is disposed exactly once on every path (stored, failed, dropped,
  * shut down) and settles once. The byte cap is soft: the victim of an over-cap enqueue is
  * the oldest item that is still queued (not in flight, not the item being added, and
  * droppable); with none, the queue simply runs over the cap.
@@ -8,7 +8,7 @@
  * Records stay on the list, in enqueue order, until their settle callback has returned,
  * so drain() can wait for "everything enqueued before me" by looking at the list head.
  */
-#include "tier/spill_queue.h"
+#include "tier/write_queue.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -28,23 +28,24 @@ struct rec {
     size_t bytes;
     uint64_t seq;
     int state;
-    kvt_spill_settle_fn settle;
+    kvt_write_settle_fn settle;
     void *settle_ud;
 };
 
-struct kvt_spill_queue {
-    struct kvt_spill_cfg cfg;
+struct kvt_write_queue {
+    struct kvt_write_queue_ops ops;
+    int64_t cap_bytes;
     pthread_mutex_t mu;
     pthread_cond_t work; /* writer: a record is queued, or stop */
     pthread_cond_t done; /* drain: a record left the list */
     struct rec *head, *tail;
     uint64_t next_seq;
-    struct kvt_spill_stats st;
+    struct kvt_write_queue_stats st;
     bool stop;
     pthread_t writer;
 };
 
-static void list_remove(struct kvt_spill_queue *q, struct rec *r)
+static void list_remove(struct kvt_write_queue *q, struct rec *r)
 {
     if (r->prev)
         r->prev->next = r->next;
@@ -57,9 +58,9 @@ static void list_remove(struct kvt_spill_queue *q, struct rec *r)
 }
 
 /* Dispose, settle, then take the record off the list (called without the lock). */
-static void settle_rec(struct kvt_spill_queue *q, struct rec *r, bool stored)
+static void settle_rec(struct kvt_write_queue *q, struct rec *r, bool stored)
 {
-    q->cfg.dispose(q->cfg.ud, r->e);
+    q->ops.dispose(q->ops.ud, r->e);
     if (r->settle)
         r->settle(r->settle_ud, stored);
     pthread_mutex_lock(&q->mu);
@@ -69,7 +70,7 @@ static void settle_rec(struct kvt_spill_queue *q, struct rec *r, bool stored)
     free(r);
 }
 
-static struct rec *first_queued(struct kvt_spill_queue *q)
+static struct rec *first_queued(struct kvt_write_queue *q)
 {
     for (struct rec *r = q->head; r; r = r->next)
         if (r->state == REC_QUEUED)
@@ -79,7 +80,7 @@ static struct rec *first_queued(struct kvt_spill_queue *q)
 
 static void *writer_main(void *arg)
 {
-    struct kvt_spill_queue *q = arg;
+    struct kvt_write_queue *q = arg;
 
     pthread_mutex_lock(&q->mu);
     for (;;) {
@@ -93,7 +94,7 @@ static void *writer_main(void *arg)
         r->state = REC_IN_FLIGHT;
         pthread_mutex_unlock(&q->mu);
 
-        int rc = q->cfg.store(q->cfg.ud, r->e);
+        int rc = q->ops.store(q->ops.ud, r->e);
 
         pthread_mutex_lock(&q->mu);
         if (rc < 0)
@@ -112,15 +113,17 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-int kvt_spill_queue_new(const struct kvt_spill_cfg *cfg, struct kvt_spill_queue **out)
+int kvt_write_queue_new(const struct kvt_write_queue_ops *ops, int64_t cap_bytes,
+                        const cpu_set_t *cpus, struct kvt_write_queue **out)
 {
     *out = NULL;
-    if (!cfg || cfg->cap_bytes < 0 || !cfg->bytes_of || !cfg->store || !cfg->dispose)
+    if (!ops || cap_bytes < 0 || !ops->bytes_of || !ops->store || !ops->dispose)
         return kvt_fail(-EINVAL, "spill queue: bad configuration");
-    struct kvt_spill_queue *q = calloc(1, sizeof(*q));
+    struct kvt_write_queue *q = calloc(1, sizeof(*q));
     if (!q)
         return kvt_fail(-ENOMEM, "spill queue: out of memory");
-    q->cfg = *cfg;
+    q->ops = *ops;
+    q->cap_bytes = cap_bytes;
     q->next_seq = 1;
 
     pthread_condattr_t ca;
@@ -131,7 +134,7 @@ int kvt_spill_queue_new(const struct kvt_spill_cfg *cfg, struct kvt_spill_queue 
     pthread_cond_init(&q->done, &ca);
     pthread_condattr_destroy(&ca);
 
-    int rc = kvt_thread_start(&q->writer, "kvt-writer", q->cfg.cpus, writer_main, q);
+    int rc = kvt_thread_start(&q->writer, "kvt-writer", cpus, writer_main, q);
     if (rc != 0) {
         pthread_cond_destroy(&q->done);
         pthread_cond_destroy(&q->work);
@@ -143,7 +146,7 @@ int kvt_spill_queue_new(const struct kvt_spill_cfg *cfg, struct kvt_spill_queue 
     return 0;
 }
 
-void kvt_spill_queue_free(struct kvt_spill_queue *q)
+void kvt_write_queue_free(struct kvt_write_queue *q)
 {
     if (!q)
         return;
@@ -174,13 +177,13 @@ void kvt_spill_queue_free(struct kvt_spill_queue *q)
     free(q);
 }
 
-int kvt_spill_queue_enqueue(struct kvt_spill_queue *q, struct kvt_entry *e,
-                            kvt_spill_settle_fn settle, void *settle_ud)
+int kvt_write_queue_enqueue(struct kvt_write_queue *q, struct kvt_entry *e,
+                            kvt_write_settle_fn settle, void *settle_ud)
 {
-    size_t bytes = q->cfg.bytes_of(q->cfg.ud, e);
+    size_t bytes = q->ops.bytes_of(q->ops.ud, e);
     struct rec *r = calloc(1, sizeof(*r));
     if (!r) {
-        q->cfg.dispose(q->cfg.ud, e);
+        q->ops.dispose(q->ops.ud, e);
         return kvt_fail(-ENOMEM, "spill queue: out of memory");
     }
     r->e = e;
@@ -193,7 +196,7 @@ int kvt_spill_queue_enqueue(struct kvt_spill_queue *q, struct kvt_entry *e,
     pthread_mutex_lock(&q->mu);
     if (q->stop) {
         pthread_mutex_unlock(&q->mu);
-        q->cfg.dispose(q->cfg.ud, e);
+        q->ops.dispose(q->ops.ud, e);
         free(r);
         return kvt_fail(KVT_E_STATE, "spill queue: shut down");
     }
@@ -208,9 +211,9 @@ int kvt_spill_queue_enqueue(struct kvt_spill_queue *q, struct kvt_entry *e,
     q->st.pending_bytes += bytes;
 
     struct rec *v = q->head;
-    while (q->st.pending_bytes > (uint64_t)q->cfg.cap_bytes) {
+    while (q->st.pending_bytes > (uint64_t)q->cap_bytes) {
         while (v && (v == r || v->state != REC_QUEUED ||
-                     (q->cfg.can_drop && !q->cfg.can_drop(q->cfg.ud, v->e))))
+                     (q->ops.can_drop && !q->ops.can_drop(q->ops.ud, v->e))))
             v = v->next;
         if (!v)
             break;               /* soft cap: nothing may go */
@@ -233,7 +236,7 @@ int kvt_spill_queue_enqueue(struct kvt_spill_queue *q, struct kvt_entry *e,
     return 0;
 }
 
-int kvt_spill_queue_drain(struct kvt_spill_queue *q, int64_t deadline_ms)
+int kvt_write_queue_drain(struct kvt_write_queue *q, int64_t deadline_ms)
 {
     struct timespec ts = {deadline_ms / 1000, (long)(deadline_ms % 1000) * 1000000};
     int rc = 0;
@@ -253,7 +256,7 @@ int kvt_spill_queue_drain(struct kvt_spill_queue *q, int64_t deadline_ms)
     return rc;
 }
 
-void kvt_spill_queue_get_stats(struct kvt_spill_queue *q, struct kvt_spill_stats *st)
+void kvt_write_queue_get_stats(struct kvt_write_queue *q, struct kvt_write_queue_stats *st)
 {
     pthread_mutex_lock(&q->mu);
     *st = q->st;

@@ -1,0 +1,560 @@
+/*
+ * The RAM LRU (TIER.md §2): records of {entry, share, bytes, LRU clocks} in
+ * insertion order, non-consuming take with trimmed clones and the cold tier's
+ * strictly-longer rule, put with duplicate replacement, trimmable-only ancestor supersession
+ * and LRU eviction that spills owned clones. RAM holds few entries, so the index is a
+ * plain array scanned linearly.
+ *
+ * Locking: one mutex guards the records and counters. Records leave the array under the
+ * lock and are disposed or spilled after it is dropped, so no engine callback, cold-tier
+ * write or hook ever runs under it. Only index-only cold-tier lookups happen under it.
+ */
+#include "tier/ram_lru.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+
+struct rec {
+    struct kvt_entry *e;
+    kvt_retain *share;
+    size_t bytes;
+    uint64_t last_used; /* logical clock */
+    int64_t last_used_ms;
+    uint64_t id;
+    struct rec *next; /* detached lists */
+};
+
+struct kvt_ram_lru {
+    struct kvt_tier_cfg cfg;
+    struct kvt_ram_lru_links links;
+    pthread_mutex_t mu;
+    struct rec **recs;
+    size_t n, cap;
+    uint64_t total_bytes, clock, next_id;
+    uint64_t hits, misses, demotions;
+};
+
+/* A list of detached records, kept in detach order. */
+struct rec_list {
+    struct rec *head, **tail;
+};
+
+static void list_init(struct rec_list *l)
+{
+    l->head = NULL;
+    l->tail = &l->head;
+}
+
+static void list_push(struct rec_list *l, struct rec *r)
+{
+    r->next = NULL;
+    *l->tail = r;
+    l->tail = &r->next;
+}
+
+static int64_t now_ms(const struct kvt_ram_lru *lru)
+{
+    return lru->cfg.wall_ms ? lru->cfg.wall_ms(lru->cfg.clock_ud) : kvt_tier_wall_ms();
+}
+
+static const char *entry_ns(const struct kvt_entry *e)
+{
+    return kvt_tier_ns(e->meta.ns);
+}
+
+size_t kvt_ram_lru_entry_bytes(struct kvt_ram_lru *lru, const struct kvt_entry *e)
+{
+    size_t sum = 0;
+    for (size_t i = 0; i < e->n_caches; i++)
+        sum += lru->cfg.cache->bytes(e->caches[i]);
+    return sum;
+}
+
+static bool entry_trimmable(const struct kvt_ram_lru *lru, const struct kvt_entry *e)
+{
+    for (size_t i = 0; i < e->n_caches; i++)
+        if (!lru->cfg.cache->is_trimmable(e->caches[i]))
+            return false;
+    return true;
+}
+
+static int trim_all(struct kvt_ram_lru *lru, struct kvt_entry *e, int64_t n)
+{
+    for (size_t i = 0; i < e->n_caches; i++) {
+        int rc = lru->cfg.cache->trim(e->caches[i], n);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+void kvt_ram_lru_entry_free(struct kvt_ram_lru *lru, struct kvt_entry *e)
+{
+    if (e)
+        lru->cfg.cache->entry_free(e);
+}
+
+static bool same_tokens(const struct kvt_entry *e, const int32_t *tok, size_t n)
+{
+    return e->n_tokens == n && (n == 0 || !memcmp(e->tokens, tok, n * sizeof(*tok)));
+}
+
+/* Remove recs[i] keeping insertion order. */
+static struct rec *detach(struct kvt_ram_lru *lru, size_t i)
+{
+    struct rec *r = lru->recs[i];
+    memmove(lru->recs + i, lru->recs + i + 1, (lru->n - i - 1) * sizeof(*lru->recs));
+    lru->n--;
+    lru->total_bytes -= r->bytes;
+    return r;
+}
+
+/* TIER.md §2.3 "dispose": caches, then the share handle. */
+static void dispose_rec(struct kvt_ram_lru *lru, struct rec *r)
+{
+    kvt_ram_lru_entry_free(lru, r->e);
+    kvt_retain_release(r->share);
+    free(r);
+}
+
+/* TIER.md §2.4. Eviction never fails: a failed clone or hand-over only skips the spill. */
+static void dispose_with_spill(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *share)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    if (lru->links.spill) {
+        struct kvt_entry *clones = NULL;
+        int rc = c->cache->entry_clone(e, &clones);
+        if (rc == 0)
+            rc = lru->links.spill(lru->links.ud, clones);
+        if (rc < 0)
+            kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
+                         "[prompt-cache] spill of %zu tokens skipped: %s", e->n_tokens,
+                         kvt_strerror(rc));
+    } else if (c->cold) {
+        c->cold->put(c->store, e, NULL, NULL);
+    }
+    kvt_ram_lru_entry_free(lru, e);
+    kvt_retain_release(share);
+}
+
+static void dispose_list(struct kvt_ram_lru *lru, struct rec *r, bool spill)
+{
+    while (r) {
+        struct rec *next = r->next;
+        if (spill) {
+            dispose_with_spill(lru, r->e, r->share);
+            free(r);
+        } else {
+            dispose_rec(lru, r);
+        }
+        r = next;
+    }
+}
+
+/* TIER.md §2.2 step 1; caller holds the lock. */
+static struct rec *ram_candidate(const struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
+                                 const char *ns, size_t *best_out)
+{
+    size_t best = 0;
+    struct rec *donor = NULL;
+    for (size_t i = 0; n > 0 && i < lru->n; i++) {
+        struct rec *r = lru->recs[i];
+        if (strcmp(entry_ns(r->e), ns) != 0)
+            continue;
+        size_t p = kvt_tier_lcp(r->e->tokens, r->e->n_tokens, tok, n);
+        if (p > n - 1)
+            p = n - 1;
+        if (p <= best)
+            continue;
+        if (r->e->n_tokens > p && !entry_trimmable(lru, r->e))
+            continue;
+        best = p;
+        donor = r;
+    }
+    *best_out = best;
+    return donor;
+}
+
+static void bump(struct kvt_ram_lru *lru, struct rec *r)
+{
+    r->last_used = ++lru->clock;
+    r->last_used_ms = now_ms(lru);
+}
+
+int kvt_ram_lru_new(const struct kvt_tier_cfg *cfg, const struct kvt_ram_lru_links *links,
+                    struct kvt_ram_lru **out)
+{
+    *out = NULL;
+    if (!cfg || !cfg->cache)
+        return kvt_fail(-EINVAL, "prompt cache: no cache ops");
+    struct kvt_ram_lru *lru = calloc(1, sizeof(*lru));
+    if (!lru)
+        return kvt_fail(-ENOMEM, "prompt cache: out of memory");
+    lru->cfg = *cfg;
+    if (links)
+        lru->links = *links;
+    pthread_mutex_init(&lru->mu, NULL);
+    *out = lru;
+    return 0;
+}
+
+void kvt_ram_lru_clear(struct kvt_ram_lru *lru)
+{
+    struct rec_list all;
+    list_init(&all);
+    pthread_mutex_lock(&lru->mu);
+    for (size_t i = 0; i < lru->n; i++)
+        list_push(&all, lru->recs[i]);
+    lru->n = 0;
+    lru->total_bytes = 0;
+    pthread_mutex_unlock(&lru->mu);
+    dispose_list(lru, all.head, false);
+}
+
+void kvt_ram_lru_free(struct kvt_ram_lru *lru)
+{
+    if (!lru)
+        return;
+    kvt_ram_lru_clear(lru);
+    pthread_mutex_destroy(&lru->mu);
+    free(lru->recs);
+    free(lru);
+}
+
+/* Step 3 after the lock: trim the donor's clones to @p best tokens. */
+static int finish_ram_hit(struct kvt_ram_lru *lru, struct kvt_entry *clones, int clone_rc,
+                          kvt_retain *share, size_t donor_len, size_t best, struct kvt_take *out)
+{
+    int rc = clone_rc;
+    if (rc == 0)
+        rc = trim_all(lru, clones, (int64_t)(donor_len - best));
+    if (rc < 0) {
+        kvt_ram_lru_entry_free(lru, clones);
+        kvt_retain_release(share);
+        return rc;
+    }
+    clones->n_tokens = best;
+    out->entry = clones;
+    out->retain = share;
+    out->from_disk = false;
+    return 0;
+}
+
+/* Step 2's restore (no lock held): 1 = *out is the trimmed disk entry, 0 = fall back. */
+static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
+                     struct kvt_take *out)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    struct kvt_entry *loaded = NULL;
+    int rc = c->cold->restore(c->store, hit, &loaded);
+    if (rc < 0 || !loaded)
+        return 0;
+    size_t plen = hit->prefix_len;
+    if (loaded->n_tokens < plen || memcmp(loaded->tokens, tok, plen * sizeof(*tok)) != 0) {
+        kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
+                     "[prompt-cache] cold entry unusable: %zu tokens do not hold the %zu-token "
+                     "prefix found — re-prefilling",
+                     loaded->n_tokens, plen);
+        kvt_ram_lru_entry_free(lru, loaded);
+        return 0;
+    }
+    size_t t = loaded->n_tokens - plen;
+    if (t > 0 && !entry_trimmable(lru, loaded)) {
+        kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
+                     "[prompt-cache] cold entry unusable: %zu tokens, needs trim %zu but "
+                     "untrimmable (wrapped ring/SSM) — re-prefilling",
+                     loaded->n_tokens, t);
+        kvt_ram_lru_entry_free(lru, loaded);
+        return 0;
+    }
+    rc = trim_all(lru, loaded, (int64_t)t);
+    if (rc < 0) {
+        kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
+                     "[prompt-cache] cold entry unusable: %zu tokens, trim %zu failed: %s — "
+                     "re-prefilling",
+                     loaded->n_tokens, t, kvt_strerror(rc));
+        kvt_ram_lru_entry_free(lru, loaded);
+        return 0;
+    }
+    loaded->n_tokens = plen;
+    out->entry = loaded;
+    out->retain = NULL; /* restored bytes are owned: the retain is a no-op */
+    out->from_disk = true;
+    return 1;
+}
+
+int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                     struct kvt_take *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!tok && n)
+        return kvt_fail(-EINVAL, "prompt cache take: NULL tokens");
+    ns = kvt_tier_ns(ns);
+
+    pthread_mutex_lock(&lru->mu);
+    size_t best;
+    struct rec *donor = ram_candidate(lru, tok, n, ns, &best);
+    if (donor)
+        lru->hits++;
+    else
+        lru->misses++;
+
+    struct kvt_hit hit = {0};
+    bool try_cold = false;
+    if (lru->cfg.cold && n > 0)
+        try_cold = lru->cfg.cold->find(lru->cfg.store, tok, n, ns, &hit) == 0 &&
+                   hit.prefix_len > best; /* strictly longer: ties go to RAM */
+
+    struct kvt_entry *clones = NULL;
+    kvt_retain *share = NULL;
+    int clone_rc = 0;
+    size_t donor_len = 0;
+    uint64_t donor_id = 0;
+    bool have_donor = donor != NULL;
+    if (donor) {
+        /* Without a cold attempt this is step 3; with one, the clone is taken now so the
+         * fallback is exact even if the donor leaves RAM while the lock is dropped. */
+        if (!try_cold)
+            bump(lru, donor);
+        clone_rc = lru->cfg.cache->entry_clone(donor->e, &clones);
+        share = kvt_retain_acquire(donor->share);
+        donor_len = donor->e->n_tokens;
+        donor_id = donor->id;
+    }
+    pthread_mutex_unlock(&lru->mu);
+
+    if (try_cold) {
+        if (take_cold(lru, tok, &hit, out)) {
+            kvt_ram_lru_entry_free(lru, clones);
+            kvt_retain_release(share);
+            return 0;
+        }
+        if (have_donor) {
+            pthread_mutex_lock(&lru->mu);
+            for (size_t i = 0; i < lru->n; i++)
+                if (lru->recs[i]->id == donor_id)
+                    bump(lru, lru->recs[i]);
+            pthread_mutex_unlock(&lru->mu);
+        }
+    }
+    if (!have_donor)
+        return 0;
+    return finish_ram_hit(lru, clones, clone_rc, share, donor_len, best, out);
+}
+
+static int grow(struct kvt_ram_lru *lru)
+{
+    if (lru->n < lru->cap)
+        return 0;
+    size_t cap = lru->cap ? lru->cap * 2 : 16;
+    struct rec **r = realloc(lru->recs, cap * sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    lru->recs = r;
+    lru->cap = cap;
+    return 0;
+}
+
+/* Copies of the tokens and ns for the hook, which runs after the record may be gone. */
+static bool copy_key(const struct kvt_entry *e, int32_t **tok, char **ns)
+{
+    *tok = malloc(e->n_tokens ? e->n_tokens * sizeof(**tok) : 1);
+    *ns = strdup(entry_ns(e));
+    if (!*tok || !*ns) {
+        free(*tok);
+        free(*ns);
+        *tok = NULL;
+        *ns = NULL;
+        return false;
+    }
+    if (e->n_tokens)
+        memcpy(*tok, e->tokens, e->n_tokens * sizeof(**tok));
+    return true;
+}
+
+/* TIER.md §2.3: duplicates of the fresh record @p r and, when it is trimmable, its strict
+ * prefix ancestors leave RAM. Caller holds the lock. */
+static void detach_superseded(struct kvt_ram_lru *lru, const struct rec *r, struct rec_list *out)
+{
+    const struct kvt_entry *e = r->e;
+    const char *ns = entry_ns(e);
+    bool trimmable = entry_trimmable(lru, e);
+    list_init(out);
+    for (size_t i = 0; i < lru->n;) {
+        struct rec *o = lru->recs[i];
+        bool gone = false;
+        if (o != r && !strcmp(entry_ns(o->e), ns)) {
+            if (same_tokens(o->e, e->tokens, e->n_tokens))
+                gone = true; /* duplicate */
+            else if (trimmable && o->e->n_tokens < e->n_tokens &&
+                     same_tokens(o->e, e->tokens, o->e->n_tokens))
+                gone = true; /* strict prefix ancestor, superseded */
+        }
+        if (gone)
+            list_push(out, detach(lru, i));
+        else
+            i++;
+    }
+}
+
+/* TIER.md §2.4: least recently used records leave while over the cap, never the fresh insert
+ * (it has the largest clock). Caller holds the lock. */
+static void detach_over_cap(struct kvt_ram_lru *lru, struct rec_list *out)
+{
+    list_init(out);
+    while (lru->total_bytes > lru->cfg.ram_max_bytes && lru->n > 1) {
+        size_t oldest = 0;
+        for (size_t i = 1; i < lru->n; i++)
+            if (lru->recs[i]->last_used < lru->recs[oldest]->last_used)
+                oldest = i;
+        list_push(out, detach(lru, oldest));
+    }
+}
+
+int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain)
+{
+    if (!e) {
+        kvt_retain_release(retain);
+        return kvt_fail(-EINVAL, "prompt cache put: NULL entry");
+    }
+    if (!e->tokens && e->n_tokens) {
+        kvt_ram_lru_entry_free(lru, e);
+        kvt_retain_release(retain);
+        return kvt_fail(-EINVAL, "prompt cache put: NULL tokens");
+    }
+    size_t bytes = kvt_ram_lru_entry_bytes(lru, e);
+    if (bytes > lru->cfg.ram_max_bytes) {
+        dispose_with_spill(lru, e, retain);
+        return 0;
+    }
+
+    struct rec *r = calloc(1, sizeof(*r));
+    int32_t *hook_tok = NULL;
+    char *hook_ns = NULL;
+    size_t hook_n = e->n_tokens;
+    bool hook = lru->links.on_put && copy_key(e, &hook_tok, &hook_ns);
+    if (r) {
+        pthread_mutex_lock(&lru->mu);
+        if (grow(lru) < 0) {
+            pthread_mutex_unlock(&lru->mu);
+            free(r);
+            r = NULL;
+        }
+    }
+    if (!r) {
+        free(hook_tok);
+        free(hook_ns);
+        kvt_ram_lru_entry_free(lru, e);
+        kvt_retain_release(retain);
+        return kvt_fail(-ENOMEM, "prompt cache put: out of memory");
+    }
+
+    r->e = e;
+    r->share = retain;
+    r->bytes = bytes;
+    r->id = ++lru->next_id;
+    bump(lru, r);
+    lru->recs[lru->n++] = r;
+    lru->total_bytes += bytes;
+
+    struct rec_list drop, spill;
+    detach_superseded(lru, r, &drop);
+    detach_over_cap(lru, &spill);
+    pthread_mutex_unlock(&lru->mu);
+
+    dispose_list(lru, drop.head, false);
+    dispose_list(lru, spill.head, true);
+    if (hook)
+        lru->links.on_put(lru->links.ud, hook_tok, hook_n, hook_ns);
+    free(hook_tok);
+    free(hook_ns);
+    return 0;
+}
+
+size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
+                                   const char *ns)
+{
+    if (!tok && n)
+        return 0;
+    size_t best;
+    pthread_mutex_lock(&lru->mu);
+    ram_candidate(lru, tok, n, kvt_tier_ns(ns), &best);
+    pthread_mutex_unlock(&lru->mu);
+    return best;
+}
+
+/* Caller holds the lock. */
+static struct rec *find_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns)
+{
+    for (size_t i = 0; i < lru->n; i++) {
+        struct rec *r = lru->recs[i];
+        if (!strcmp(entry_ns(r->e), ns) && same_tokens(r->e, tok, n))
+            return r;
+    }
+    return NULL;
+}
+
+bool kvt_ram_lru_find_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns)
+{
+    if (!tok && n)
+        return false;
+    pthread_mutex_lock(&lru->mu);
+    bool found = find_exact(lru, tok, n, kvt_tier_ns(ns)) != NULL;
+    pthread_mutex_unlock(&lru->mu);
+    return found;
+}
+
+int kvt_ram_lru_clone_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                            struct kvt_entry **out)
+{
+    *out = NULL;
+    if (!tok && n)
+        return kvt_fail(-EINVAL, "prompt cache: NULL tokens");
+    int rc = 0;
+    pthread_mutex_lock(&lru->mu);
+    struct rec *r = find_exact(lru, tok, n, kvt_tier_ns(ns));
+    if (r) {
+        rc = lru->cfg.cache->entry_clone(r->e, out);
+        if (rc == 0)
+            rc = 1;
+    }
+    pthread_mutex_unlock(&lru->mu);
+    return rc;
+}
+
+size_t kvt_ram_lru_demote_idle(struct kvt_ram_lru *lru, int64_t idle_ms, int64_t now)
+{
+    if (!lru->cfg.cold)
+        return 0; /* nowhere to go: demoting would lose data */
+    struct rec_list idle;
+    list_init(&idle);
+    size_t count = 0;
+    pthread_mutex_lock(&lru->mu);
+    for (size_t i = 0; i < lru->n;) {
+        if (now - lru->recs[i]->last_used_ms >= idle_ms) {
+            list_push(&idle, detach(lru, i));
+            count++;
+        } else {
+            i++;
+        }
+    }
+    lru->demotions += count;
+    pthread_mutex_unlock(&lru->mu);
+    dispose_list(lru, idle.head, true);
+    return count;
+}
+
+void kvt_ram_lru_get_stats(struct kvt_ram_lru *lru, struct kvt_ram_lru_stats *st)
+{
+    pthread_mutex_lock(&lru->mu);
+    st->records = lru->n;
+    st->total_bytes = lru->total_bytes;
+    st->hits = lru->hits;
+    st->misses = lru->misses;
+    st->demotions = lru->demotions;
+    pthread_mutex_unlock(&lru->mu);
+}

@@ -1,0 +1,56 @@
+/*
+ * The RAM LRU (TIER.md §2): the prompt cache's records in RAM, read through the cache ops
+ * of struct kvt_tier_cfg and consulting its cold tier.
+ */
+#ifndef KVT_RAM_LRU_H
+#define KVT_RAM_LRU_H
+
+#include "tier/tier.h"
+
+struct kvt_ram_lru;
+
+/*
+ * How the LRU reaches the rest of the tier (wiring, not configuration). Both may be NULL.
+ * spill: owned sink for evicted records (the write queue); it takes @p clones on every path
+ *        and returns 0 or negative. Without it an evicted record is put into the cold tier
+ *        synchronously.
+ * on_put: called after every stored put, outside the lock, with copies of the tokens and ns.
+ */
+struct kvt_ram_lru_links {
+    int (*spill)(void *ud, struct kvt_entry *clones);
+    void (*on_put)(void *ud, const int32_t *tok, size_t n, const char *ns);
+    void *ud;
+};
+
+struct kvt_ram_lru_stats {
+    uint64_t records, total_bytes, hits, misses, demotions;
+};
+
+/** Uses cfg->cache, cold, store, ram_max_bytes, wall_ms, clock_ud and log; copies both. */
+int kvt_ram_lru_new(const struct kvt_tier_cfg *cfg, const struct kvt_ram_lru_links *links,
+                    struct kvt_ram_lru **out);
+/** Dispose every record without spilling, then free. NULL allowed. */
+void kvt_ram_lru_free(struct kvt_ram_lru *lru);
+
+/** TIER.md §2.2. On a miss out->entry is NULL. */
+int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                     struct kvt_take *out);
+/** TIER.md §2.3: takes @p e and @p retain on every path. */
+int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain);
+size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
+                                   const char *ns);
+bool kvt_ram_lru_find_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns);
+/** Clone the record with exactly these tokens: 1 (found, *out set), 0 (none), or negative. */
+int kvt_ram_lru_clone_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                            struct kvt_entry **out);
+/** TIER.md §2.5: 0 and nothing done without a cold tier. */
+size_t kvt_ram_lru_demote_idle(struct kvt_ram_lru *lru, int64_t idle_ms, int64_t now_ms);
+/** Dispose every record without spilling. */
+void kvt_ram_lru_clear(struct kvt_ram_lru *lru);
+void kvt_ram_lru_get_stats(struct kvt_ram_lru *lru, struct kvt_ram_lru_stats *st);
+/** Release an entry through the cache ops (NULL allowed). */
+void kvt_ram_lru_entry_free(struct kvt_ram_lru *lru, struct kvt_entry *e);
+/** Sum of the cache ops' bytes over @p e's caches. */
+size_t kvt_ram_lru_entry_bytes(struct kvt_ram_lru *lru, const struct kvt_entry *e);
+
+#endif
