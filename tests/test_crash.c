@@ -8,7 +8,8 @@
  * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here.
  *
  * Each store directory serves ten kills (later writers recover what earlier ones left), then a
- * new one starts, which keeps each check small. KVT_CRASH_SEED changes the kill moments. A
+ * new one starts, which keeps each check small; every other directory's writers save over the
+ * plain path instead of the fast one. KVT_CRASH_SEED changes the kill moments. A
  * second test runs two writers on one directory and kills and restarts them in turn.
  */
 #include "support/support.h"
@@ -182,6 +183,10 @@ static int teardown(void **state)
     return 0;
 }
 
+/* The path the writers' saves take: the fast one (O_DIRECT, the asynchronous queue) or, for
+ * every other directory of the kill loop, the plain one. */
+static bool writer_plain;
+
 /* Start a writer; @p grace_ms is its store's tmp_grace_ms. */
 static pid_t start_writer(const char *exe, const char *dir, const char *ack, uint32_t first,
                           long grace_ms)
@@ -192,7 +197,7 @@ static pid_t start_writer(const char *exe, const char *dir, const char *ack, uin
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        execl(exe, exe, dir, ack, first_s, grace_s, (char *)NULL);
+        execl(exe, exe, dir, ack, first_s, grace_s, writer_plain ? "plain" : "fast", (char *)NULL);
         _exit(127);
     }
     track(pid, -1);
@@ -231,6 +236,7 @@ static void test_kill_loop(void **state)
     if (access(exe, X_OK) != 0)
         fail_msg("%s is missing: build it with `make tests`", exe);
     struct counts c = {0};
+    long kills_plain = 0;
     uint32_t *ids = NULL;
     size_t n_ids = 0, cap_ids = 0;
     char *dir = NULL, *root = NULL, *ack = NULL;
@@ -250,7 +256,9 @@ static void test_kill_loop(void **state)
             root = strf("%s/%s", dir, SYNTH_FP);
             ack = strf("%s.ack", dir);
             unlink(ack);
+            writer_plain = (k / KILLS_PER_DIR) % 2 == 1;
         }
+        kills_plain += writer_plain;
         /* a third of the kills land early (during open and recovery), the rest anywhere */
         uint64_t r = xs64(&rng);
         long delay = r % 3 == 0 ? (long)(xs64(&rng) % 5000) : (long)(xs64(&rng) % MAX_DELAY_US);
@@ -289,10 +297,12 @@ static void test_kill_loop(void **state)
     c.acked += (long)n_ids;
     printf("crash: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld restores checked), "
            "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored "
-           "with different bytes, %ld .tmp left (%.1f s)\n",
+           "with different bytes, %ld .tmp left (%.1f s); %ld kills over the fast path, %ld over "
+           "the plain one\n",
            c.kills, c.tmp_seen, c.acked, c.checks, c.visible, c.corrupt, c.scan_corrupt, c.lost,
            c.mismatched, c.tmp_left,
-           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
+           c.kills - kills_plain, kills_plain);
     if (dir)
         rm_rf(dir);
     free(dir);

@@ -2,8 +2,10 @@
  * I/O-error loops in the manner of SQLite's: for N = 1, 2, ... fail the Nth I/O call of one
  * kind (open, pwrite as EIO, ENOSPC, a disk that stays full, a short write or EINTR, fsync,
  * directory fsync, rename, unlink, pread as EIO, short or EINTR, ftruncate, fstat, mkdir,
- * flock, fadvise, or the Nth call of any kind), through the fault-injecting io backend, while
- * one operation runs: kvt_file_save, kvt_store_put, kvt_store_restore or kvt_store_open (with
+ * flock, fadvise, stat, utimes, listdir, or the Nth call of any kind), through the
+ * fault-injecting io backend — once over the plain path and once over the fast one (O_DIRECT
+ * descriptors, the io_uring or thread queue, whose requests fail like preads and pwrites) —
+ * while one operation runs: kvt_file_save, kvt_store_put, kvt_store_restore or kvt_store_open (with
  * recovery work to do). The loop ends at the first N that no call reaches.
  *
  * After every attempt: the store reopens cleanly; every entry committed before restores
@@ -62,6 +64,9 @@ static const struct fault FAULTS[] = {
     {"mkdir", KVT_FAULT_MKDIR, EIO, 0, false, false, false},
     {"flock", KVT_FAULT_FLOCK, EWOULDBLOCK, 0, false, false, false},
     {"fadvise", KVT_FAULT_FADVISE, EIO, 0, false, false, false},
+    {"stat", KVT_FAULT_STAT, EIO, 0, false, false, false},
+    {"utimes", KVT_FAULT_UTIMES, EIO, 0, false, false, false},
+    {"listdir", KVT_FAULT_LISTDIR, EIO, 0, false, false, false},
     {"any-eio", KVT_FAULT_ANY, EIO, 0, false, false, false},
     {"pwrite+cleanup-unlink", KVT_FAULT_PWRITE, EIO, 0, false, true, false},
     {"fsync+cleanup-unlink", KVT_FAULT_FSYNC, EIO, 0, false, true, false},
@@ -105,6 +110,11 @@ static int hook(void *ud, enum kvt_fault_op op, uint64_t count, const char *path
     return err;
 }
 
+/* The path the streams take under the fault backend: kvt_io_fault() (plain) or
+ * kvt_io_fault_fast() (O_DIRECT and the asynchronous queue); every loop runs over both. */
+static const struct kvt_io *backend;
+static uint64_t injected_sync, injected_async; /* of the loop running now */
+
 /* Install the fault backend with the Nth call of @p f armed. */
 static void arm(struct shot *s, const struct fault *f, uint64_t nth)
 {
@@ -117,14 +127,17 @@ static void arm(struct shot *s, const struct fault *f, uint64_t nth)
         assert_int_equal(kvt_fault_arm(&r), 0);
     }
     kvt_fault_set_hook(hook, s);
-    kvt_io_set(kvt_io_fault());
+    kvt_io_set(backend);
 }
 
 /* Back to the POSIX backend; @return whether anything was injected. */
 static bool disarm(struct shot *s)
 {
     (void)s;
+    uint64_t async = kvt_fault_injected_async();
     bool hit = kvt_fault_injected() > 0;
+    injected_sync += kvt_fault_injected() - async;
+    injected_async += async;
     kvt_io_set(NULL);
     kvt_fault_reset();
     return hit;
@@ -490,11 +503,14 @@ static void attempt_open(const char *dir, const struct fault *f, uint64_t nth, b
 
 /* ---- the loop ------------------------------------------------------------------------- */
 
-static void run_loop(const char *what, attempt_fn fn)
+static void run_faults(const char *what, const char *path, attempt_fn fn, bool reads_only)
 {
     int total = 0, failed = 0;
+    injected_sync = injected_async = 0;
     for (size_t k = 0; k < N_FAULTS; k++) {
         const struct fault *f = &FAULTS[k];
+        if (reads_only && f->op != KVT_FAULT_PREAD && f->op != KVT_FAULT_OPEN)
+            continue;
         struct tally t = {0};
         bool hit = true;
         uint64_t nth;
@@ -514,36 +530,106 @@ static void run_loop(const char *what, attempt_fn fn)
             rm_rf(dir);
             free(dir);
         }
-        print_message("ioerr %-8s %-22s %4d attempts, %4d failed\n", what, f->name, t.attempts,
-                      t.failures);
+        print_message("ioerr %-8s %-5s %-22s %4d attempts, %4d failed\n", what, path, f->name,
+                      t.attempts, t.failures);
         total += t.attempts;
         failed += t.failures;
     }
-    print_message("ioerr %-8s all: %d attempts, %d reported failures\n", what, total, failed);
+    print_message("ioerr %-8s %-5s all: %d attempts, %d reported failures, faults injected: "
+                  "%llu into plain calls, %llu into asynchronous requests\n",
+                  what, path, total, failed, (unsigned long long)injected_sync,
+                  (unsigned long long)injected_async);
+}
+
+static void run_loop(const char *what, attempt_fn fn, bool reads_only)
+{
+    backend = kvt_io_fault();
+    run_faults(what, "plain", fn, reads_only);
+    backend = kvt_io_fault_fast();
+    run_faults(what, "fast", fn, reads_only);
+}
+
+/* ---- a large load: the read ring ------------------------------------------------------- */
+
+static void drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(fdatasync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+/* An entry of about 2 MiB, big enough for the restore's read ring (small ones read plainly). */
+static struct kvt_entry *large_entry(void)
+{
+    enum { N = 2048, HEADS = 22 }; /* 48 bytes a row and head: 2.1 MB in 44 runs */
+    static int32_t tok[N];
+    size_t n = N;
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (int32_t)i + 1;
+    kvt_cache *c;
+    assert_int_equal(synth_cache_heads(KVT_KIND_KV, tok, n, 0, HEADS, &c), 0);
+    struct kvt_entry *e;
+    assert_int_equal(kvt_entry_new(tok, n, &c, 1, "", &e), 0);
+    assert_int_equal(synth_set_meta(e), 0);
+    return e;
+}
+
+/* Load the large file with the Nth open or read failed: the load succeeds with the same
+ * bytes, or fails cleanly; the file itself is untouched either way. */
+static void attempt_load(const char *dir, const struct fault *f, uint64_t nth, bool *hit,
+                         struct tally *t)
+{
+    char *path = strf("%s/large.mlxkv", dir);
+    struct kvt_entry *want = large_entry();
+    assert_int_equal(kvt_file_save(path, want, NULL, NULL), 0);
+    drop_cache(path); /* pages in the page cache would be copied, not read through the ring */
+    struct kvt_entry *got = NULL;
+    struct shot s;
+    arm(&s, f, nth);
+    int rc = kvt_file_load(path, NULL, &got, NULL);
+    *hit = disarm(&s);
+    t->failures += rc != 0;
+    if (rc != 0 && (f->must_succeed || !*hit))
+        fail_msg("load under %s #%llu failed: %s", f->name, (unsigned long long)nth,
+                 kvt_last_error());
+    if (rc == 0 && !synth_same_caches(got, want))
+        fail_msg("load under %s #%llu gave different bytes", f->name, (unsigned long long)nth);
+    assert_int_equal(kvt_file_verify(path, NULL), 0);
+    kvt_entry_free(got);
+    kvt_entry_free(want);
+    free(path);
+}
+
+static void test_load_large(void **state)
+{
+    (void)state;
+    run_loop("load", attempt_load, true);
 }
 
 static void test_save(void **state)
 {
     (void)state;
-    run_loop("save", attempt_save);
+    run_loop("save", attempt_save, false);
 }
 
 static void test_put(void **state)
 {
     (void)state;
-    run_loop("put", attempt_put);
+    run_loop("put", attempt_put, false);
 }
 
 static void test_restore(void **state)
 {
     (void)state;
-    run_loop("restore", attempt_restore);
+    run_loop("restore", attempt_restore, false);
 }
 
 static void test_open(void **state)
 {
     (void)state;
-    run_loop("open", attempt_open);
+    run_loop("open", attempt_open, false);
 }
 
 static int setup(void **state)
@@ -585,10 +671,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_save),
-        cmocka_unit_test(test_put),
-        cmocka_unit_test(test_restore),
-        cmocka_unit_test(test_open),
+        cmocka_unit_test(test_save),       cmocka_unit_test(test_put),
+        cmocka_unit_test(test_restore),    cmocka_unit_test(test_open),
+        cmocka_unit_test(test_load_large),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

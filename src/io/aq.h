@@ -2,8 +2,8 @@
  * An asynchronous I/O queue: positional reads and writes with several requests in flight,
  * completions reaped one at a time in any order. Two engines: io_uring (when the build found
  * liburing and the kernel allows it) and a small pool of threads doing blocking pread/pwrite
- * (everywhere). The stream layer (stream.h) is its only user. Requests go straight to the OS:
- * callers use a queue only on the plain POSIX backend (see kvt_stream_fast_ok()).
+ * (everywhere). The stream layer (stream.h) is its only user. Queues are opened through the
+ * io backend (io.h: aq_open), so a fault-injecting backend sees their requests too.
  */
 #ifndef KVT_AQ_H
 #define KVT_AQ_H
@@ -39,11 +39,13 @@ const struct kvt_aq_ops *kvt_aq_uring(void);
 const struct kvt_aq_ops *kvt_aq_threads(void);
 
 /**
- * Open a queue of @p depth (1..KVT_AQ_MAX_DEPTH) requests. @p engine: "io_uring", "threads",
- * or NULL for the best that works here (io_uring, else threads; the environment variable
- * KVT_IO_ENGINE may name one). @return 0 or -errno.
+ * Open a queue of @p depth (1..KVT_AQ_MAX_DEPTH) requests through the installed io backend.
+ * @p engine: "io_uring", "threads", or NULL for the best that works here (io_uring, else
+ * threads; the environment variable KVT_IO_ENGINE may name one). @return 0 or -errno.
  */
 int kvt_aq_open(struct kvt_aq *q, unsigned depth, const char *engine);
+/** The OS engines themselves, as kvt_aq_open() describes (the POSIX backend's aq_open). */
+int kvt_aq_open_os(struct kvt_aq *q, unsigned depth, const char *engine);
 /** Reap whatever is still in flight, then release the queue. Accepts a zeroed queue. */
 void kvt_aq_close(struct kvt_aq *q);
 /**

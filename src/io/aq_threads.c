@@ -5,6 +5,7 @@
  * kvt_aq_wait() drains. Works wherever pthreads do, so it is the fallback of io_uring.
  */
 #include "io/aq.h"
+#include "io/io.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -183,6 +184,11 @@ const struct kvt_aq_ops *kvt_aq_threads(void)
 }
 
 int kvt_aq_open(struct kvt_aq *q, unsigned depth, const char *engine)
+{
+    return kvt_io()->aq_open(q, depth, engine);
+}
+
+int kvt_aq_open_os(struct kvt_aq *q, unsigned depth, const char *engine)
 {
     memset(q, 0, sizeof(*q));
     if (depth == 0 || depth > KVT_AQ_MAX_DEPTH)

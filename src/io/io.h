@@ -1,8 +1,10 @@
 /*
- * The io vtable: the only way the library touches file data and names. The default backend
- * is plain POSIX; tests swap in a fault-injecting backend (fail the Nth call, short writes,
- * ENOSPC, EIO) through kvt_io_set(). Every function returns >= 0 or -errno (never sets errno
- * for the caller to read).
+ * The io vtable: everything the library asks of the OS about files — data, names,
+ * directories, stat, times, locks, the second O_DIRECT descriptor and the asynchronous queue
+ * of the fast streams. The default backend is plain POSIX; tests swap in a fault-injecting
+ * backend (fail the Nth call, short writes, ENOSPC, EIO) through kvt_io_set(), over the plain
+ * path or the fast one. Every function returns >= 0 or -errno (never sets errno for the
+ * caller to read).
  */
 #ifndef KVT_IO_H
 #define KVT_IO_H
@@ -11,6 +13,14 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
+
+#include <stdbool.h>
+
+struct kvt_aq;
+
+/* One directory entry for list_dir's callback: its name and d_type (DT_UNKNOWN allowed). */
+typedef int (*kvt_dirent_fn)(void *ud, const char *name, unsigned char type);
 
 struct kvt_io {
     const char *name;
@@ -31,6 +41,19 @@ struct kvt_io {
     int (*mkdirat)(int dirfd, const char *path, mode_t mode);
     int (*flock)(int fd, int op);
     int (*fadvise_dontneed)(int fd, uint64_t off, uint64_t len);
+    /* stat by name; @p flags 0 or AT_SYMLINK_NOFOLLOW (lstat) */
+    int (*stat)(const char *path, struct stat *st, int flags);
+    /* set @p path's times (NULL: both to now) */
+    int (*utimens)(const char *path, const struct timespec times[2]);
+    /* @p fn for every entry of directory @p path but "." and ".."; stops at a nonzero return
+     * and returns it; 0 or -errno */
+    int (*list_dir)(const char *path, kvt_dirent_fn fn, void *ud);
+    /* a new descriptor of @p fd's file opened with @p flags (O_DIRECT): fd or -errno */
+    int (*reopen)(int fd, int flags);
+    /* open an asynchronous queue (aq.h) whose requests this backend sees */
+    int (*aq_open)(struct kvt_aq *q, unsigned depth, const char *engine);
+    /* whether the streams take the fast path (reopen, aq_open) or plain pread/pwrite */
+    bool fast;
 };
 
 /** The backend in use (process-wide). */

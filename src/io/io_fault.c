@@ -23,27 +23,21 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct armed_rule rules[MAX_RULES];
 static int n_rules;
 static uint64_t calls[KVT_FAULT_OP_COUNT];
-static uint64_t injected;
+static uint64_t injected, injected_async;
 static kvt_fault_hook_fn hook_fn;
 static void *hook_ud;
 static uint8_t dir_fds[MAX_TRACKED_FD / 8];
 
 static const char *const op_names[KVT_FAULT_OP_COUNT] = {
-    [KVT_FAULT_OPEN] = "open",
-    [KVT_FAULT_CLOSE] = "close",
-    [KVT_FAULT_PREAD] = "pread",
-    [KVT_FAULT_PWRITE] = "pwrite",
-    [KVT_FAULT_FSYNC] = "fsync",
-    [KVT_FAULT_DIR_FSYNC] = "dir-fsync",
-    [KVT_FAULT_FTRUNCATE] = "ftruncate",
-    [KVT_FAULT_FSTAT] = "fstat",
-    [KVT_FAULT_RENAME] = "rename",
-    [KVT_FAULT_UNLINK] = "unlink",
-    [KVT_FAULT_MKDIR] = "mkdir",
-    [KVT_FAULT_FLOCK] = "flock",
-    [KVT_FAULT_FADVISE] = "fadvise",
-    [KVT_FAULT_FALLOCATE] = "fallocate",
-    [KVT_FAULT_ANY] = "any",
+    [KVT_FAULT_OPEN] = "open",           [KVT_FAULT_CLOSE] = "close",
+    [KVT_FAULT_PREAD] = "pread",         [KVT_FAULT_PWRITE] = "pwrite",
+    [KVT_FAULT_FSYNC] = "fsync",         [KVT_FAULT_DIR_FSYNC] = "dir-fsync",
+    [KVT_FAULT_FTRUNCATE] = "ftruncate", [KVT_FAULT_FSTAT] = "fstat",
+    [KVT_FAULT_RENAME] = "rename",       [KVT_FAULT_UNLINK] = "unlink",
+    [KVT_FAULT_MKDIR] = "mkdir",         [KVT_FAULT_FLOCK] = "flock",
+    [KVT_FAULT_FADVISE] = "fadvise",     [KVT_FAULT_FALLOCATE] = "fallocate",
+    [KVT_FAULT_STAT] = "stat",           [KVT_FAULT_UTIMES] = "utimes",
+    [KVT_FAULT_LISTDIR] = "listdir",     [KVT_FAULT_ANY] = "any",
 };
 
 const char *kvt_fault_op_name(enum kvt_fault_op op)
@@ -80,16 +74,22 @@ static void fd_mark(int fd, bool dir)
  */
 static int decide(enum kvt_fault_op op, const char *path, size_t *limit)
 {
+    return kvt_fault_decide(op, path, limit, false);
+}
+
+int kvt_fault_decide(enum kvt_fault_op op, const char *path, size_t *limit, bool async)
+{
     pthread_mutex_lock(&lock);
     uint64_t count = ++calls[op];
-    if (op != KVT_FAULT_CLOSE)
+    bool any = op < KVT_FAULT_STAT && op != KVT_FAULT_CLOSE;
+    if (any)
         calls[KVT_FAULT_ANY]++;
     kvt_fault_hook_fn fn = hook_fn;
     void *ud = hook_ud;
     int err = 0;
     for (int i = 0; i < n_rules && op != KVT_FAULT_CLOSE; i++) {
         struct armed_rule *a = &rules[i];
-        if (a->rule.op != op && a->rule.op != KVT_FAULT_ANY)
+        if (a->rule.op != op && !(a->rule.op == KVT_FAULT_ANY && any))
             continue;
         a->seen++;
         bool hit = a->seen == a->rule.nth || (a->rule.sticky && a->seen > a->rule.nth);
@@ -99,10 +99,12 @@ static int decide(enum kvt_fault_op op, const char *path, size_t *limit)
             if (*limit > a->rule.short_max) {
                 *limit = a->rule.short_max;
                 injected++;
+                injected_async += async;
             }
         } else if (a->rule.err > 0) {
             err = a->rule.err;
             injected++;
+            injected_async += async;
         }
     }
     pthread_mutex_unlock(&lock);
@@ -113,6 +115,7 @@ static int decide(enum kvt_fault_op op, const char *path, size_t *limit)
             err = h;
             pthread_mutex_lock(&lock);
             injected++;
+            injected_async += async;
             pthread_mutex_unlock(&lock);
         }
     }
@@ -227,23 +230,53 @@ static int fault_fadvise(int fd, uint64_t off, uint64_t len)
     return err ? -err : kvt_io_posix()->fadvise_dontneed(fd, off, len);
 }
 
-static const struct kvt_io fault_io = {
-    .name = "fault",
-    .openat = fault_openat,
-    .close = fault_close,
-    .pread = fault_pread,
-    .pwrite = fault_pwrite,
-    .fsync = fault_fsync,
-    .ftruncate = fault_ftruncate,
-    .fallocate = fault_fallocate,
-    .free_bytes = fault_free_bytes,
-    .fstat = fault_fstat,
-    .renameat = fault_renameat,
-    .unlinkat = fault_unlinkat,
-    .mkdirat = fault_mkdirat,
-    .flock = fault_flock,
-    .fadvise_dontneed = fault_fadvise,
-};
+static int fault_stat(const char *path, struct stat *st, int flags)
+{
+    int err = decide(KVT_FAULT_STAT, path, NULL);
+    return err ? -err : kvt_io_posix()->stat(path, st, flags);
+}
+
+static int fault_utimens(const char *path, const struct timespec times[2])
+{
+    int err = decide(KVT_FAULT_UTIMES, path, NULL);
+    return err ? -err : kvt_io_posix()->utimens(path, times);
+}
+
+static int fault_list_dir(const char *path, kvt_dirent_fn fn, void *ud)
+{
+    int err = decide(KVT_FAULT_LISTDIR, path, NULL);
+    return err ? -err : kvt_io_posix()->list_dir(path, fn, ud);
+}
+
+static int fault_reopen(int fd, int flags)
+{
+    int err = decide(KVT_FAULT_OPEN, NULL, NULL);
+    if (err)
+        return -err;
+    int nfd = kvt_io_posix()->reopen(fd, flags);
+    if (nfd >= 0) {
+        pthread_mutex_lock(&lock);
+        fd_mark(nfd, false);
+        pthread_mutex_unlock(&lock);
+    }
+    return nfd;
+}
+
+#define FAULT_IO_OPS                                                                               \
+    .openat = fault_openat, .close = fault_close, .pread = fault_pread, .pwrite = fault_pwrite,    \
+    .fsync = fault_fsync, .ftruncate = fault_ftruncate, .fallocate = fault_fallocate,              \
+    .free_bytes = fault_free_bytes, .fstat = fault_fstat, .renameat = fault_renameat,              \
+    .unlinkat = fault_unlinkat, .mkdirat = fault_mkdirat, .flock = fault_flock,                    \
+    .fadvise_dontneed = fault_fadvise, .stat = fault_stat, .utimens = fault_utimens,               \
+    .list_dir = fault_list_dir, .reopen = fault_reopen, .aq_open = kvt_fault_aq_open
+
+static const struct kvt_io fault_io = {.name = "fault", FAULT_IO_OPS, .fast = false};
+static const struct kvt_io fault_fast_io = {.name = "fault-fast", FAULT_IO_OPS, .fast = true};
+
+const struct kvt_io *kvt_io_fault_fast(void)
+{
+    return &fault_fast_io;
+}
 
 const struct kvt_io *kvt_io_fault(void)
 {
@@ -255,7 +288,7 @@ void kvt_fault_reset(void)
     pthread_mutex_lock(&lock);
     n_rules = 0;
     memset(calls, 0, sizeof(calls));
-    injected = 0;
+    injected = injected_async = 0;
     hook_fn = NULL;
     hook_ud = NULL;
     pthread_mutex_unlock(&lock);
@@ -293,6 +326,14 @@ uint64_t kvt_fault_calls(enum kvt_fault_op op)
         return 0;
     pthread_mutex_lock(&lock);
     uint64_t n = calls[op];
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+uint64_t kvt_fault_injected_async(void)
+{
+    pthread_mutex_lock(&lock);
+    uint64_t n = injected_async;
     pthread_mutex_unlock(&lock);
     return n;
 }

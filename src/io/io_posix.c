@@ -5,6 +5,8 @@
  */
 #include "io/io.h"
 
+#include "io/aq.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -130,6 +133,40 @@ static int posix_fadvise_dontneed(int fd, uint64_t off, uint64_t len)
     return -rc;
 }
 
+static int posix_stat(const char *path, struct stat *st, int flags)
+{
+    return fstatat(AT_FDCWD, path, st, flags) == 0 ? 0 : -errno;
+}
+
+static int posix_utimens(const char *path, const struct timespec times[2])
+{
+    return utimensat(AT_FDCWD, path, times, 0) == 0 ? 0 : -errno;
+}
+
+static int posix_list_dir(const char *path, kvt_dirent_fn fn, void *ud)
+{
+    DIR *dp = opendir(path);
+    if (!dp)
+        return -errno;
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (errno = 0, de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            rc = fn(ud, de->d_name, de->d_type);
+    if (rc == 0 && errno)
+        rc = -errno;
+    closedir(dp);
+    return rc;
+}
+
+/* Through /proc: the descriptor may have been opened by name relative to any directory. */
+static int posix_reopen(int fd, int flags)
+{
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    return posix_openat(AT_FDCWD, proc, flags | O_CLOEXEC, 0);
+}
+
 static const struct kvt_io posix_io = {
     .name = "posix",
     .openat = posix_openat,
@@ -146,6 +183,12 @@ static const struct kvt_io posix_io = {
     .mkdirat = posix_mkdirat,
     .flock = posix_flock,
     .fadvise_dontneed = posix_fadvise_dontneed,
+    .stat = posix_stat,
+    .utimens = posix_utimens,
+    .list_dir = posix_list_dir,
+    .reopen = posix_reopen,
+    .aq_open = kvt_aq_open_os,
+    .fast = true,
 };
 
 static _Atomic(const struct kvt_io *) current_io = &posix_io;

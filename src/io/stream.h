@@ -6,9 +6,9 @@
  * next chunk. Memory stays bounded: depth x chunk bytes of staging (by default 16 MiB for a
  * read stream, 64 MiB for a write stream).
  *
- * The fast path goes to the OS directly, so it is used only while the io vtable is the plain
- * POSIX backend; with any other backend installed (fault injection in tests) both streams
- * fall back to plain sequential calls through the vtable, byte-for-byte the same results.
+ * Both paths go through the io vtable: the fast one asks it for the O_DIRECT descriptor and
+ * the asynchronous queue, the plain one for pread/pwrite one after the other. The backend
+ * says which the streams take (kvt_io()->fast), and the results are byte-for-byte the same.
  */
 #ifndef KVT_STREAM_H
 #define KVT_STREAM_H
@@ -54,7 +54,7 @@ struct kvt_stream_opts {
 /** The boolean environment setting @p name ("0" or "1"), or @p dflt when unset or other. */
 bool kvt_stream_env(const char *name, bool dflt);
 
-/** Whether the streams may take the fast path (the io vtable is the POSIX backend). */
+/** Whether the streams may take the fast path (the installed io backend says so). */
 bool kvt_stream_fast_ok(void);
 
 /** Whether every page of [@p off, @p off + @p len) of @p fd is in the page cache (asked with

@@ -99,7 +99,7 @@ struct kvt_rstream {
 
 bool kvt_stream_fast_ok(void)
 {
-    return kvt_io() == kvt_io_posix();
+    return kvt_io()->fast;
 }
 
 bool kvt_stream_env(const char *name, bool dflt)
@@ -377,11 +377,14 @@ static void top_up(struct kvt_rstream *s)
 }
 
 /* A read of chunk @p tag completed with @p res: a failed read marks its chunk (the stream
- * fails when the consumer gets there), a short one goes on from where it stopped. */
+ * fails when the consumer gets there), a short or interrupted one goes on from where it
+ * stopped. */
 static void arrived(struct kvt_rstream *s, uint64_t tag, int64_t res)
 {
     struct chunk *c = &s->ring[tag % s->slots];
     int rc;
+    if (res == -EINTR && submit_chunk(s, (unsigned)(tag % s->slots)) == 0)
+        return; /* interrupted before it moved a byte: ask again, as a pread loop would */
     if (res < 0) {
         c->err = (int)res;
         c->state = C_DONE;
@@ -470,14 +473,13 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
         return -ENOMEM;
     }
     if (kvt_stream_env("KVT_IO_DIRECT", !o->no_direct)) {
-        char proc[64];
-        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-        s->dfd = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int dfd = kvt_io()->reopen(fd, O_RDONLY | O_DIRECT);
+        s->dfd = dfd < 0 ? -1 : dfd;
     }
     if (s->dfd >= 0) {
         s->staging_bytes = s->chunk * s->depth;
         if (kvt_aq_open(&s->q, s->depth, o->engine) < 0) {
-            close(s->dfd); /* read in place through the page cache instead */
+            kvt_io()->close(s->dfd); /* read in place through the page cache instead */
             s->dfd = -1;
         }
     }
@@ -701,7 +703,7 @@ void kvt_rstream_close(struct kvt_rstream *s)
     kvt_prefault_stop(s->pf);
     kvt_aq_close(&s->q); /* reaps what is in flight before the staging goes away */
     if (s->dfd >= 0)
-        close(s->dfd);
+        kvt_io()->close(s->dfd);
     kvt_staging_put(s->staging, s->staging_bytes);
     free(s->bounce);
     free(s->ring);

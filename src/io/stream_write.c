@@ -121,19 +121,20 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
     w->cur = -1;
     if (kvt_stream_fast_ok()) {
         staging_shape(o, &w->chunk, &w->depth);
-        char proc[64];
-        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        const struct kvt_io *io = kvt_io();
         if (kvt_stream_env("KVT_IO_DIRECT", !o->no_direct))
-            w->dfd = open(proc, O_WRONLY | O_DIRECT | O_CLOEXEC);
+            w->dfd = io->reopen(fd, O_WRONLY | O_DIRECT);
         if (w->dfd < 0) /* no O_DIRECT here: the staged writes go through the page cache */
-            w->dfd = open(proc, O_WRONLY | O_CLOEXEC);
+            w->dfd = io->reopen(fd, O_WRONLY);
+        if (w->dfd < 0)
+            w->dfd = -1;
         w->slot = calloc(w->depth, sizeof(*w->slot));
         w->staging_bytes = w->chunk * w->depth;
         if (w->dfd >= 0 && w->slot)
             w->staging = kvt_staging_get(w->staging_bytes);
         if (w->dfd >= 0 &&
             (!w->slot || !w->staging || kvt_aq_open(&w->q, w->depth, WRITE_ENGINE))) {
-            close(w->dfd); /* fall back to plain writes */
+            kvt_io()->close(w->dfd); /* fall back to plain writes */
             w->dfd = -1;
         }
     }
@@ -161,7 +162,7 @@ static int submit_slot(struct kvt_wstream *w, int k)
     return rc;
 }
 
-/* Reap one completion; a short write is continued, an error is recorded. */
+/* Reap one completion; a short or interrupted write is continued, an error is recorded. */
 static int reap(struct kvt_wstream *w)
 {
     uint64_t tag;
@@ -172,6 +173,8 @@ static int reap(struct kvt_wstream *w)
         return rc;
     }
     struct wslot *s = &w->slot[tag % w->depth];
+    if (res == -EINTR && !w->err && submit_slot(w, (int)(tag % w->depth)) == 0)
+        return 0; /* interrupted before it moved a byte: send it again, as a pwrite loop would */
     if (res <= 0) {
         wfail(w, res < 0 ? (int)res : -EIO, s->off + s->done);
         s->busy = false;
@@ -379,7 +382,7 @@ void kvt_wstream_free(struct kvt_wstream *w)
         return;
     kvt_aq_close(&w->q); /* reaps what is in flight before the staging goes away */
     if (w->dfd >= 0)
-        close(w->dfd);
+        kvt_io()->close(w->dfd);
     kvt_staging_put(w->staging, w->staging_bytes);
     free(w->pbuf);
     free(w->slot);

@@ -80,8 +80,9 @@ char *kvt_path_join(const char *a, const char *b)
 static int is_dir(const char *path)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return -errno;
+    int rc = kvt_io()->stat(path, &st, 0);
+    if (rc != 0)
+        return rc;
     return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }
 

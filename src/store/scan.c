@@ -51,51 +51,55 @@ static void free_names(char **v, size_t n)
     free(v);
 }
 
+struct name_list {
+    const char *path;
+    bool dirs_only;
+    char **v;
+    size_t n, cap;
+};
+
+static int add_name(void *ud, const char *name, unsigned char type)
+{
+    struct name_list *l = ud;
+    if (l->dirs_only && type != DT_DIR) {
+        if (type != DT_UNKNOWN && type != DT_LNK)
+            return 0;
+        struct stat st;
+        char *p = kvt_path_join(l->path, name);
+        int rc = p ? kvt_io()->stat(p, &st, 0) : -ENOMEM;
+        free(p);
+        if (rc == -ENOENT || (rc == 0 && !S_ISDIR(st.st_mode)))
+            return 0;
+        if (rc < 0)
+            return rc; /* a directory that cannot be told from a file fails the listing */
+    }
+    if (l->n == l->cap) {
+        size_t c = l->cap ? l->cap * 2 : 64;
+        char **nv = realloc(l->v, c * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        l->v = nv;
+        l->cap = c;
+    }
+    if (!(l->v[l->n] = strdup(name)))
+        return -ENOMEM;
+    l->n++;
+    return 0;
+}
+
 /** The sorted entry names of @p path (subdirectories only when @p dirs_only). */
 static int list_dir(const char *path, bool dirs_only, char ***out, size_t *n_out)
 {
     *out = NULL;
     *n_out = 0;
-    DIR *dp = opendir(path);
-    if (!dp)
-        return -errno;
-    char **v = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    struct dirent *de;
-    while ((errno = 0, de = readdir(dp))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-            continue;
-        if (dirs_only && de->d_type != DT_DIR) {
-            struct stat st;
-            if (de->d_type != DT_UNKNOWN && de->d_type != DT_LNK)
-                continue;
-            if (fstatat(dirfd(dp), de->d_name, &st, 0) != 0 || !S_ISDIR(st.st_mode))
-                continue;
-        }
-        if (n == cap) {
-            size_t c = cap ? cap * 2 : 64;
-            char **nv = realloc(v, c * sizeof(*nv));
-            if (!nv) {
-                rc = -ENOMEM;
-                break;
-            }
-            v = nv;
-            cap = c;
-        }
-        if (!(v[n] = strdup(de->d_name))) {
-            rc = -ENOMEM;
-            break;
-        }
-        n++;
-    }
-    if (rc == 0 && errno)
-        rc = -errno;
-    closedir(dp);
+    struct name_list l = {.path = path, .dirs_only = dirs_only};
+    int rc = kvt_io()->list_dir(path, add_name, &l);
     if (rc < 0) {
-        free_names(v, n);
+        free_names(l.v, l.n);
         return rc;
     }
+    char **v = l.v;
+    size_t n = l.n;
     if (n)
         qsort(v, n, sizeof(*v), name_cmp);
     *out = v;
@@ -128,8 +132,8 @@ static bool reap_tmp(struct kvt_store *s, const char *path)
         goto out;
     }
     /* Unlink only the very file we locked: the name may have moved on since the open. */
-    if (lstat(path, &now_st) == 0 && now_st.st_ino == st.st_ino && now_st.st_dev == st.st_dev &&
-        io->unlinkat(AT_FDCWD, path, 0) == 0) {
+    if (io->stat(path, &now_st, AT_SYMLINK_NOFOLLOW) == 0 && now_st.st_ino == st.st_ino &&
+        now_st.st_dev == st.st_dev && io->unlinkat(AT_FDCWD, path, 0) == 0) {
         pthread_mutex_lock(&s->lock);
         s->tmp_reaped++;
         pthread_mutex_unlock(&s->lock);
@@ -186,8 +190,9 @@ static void classify(struct kvt_store *s, struct kvt_sdir *d, struct scan_item *
         return;
 
     struct stat st;
-    if (stat(path, &st) != 0) {
-        if (errno == ENOENT)
+    int src = kvt_io()->stat(path, &st, 0);
+    if (src != 0) {
+        if (src == -ENOENT)
             return;
         pthread_mutex_lock(&s->lock);
         kvt_skip_set_locked(d, path, 0, &seen.mtime, true);
@@ -351,14 +356,14 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
     char **names = NULL;
     size_t n = 0;
     bool again = false;
-    if (present && stat(d->path, &dst) == 0) {
-        int rc = list_dir(d->path, false, &names, &n);
-        if (rc < 0 && rc != -ENOENT) {
-            pthread_mutex_lock(&s->lock);
-            d->recheck = true;
-            pthread_mutex_unlock(&s->lock);
-            return;
-        }
+    int rc = present ? kvt_io()->stat(d->path, &dst, 0) : -ENOENT;
+    if (rc == 0)
+        rc = list_dir(d->path, false, &names, &n);
+    if (rc < 0 && rc != -ENOENT) { /* unknown, not gone: keep the records, look again */
+        pthread_mutex_lock(&s->lock);
+        d->recheck = true;
+        pthread_mutex_unlock(&s->lock);
+        return;
     }
     struct kvt_hmap set = {0};
     bool complete = true;
@@ -445,8 +450,15 @@ int kvt_store_scan(struct kvt_store *s)
         if (!d)
             continue;
         struct stat st;
-        if (stat(d->path, &st) != 0) {
+        int src = kvt_io()->stat(d->path, &st, 0);
+        if (src == -ENOENT) {
             scan_dir(s, d, false);
+            continue;
+        }
+        if (src < 0) { /* unknown, not gone: look again next time */
+            pthread_mutex_lock(&s->lock);
+            d->recheck = true;
+            pthread_mutex_unlock(&s->lock);
             continue;
         }
         pthread_mutex_lock(&s->lock);

@@ -216,7 +216,7 @@ static void restore_failed(struct kvt_store *s, const struct restore_job *j, int
     char *why = strdup(kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
     const char *msg = why ? why : kvt_strerror(rc);
     struct stat st;
-    bool have_st = rc != -ENOENT && stat(j->path, &st) == 0;
+    bool have_st = rc != -ENOENT && kvt_io()->stat(j->path, &st, 0) == 0;
     bool skip = rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED || rc == KVT_E_MISMATCH;
 
     if (rc == KVT_E_CORRUPT && !s->read_only)
@@ -320,7 +320,7 @@ static int restore(kvt_store *s, const struct kvt_hit *hit, struct restore_load 
         return l->refused ? rc : 0;
     }
     if (!s->read_only)
-        utimensat(AT_FDCWD, j.path, NULL, 0); /* the LRU bump on disk; errors ignored */
+        kvt_io()->utimens(j.path, NULL); /* the LRU bump on disk; errors ignored */
     double ms = mono_ms() - t0;
     int64_t now = kvt_now_ms();
     pthread_mutex_lock(&s->lock);

@@ -4,7 +4,10 @@
  * that returned success it appends the entry's id to an acknowledgement log with write +
  * fsync (O_APPEND), so the parent knows which entries the store promised to keep.
  *
- *   crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS]
+ *   crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS [fast|plain]]
+ *
+ * "plain" installs the fault backend without faults, which makes saves take the plain path
+ * (pwrite one call after the other) instead of the fast one (O_DIRECT, the asynchronous queue).
  *
  * TMP_GRACE_MS (default 0) is the store's tmp_grace_ms: 0 lets the writer's recovery reap
  * whatever a killed predecessor left at once, which is right only while no other writer is
@@ -22,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io/io_fault.h"
 #include "progs/crash_entry.h"
 
 static int ack(int fd, uint32_t id)
@@ -54,10 +58,12 @@ static int put_one(kvt_store *s, uint32_t id)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4 && argc != 5) {
-        fprintf(stderr, "usage: crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS]\n");
+    if (argc < 4 || argc > 6) {
+        fprintf(stderr, "usage: crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS [fast|plain]]\n");
         return 2;
     }
+    if (argc == 6 && !strcmp(argv[5], "plain"))
+        kvt_io_set(kvt_io_fault());
     uint32_t first = (uint32_t)strtoul(argv[3], NULL, 10);
     int fd = open(argv[2], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -68,7 +74,7 @@ int main(int argc, char **argv)
         .model_id = SYNTH_MODEL,
         .config_fingerprint = SYNTH_FP,
         .tokenizer_hash = SYNTH_TOK,
-        .tmp_grace_ms = argc == 5 ? strtoll(argv[4], NULL, 10) : 0,
+        .tmp_grace_ms = argc >= 5 ? strtoll(argv[4], NULL, 10) : 0,
     };
     kvt_store *s;
     int rc = kvt_store_open(argv[1], &o, &s);
