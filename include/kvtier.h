@@ -39,6 +39,9 @@ extern "C" {
 #define KVT_VERSION_MINOR 1
 #define KVT_VERSION_PATCH 0
 
+/** The library's version, "MAJOR.MINOR.PATCH", of the library linked (not the header). */
+KVT_API const char *kvt_version(void);
+
 /* ------------------------------------------------------------------------------------------
  * Errors. Library codes are stable and never renumbered; they lie below -1000 so they never
  * collide with -errno.
@@ -116,8 +119,8 @@ typedef void (*kvt_release_fn)(void *ud, void *data);
 
 /** A new zero-filled host buffer of @p bytes (64-byte aligned, page aligned from 64 KiB on;
  * from 1 MiB on a mapping of its own, possibly a cleared one from the buffer cache, and from
- * 2 MiB on 2 MiB aligned, with transparent huge pages asked for unless the environment sets
- * KVT_HUGEPAGE=0; 0 bytes is allowed). */
+ * 2 MiB on 2 MiB aligned, with transparent huge pages asked for unless
+ * kvt_mem_opts.no_hugepages is set; 0 bytes is allowed). */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 /** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). From
  * 1 MiB on it may come from the buffer cache (below). */
@@ -129,13 +132,47 @@ KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
  * reads into memory the process already holds instead of faulting in and zeroing fresh pages;
  * a request that no kept buffer fits first gives back as much of the longest-kept memory, so
  * that the fresh mapping reuses it (PERFORMANCE.md). The default limit is an eighth of
- * physical memory, at most 8 GiB; KVT_BUF_CACHE in the environment (bytes, with an optional
- * K, M or G) sets another. Sets the limit to @p bytes, unmapping the longest-kept buffers
- * beyond it (0: keep none and release all), and returns the previous one.
+ * physical memory, at most 8 GiB (struct kvt_mem_opts sets another). Sets the limit to
+ * @p bytes, unmapping the longest-kept buffers beyond it (0: keep none and release all), and
+ * returns the previous one.
  */
 KVT_API size_t kvt_buf_cache_limit(size_t bytes);
 /** Bytes the buffer cache holds now (memory the process keeps for later buffers). */
 KVT_API size_t kvt_buf_cache_bytes(void);
+/**
+ * The memory and I/O settings of the process, one set for the buffer cache above, huge pages,
+ * the helper threads of restores and saves and the read path. Zero (kvt_mem_opts_init()) is
+ * the default everywhere. They apply to every later call of the process: set them with
+ * kvt_mem_configure(), or through the `mem` member of struct kvt_store_opts (a prompt
+ * cache's `cold` among them) at open. The library reads no environment variable (the kvtier CLI
+ * maps its KVT_* variables onto these).
+ *
+ * Threads: a restore of a large entry may start one helper thread (faulting destination pages
+ * in and hashing ahead; no_helper turns it off), its reads a few I/O threads (when io_uring
+ * is not used), a warm restore up to 4 threads copying slots at once (no_parallel turns it
+ * off), and kvt_store_open() a few threads reading headers. All of them end before the call
+ * that started them returns and run on helper_cpus when it is set.
+ */
+struct kvt_mem_opts {
+    int64_t buf_cache_bytes; /* buffer cache limit: 0 = leave it (the default, or what
+                                kvt_buf_cache_limit() set), < 0 = keep nothing */
+    bool no_hugepages;       /* no huge pages for large buffers and the streams' staging */
+    bool no_helper;          /* no restore helper thread */
+    bool no_parallel;        /* warm restores one slot at a time */
+    bool no_direct;          /* no O_DIRECT: reads and writes through the page cache */
+    const char *io_engine;   /* reads: "io_uring", "threads", or NULL = the best available */
+    const char *helper_cpus; /* CPU list ("2-7,12") for the helper threads; NULL = the caller's */
+};
+
+/** Fill @p o with the defaults (all zero). */
+KVT_API void kvt_mem_opts_init(struct kvt_mem_opts *o);
+/**
+ * Apply @p o to the process (NULL: the defaults). @return 0, or -EINVAL (an unknown engine, a
+ * bad CPU list; nothing changed).
+ * Threads: safe from any thread; calls already running keep the settings they started with.
+ */
+KVT_API int kvt_mem_configure(const struct kvt_mem_opts *o);
+
 /**
  * Wrap engine memory without copying. @p release (may be NULL) runs exactly once, on the thread
  * that drops the last reference, including when this call itself fails (-ENOMEM, -EINVAL).
@@ -487,6 +524,8 @@ struct kvt_store_opts {
                        bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
     kvt_log_fn log; /* one call at a time, on the calling thread or a scan worker thread */
     void *log_ud;
+    const struct kvt_mem_opts *mem; /* applied to the process at open (kvt_mem_configure());
+                                       NULL = leave the settings as they are */
 };
 
 /** A find result: valid until kvt_store_close(); prefix_len == 0 means a miss. */
@@ -587,6 +626,12 @@ KVT_API void kvt_retain_release(kvt_retain *r);
 /*
  * Options (TIER.md §8). Start from kvt_pcache_opts_init(), which sets every default; after
  * that every value is literal (0 means 0).
+ */
+/*
+ * Threads: with cold_dir, kvt_pcache_open() starts the writer thread ("kvt-writer") and, when
+ * write_behind is on or demote_idle_ms > 0, the timer thread ("kvt-timer"), both on
+ * background_cpus; they run until kvt_pcache_close(). cold.mem places the short-lived helper
+ * threads of restores and saves (struct kvt_mem_opts).
  */
 struct kvt_pcache_opts {
     uint64_t ram_max_bytes;         /* RAM tier cap; default 8e9. 0 = caches nothing, and

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/par.h"
+#include "mem/par.h"
 #include "format/format.h"
 #include "io/stream.h"
 
@@ -509,7 +509,7 @@ static void flip_byte(const char *path, uint64_t at)
 
 /*
  * A file entirely in the page cache loads on several cores (helper threads start; not with
- * KVT_IO_PARALLEL=0, nor for a cold file) and restores the same state either way; a corrupt
+ * no_parallel, nor for a cold file) and restores the same state either way; a corrupt
  * file fails with the message of the first bad slot in header order, as a load in order
  * does; a load that does not keep the cache drops the file's pages.
  */
@@ -526,7 +526,7 @@ static void test_warm_load_parallel(void **state)
     char msg[2][512];
     for (int mode = 0; mode < 3; mode++) { /* warm; warm without parallel loads; cold */
         if (mode == 1)
-            setenv("KVT_IO_PARALLEL", "0", 1);
+            set_mem(false, true);
         bool cached = make_warm(path);
         if (mode == 2) {
             make_cold(path);
@@ -544,7 +544,7 @@ static void test_warm_load_parallel(void **state)
         unlink(again);
         free(again);
         kvt_entry_free(e);
-        unsetenv("KVT_IO_PARALLEL");
+        set_mem(false, false);
     }
 
     struct kvt_header *h;
@@ -555,13 +555,13 @@ static void test_warm_load_parallel(void **state)
     kvt_header_free(h);
     for (int mode = 0; mode < 2; mode++) {
         if (mode == 1)
-            setenv("KVT_IO_PARALLEL", "0", 1);
+            set_mem(false, true);
         make_warm(path);
         struct kvt_entry *bad = (void *)1;
         assert_int_equal(kvt_file_load(path, &keep, &bad, NULL), KVT_E_CORRUPT);
         assert_null(bad);
         snprintf(msg[mode], sizeof(msg[mode]), "%s", kvt_last_error());
-        unsetenv("KVT_IO_PARALLEL");
+        set_mem(false, false);
     }
     assert_non_null(strstr(msg[0], "L3: tensor hash mismatch"));
     assert_non_null(strstr(msg[0], "caches[0].tensors[1]"));
@@ -708,7 +708,7 @@ static void test_restore_leaves_fresh_slack_untouched(void **state)
     make_entry(&o, kinds, 1, &g, 47);
     char *path = save(&o.e, "fresh.mlxkv");
     size_t old = kvt_buf_cache_limit(0);
-    setenv("KVT_HUGEPAGE", "0", 1);
+    set_mem(true, false);
     for (int warm = 0; warm < 2; warm++) {
         struct kvt_entry *e = load_warm_or_cold(path, warm);
         assert_int_equal(resident_slack_pages(e->caches[0], 1280), 0);
@@ -716,7 +716,7 @@ static void test_restore_leaves_fresh_slack_untouched(void **state)
         expect_same_rows(o.caches[0], e->caches[0], false);
         kvt_entry_free(e);
     }
-    unsetenv("KVT_HUGEPAGE");
+    set_mem(false, false);
     kvt_buf_cache_limit(old);
     unlink(path);
     free(path);

@@ -21,7 +21,7 @@
 #include "io/aq.h"
 #include "io/io.h"
 #include "io/io_fault.h"
-#include "io/staging.h"
+#include "mem/staging.h"
 #include "io/stream.h"
 
 static char *dir;
@@ -587,7 +587,7 @@ static void test_write_errors(void **state)
 
 /*
  * Staging sits on huge pages (a 2 MiB boundary, VmFlags "hg"), so that a direct request over
- * it is a few physically contiguous segments, not one per 4 KiB page; with KVT_HUGEPAGE=0 it
+ * it is a few physically contiguous segments, not one per 4 KiB page; with huge pages off it
  * does not ask. Unusual sizes, so that the staging cache has no block of them yet.
  */
 static void test_staging_huge_pages(void **state)
@@ -598,9 +598,9 @@ static void test_staging_huge_pages(void **state)
     const size_t sizes[2] = {(size_t)6 << 20, (size_t)10 << 20};
     for (int off = 0; off < 2; off++) {
         if (off)
-            setenv("KVT_HUGEPAGE", "0", 1);
+            set_mem(true, false);
         uint8_t *p = kvt_staging_get(sizes[off]);
-        unsetenv("KVT_HUGEPAGE");
+        set_mem(false, false);
         assert_non_null(p);
         char flags[512];
         vma_flags(p, flags, sizeof(flags));
@@ -608,7 +608,7 @@ static void test_staging_huge_pages(void **state)
         if (!off)
             assert_int_equal((uintptr_t)p % ((uintptr_t)2 << 20), 0);
         if (off ? strstr(flags, " hg") != NULL : strstr(flags, " hg") == NULL)
-            fail_msg("staging, KVT_HUGEPAGE=%s: %s", off ? "0" : "unset", flags);
+            fail_msg("staging, huge pages %s: %s", off ? "0" : "unset", flags);
         memset(p, 0x3c, sizes[off]); /* every byte is usable */
         assert_int_equal(p[sizes[off] - 1], 0x3c);
         kvt_staging_put(p, sizes[off]);

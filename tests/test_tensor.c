@@ -88,7 +88,7 @@ static void test_buf_new_zeroed_aligned(void **state)
 
 /*
  * Large buffers start on a 2 MiB boundary and their mapping asks for transparent huge pages
- * (VmFlags "hg"); with KVT_HUGEPAGE=0 it does not. 40 MiB is above the C library's largest
+ * (VmFlags "hg"); with huge pages off it does not. 40 MiB is above the C library's largest
  * mmap threshold, so each buffer is a mapping of its own.
  */
 static void test_buf_large_huge_pages(void **state)
@@ -103,16 +103,16 @@ static void test_buf_large_huge_pages(void **state)
         for (int off = 0; off < 2; off++) {
             kvt_buf *b = NULL;
             if (off)
-                setenv("KVT_HUGEPAGE", "0", 1);
+                set_mem(true, false);
             assert_int_equal(zero ? kvt_buf_new(n, &b) : kvt_buf_new_uninit(n, &b), 0);
-            unsetenv("KVT_HUGEPAGE");
+            set_mem(false, false);
             uint8_t *d = kvt_buf_data(b);
             if (!off)
                 assert_int_equal((uintptr_t)d % ((uintptr_t)2 << 20), 0);
             vma_flags(d, flags, sizeof(flags));
             assert_true(flags[0] != '\0');
             if (off ? strstr(flags, " hg") != NULL : strstr(flags, " hg") == NULL)
-                fail_msg("%s, KVT_HUGEPAGE=%s: %s", zero ? "kvt_buf_new" : "kvt_buf_new_uninit",
+                fail_msg("%s, huge pages %s: %s", zero ? "kvt_buf_new" : "kvt_buf_new_uninit",
                          off ? "0" : "unset", flags);
             memset(d, 0x5a, n); /* every byte is the caller's */
             assert_int_equal(d[n - 1], 0x5a);
@@ -317,14 +317,14 @@ static void test_buf_small_tail(void **state)
                      kvt_buf_small_tail(b), cases[i].tail);
         kvt_buf_unref(b);
     }
-    setenv("KVT_HUGEPAGE", "0", 1);
+    set_mem(true, false);
     kvt_buf *b;
     assert_int_equal(kvt_buf_new_uninit(mib + mib / 2, &b), 0);
     kvt_buf_unref(b);
     assert_int_equal(kvt_buf_new_uninit(mib + mib / 2, &b), 0);
     assert_int_equal(kvt_buf_small_tail(b), SIZE_MAX); /* no huge pages anywhere */
     kvt_buf_unref(b);
-    unsetenv("KVT_HUGEPAGE");
+    set_mem(false, false);
     kvt_buf_cache_limit(0);
     kvt_buf_cache_limit(old);
 }

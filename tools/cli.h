@@ -32,6 +32,9 @@ int cmd_store_stats(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 
+/** Map the KVT_* environment onto the library's process settings (tools/cli_env.c). */
+int cli_env_apply(void);
+
 /* Shared helpers (tools/cli_util.c). */
 /** Print "kvtier: <what>: <message>" to stderr for a failed library call; returns EXIT_USAGE. */
 int cli_error(const char *what, int rc);

@@ -6,12 +6,11 @@
 
 #include "cli.h"
 
-
 static int cmd_version(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    printf("kvtier %d.%d.%d\n", KVT_VERSION_MAJOR, KVT_VERSION_MINOR, KVT_VERSION_PATCH);
+    printf("kvtier %s\n", kvt_version());
     return 0;
 }
 
@@ -47,6 +46,9 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    int rc = cli_env_apply();
+    if (rc < 0)
+        return cli_error("environment", rc);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         if (!strcmp(name, commands[i].name))
             return commands[i].run(argc - 1, argv + 1);

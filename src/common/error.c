@@ -1,6 +1,7 @@
 /*
- * kvt_strerror() and the per-thread message of the last failed call. A thread-local buffer
- * keeps the library print-free and lock-free while still saying what went wrong and where.
+ * kvt_version(), kvt_strerror() and the per-thread message of the last failed call. A
+ * thread-local buffer keeps the library print-free and lock-free while still saying what went
+ * wrong and where.
  */
 #include "common/error.h"
 
@@ -11,6 +12,14 @@
 #define MSG_MAX 1024
 
 static _Thread_local char last_msg[MSG_MAX];
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+const char *kvt_version(void)
+{
+    return STR(KVT_VERSION_MAJOR) "." STR(KVT_VERSION_MINOR) "." STR(KVT_VERSION_PATCH);
+}
 
 const char *kvt_strerror(int code)
 {

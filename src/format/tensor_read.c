@@ -20,9 +20,10 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "common/par.h"
+#include "mem/par.h"
 #include "io/io.h"
 #include "io/stream.h"
+#include "mem/mem.h"
 
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 {
@@ -279,8 +280,7 @@ static bool load_slot(void *ud, size_t o)
  * bytes has a destination and is in the page cache. */
 static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n, uint64_t bytes)
 {
-    if (!r->dst || n < 2 || bytes < PAR_MIN || !kvt_stream_fast_ok() ||
-        !kvt_stream_env("KVT_IO_PARALLEL", true))
+    if (!r->dst || n < 2 || bytes < PAR_MIN || !kvt_stream_fast_ok() || !kvt_mem_parallel())
         return 1;
     unsigned t = kvt_par_cpus();
     if (t < 2)

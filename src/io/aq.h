@@ -41,7 +41,7 @@ const struct kvt_aq_ops *kvt_aq_threads(void);
 /**
  * Open a queue of @p depth (1..KVT_AQ_MAX_DEPTH) requests through the installed io backend.
  * @p engine: "io_uring", "threads", or NULL for the best that works here (io_uring, else
- * threads; the environment variable KVT_IO_ENGINE may name one). @return 0 or -errno.
+ * threads; kvt_mem_opts.io_engine may name one). @return 0 or -errno.
  */
 int kvt_aq_open(struct kvt_aq *q, unsigned depth, const char *engine);
 /** The OS engines themselves, as kvt_aq_open() describes (the POSIX backend's aq_open). */

@@ -6,6 +6,7 @@
  */
 #include "io/aq.h"
 #include "io/io.h"
+#include "mem/mem.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -100,7 +101,7 @@ static int pool_open(unsigned depth, void **impl)
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);
     unsigned want = depth < MAX_WORKERS ? depth : MAX_WORKERS;
-    while (p->n_th < want && pthread_create(&p->th[p->n_th], NULL, worker, p) == 0)
+    while (p->n_th < want && kvt_mem_thread_start(&p->th[p->n_th], "kvt-io", worker, p) == 0)
         p->n_th++;
     if (p->n_th == 0) {
         pool_close(p);
@@ -194,7 +195,7 @@ int kvt_aq_open_os(struct kvt_aq *q, unsigned depth, const char *engine)
     if (depth == 0 || depth > KVT_AQ_MAX_DEPTH)
         return -EINVAL;
     if (!engine)
-        engine = getenv("KVT_IO_ENGINE");
+        engine = kvt_mem_io_engine();
     const struct kvt_aq_ops *order[2] = {kvt_aq_uring(), kvt_aq_threads()};
     if (engine && !strcmp(engine, "threads"))
         order[0] = NULL;

@@ -37,9 +37,9 @@ struct kvt_range {
 };
 
 /*
- * Stream options. The environment can change the defaults for a whole process (operators,
- * experiments): KVT_IO_ENGINE=io_uring|threads (reads), KVT_IO_DIRECT=0 (no O_DIRECT),
- * KVT_IO_PREFAULT=0 (no prefault helper).
+ * Stream options. The process's settings (struct kvt_mem_opts) come first: no_direct and
+ * no_helper there turn O_DIRECT and the restore helper off for every stream, and io_engine
+ * picks the engine when a stream names none.
  */
 struct kvt_stream_opts {
     size_t chunk;       /* bytes per request; 0 = 2 MiB reading, 16 MiB writing (rounded up
@@ -50,9 +50,6 @@ struct kvt_stream_opts {
     const char *engine; /* reads: "io_uring", "threads" or NULL (best available); writes
                            always use threads (stream_write.c says why) */
 };
-
-/** The boolean environment setting @p name ("0" or "1"), or @p dflt when unset or other. */
-bool kvt_stream_env(const char *name, bool dflt);
 
 /** Whether the streams may take the fast path (the installed io backend says so). */
 bool kvt_stream_fast_ok(void);

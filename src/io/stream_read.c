@@ -30,8 +30,9 @@
 
 #include "io/aq.h"
 #include "io/io.h"
-#include "io/prefault.h"
-#include "io/staging.h"
+#include "mem/restore_helper.h"
+#include "mem/staging.h"
+#include "mem/mem.h"
 
 #define BLK ((uint64_t)4096)
 #define DEFAULT_CHUNK ((size_t)2 << 20)
@@ -89,7 +90,7 @@ struct kvt_rstream {
     uint8_t *bounce; /* small in-place pieces are served from it */
     uint64_t pb_off; /* file bytes [pb_off, pb_off + pb_len) are in the bounce buffer */
     size_t pb_len;
-    struct kvt_prefault *pf;
+    struct kvt_restore_helper *pf;
     size_t pf_ri; /* destinations of ranges before pf_ri are queued for prefaulting */
     bool fast;
     int err;
@@ -100,16 +101,6 @@ struct kvt_rstream {
 bool kvt_stream_fast_ok(void)
 {
     return kvt_io()->fast;
-}
-
-bool kvt_stream_env(const char *name, bool dflt)
-{
-    const char *v = getenv(name);
-    if (v && !strcmp(v, "0"))
-        return false;
-    if (v && !strcmp(v, "1"))
-        return true;
-    return dflt;
 }
 
 /* cachestat(2) came with Linux 6.5; older C library headers do not name it yet. */
@@ -276,7 +267,7 @@ static void prefault_ahead(struct kvt_rstream *s)
     for (; s->pf_ri < s->n && s->r[s->pf_ri].off < horizon; s->pf_ri++) {
         const struct kvt_range *r = &s->r[s->pf_ri];
         void *to = fault_target(r);
-        if (to && r->len >= PREFAULT_MIN && !kvt_prefault_add(s->pf, to, r->len))
+        if (to && r->len >= PREFAULT_MIN && !kvt_restore_helper_add(s->pf, to, r->len))
             return; /* the helper's queue is full: try again after the next chunk */
     }
 }
@@ -295,7 +286,7 @@ static bool prefault_wanted(const struct kvt_rstream *s)
         void *to = fault_target(r);
         if (!to || r->len < PREFAULT_MIN)
             continue;
-        if (kvt_prefault_wanted(to, (size_t)r->len))
+        if (kvt_restore_helper_wanted(to, (size_t)r->len))
             return true;
         any = true;
     }
@@ -472,7 +463,7 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
         kvt_rstream_close(s);
         return -ENOMEM;
     }
-    if (kvt_stream_env("KVT_IO_DIRECT", !o->no_direct)) {
+    if (kvt_mem_direct() && !o->no_direct) {
         int dfd = kvt_io()->reopen(fd, O_RDONLY | O_DIRECT);
         s->dfd = dfd < 0 ? -1 : dfd;
     }
@@ -485,8 +476,8 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     }
     snprintf(s->engine, sizeof(s->engine), "%s%s", s->dfd >= 0 ? kvt_aq_name(&s->q) : "buffered",
              s->dfd >= 0 ? "+direct" : "");
-    if (kvt_stream_env("KVT_IO_PREFAULT", !o->no_prefault) && prefault_wanted(s))
-        s->pf = kvt_prefault_start();
+    if (kvt_mem_helper() && !o->no_prefault && prefault_wanted(s))
+        s->pf = kvt_restore_helper_start();
     top_up(s);
     *out = s;
     return 0;
@@ -516,9 +507,9 @@ static bool range_has_dst(const struct kvt_rstream *s)
 static void piece_done(struct kvt_rstream *s, kvt_piece_fn fn, void *ud, const uint8_t *p, size_t n,
                        bool in_dst)
 {
-    if (!fn || (in_dst && kvt_prefault_defer(s->pf, fn, ud, p, n)))
+    if (!fn || (in_dst && kvt_restore_helper_defer(s->pf, fn, ud, p, n)))
         return;
-    kvt_prefault_drain(s->pf);
+    kvt_restore_helper_drain(s->pf);
     fn(ud, p, n);
 }
 
@@ -549,7 +540,7 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
          * racing the helper for the page tables: 20-30 % slower) */
         for (size_t k = 0; k < len; k += CACHE_PIECE) {
             size_t m = len - k < CACHE_PIECE ? len - k : CACHE_PIECE;
-            kvt_prefault_ensure(s->pf, dst + k, m);
+            kvt_restore_helper_ensure(s->pf, dst + k, m);
             int rc = read_in_place(s, dst + k, m, f + k);
             if (rc < 0)
                 return rc;
@@ -596,7 +587,7 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
     /* destinations the stream did not know ahead: prefault them now */
     pf_now = s->pf && d && !range_has_dst(s) && len >= PREFAULT_MIN;
     if (pf_now)
-        kvt_prefault_add(s->pf, d, len);
+        kvt_restore_helper_add(s->pf, d, len);
     while (len > 0 && !s->err) {
         while (s->ri < s->n && s->pos >= s->r[s->ri].len) {
             s->ri++;
@@ -643,7 +634,7 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
                         /* hash each piece right after its copy, while it is in L2 */
                         size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
                         if (d && d != src) { /* read into place already: nothing to copy */
-                            kvt_prefault_ensure(s->pf, d + k, m);
+                            kvt_restore_helper_ensure(s->pf, d + k, m);
                             memcpy(d + k, src + k, m);
                         }
                         piece_done(s, fn, ud, d ? d + k : src + k, m, d != NULL);
@@ -670,7 +661,7 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
     }
 out_cancel:
     if (pf_now)
-        kvt_prefault_cancel(s->pf);
+        kvt_restore_helper_cancel(s->pf);
     return rc;
 }
 
@@ -681,7 +672,7 @@ int kvt_rstream_read_blocks(struct kvt_rstream *s, void *dst, size_t blocks, siz
     for (size_t k = 0; k < blocks && rc == 0 && !s->err; k++)
         rc = read_run(s, dst ? (uint8_t *)dst + k * stride : NULL, len, fn, ud);
     /* once per call, not per block: the helper hashes a block while the next one arrives */
-    kvt_prefault_drain(s->pf); /* the caller's ud is its own again */
+    kvt_restore_helper_drain(s->pf); /* the caller's ud is its own again */
     if (s->err) {
         rc = s->err;
         if (at)
@@ -700,7 +691,7 @@ void kvt_rstream_close(struct kvt_rstream *s)
 {
     if (!s)
         return;
-    kvt_prefault_stop(s->pf);
+    kvt_restore_helper_stop(s->pf);
     kvt_aq_close(&s->q); /* reaps what is in flight before the staging goes away */
     if (s->dfd >= 0)
         kvt_io()->close(s->dfd);

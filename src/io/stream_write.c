@@ -24,7 +24,8 @@
 
 #include "io/aq.h"
 #include "io/io.h"
-#include "io/staging.h"
+#include "mem/staging.h"
+#include "mem/mem.h"
 
 #define BLK ((uint64_t)4096)
 /* 64 MiB in flight: on virtio-blk a smaller window left the device idle between requests */
@@ -122,7 +123,7 @@ int kvt_wstream_open(int fd, const struct kvt_stream_opts *o, struct kvt_wstream
     if (kvt_stream_fast_ok()) {
         staging_shape(o, &w->chunk, &w->depth);
         const struct kvt_io *io = kvt_io();
-        if (kvt_stream_env("KVT_IO_DIRECT", !o->no_direct))
+        if (kvt_mem_direct() && !o->no_direct)
             w->dfd = io->reopen(fd, O_WRONLY | O_DIRECT);
         if (w->dfd < 0) /* no O_DIRECT here: the staged writes go through the page cache */
             w->dfd = io->reopen(fd, O_WRONLY);

@@ -31,6 +31,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "store/layout.h"
+#include "mem/mem.h"
 
 /* Changes within this many ms of a directory's mtime may share its timestamp. */
 #define MTIME_SETTLE_MS 2000
@@ -285,7 +286,7 @@ static bool scan_batch(struct kvt_store *s, struct kvt_sdir *d, struct scan_item
     struct batch b = {s, d, items, n, 0};
     pthread_t th[SCAN_MAX_THREADS];
     size_t started = 0, want = n >= SCAN_MIN_PARALLEL ? scan_threads() - 1 : 0;
-    while (started < want && pthread_create(&th[started], NULL, batch_worker, &b) == 0)
+    while (started < want && kvt_mem_thread_start(&th[started], "kvt-scan", batch_worker, &b) == 0)
         started++;
     batch_worker(&b);
     for (size_t i = 0; i < started; i++)

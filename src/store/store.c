@@ -84,6 +84,11 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
                         "kvt_store_open: config_fingerprint \"%s\" is not a directory "
                         "name",
                         o->config_fingerprint);
+    if (o->mem) {
+        int mrc = kvt_mem_configure(o->mem);
+        if (mrc < 0)
+            return mrc;
+    }
     struct kvt_store *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;

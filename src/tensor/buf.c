@@ -5,10 +5,11 @@
  * Refcounts and the exposed-rows mark are atomic so holders may live on different threads.
  */
 #include "common/error.h"
-#include "common/hugepage.h"
-#include "common/mapcache.h"
+#include "mem/hugepage.h"
+#include "mem/buf_cache.h"
 #include "tensor/alloc.h"
 #include "tensor/tensor.h"
+#include "mem/mem.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -62,7 +63,7 @@ static int map_alloc(size_t bytes, bool zero, kvt_buf **out)
     struct kvt_buf *b = kvt_malloc(sizeof(*b));
     size_t len = 0;
     bool kept = false;
-    void *p = b ? kvt_mapcache_take(bytes, &len, &kept) : NULL;
+    void *p = b ? kvt_buf_cache_take(bytes, &len, &kept) : NULL;
     if (!p) {
         kvt_free(b);
         return kvt_fail(-ENOMEM, "kvt_buf_new: cannot allocate %zu bytes", bytes);
@@ -161,7 +162,7 @@ void kvt_buf_unref(kvt_buf *b)
         return;
     if (b->wrapped && b->release)
         b->release(b->ud, b->data);
-    kvt_mapcache_give(b->map_len ? b->data : NULL, b->map_len);
+    kvt_buf_cache_give(b->map_len ? b->data : NULL, b->map_len);
     kvt_free(b);
 }
 
@@ -193,7 +194,7 @@ size_t kvt_buf_small_tail(const kvt_buf *b)
      * memory has no tail to avoid: a direct read faults its pages in as it pins them, and
      * 64 MiB entries (1.5 MiB tensors) restored in a new process took twice as long when
      * read through staging and copied into fresh pages. */
-    if (!b || !b->map_len || !b->was_kept || !kvt_hugepage_on())
+    if (!b || !b->map_len || !b->was_kept || !kvt_mem_hugepages())
         return SIZE_MAX;
     size_t whole = b->map_len & ~(KVT_HUGE_PAGE - 1);
     return whole < b->size ? whole : SIZE_MAX;

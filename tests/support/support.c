@@ -256,3 +256,13 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total)
     *total = at;
     return out;
 }
+
+void set_mem(bool no_hugepages, bool no_parallel)
+{
+    struct kvt_mem_opts m;
+    kvt_mem_opts_init(&m);
+    m.no_hugepages = no_hugepages;
+    m.no_parallel = no_parallel;
+    if (kvt_mem_configure(&m) != 0)
+        abort();
+}

@@ -55,4 +55,7 @@ struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed
 /** The bytes of every persisted tensor of @p e in slot order (malloc'd; *@p total their count). */
 uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total);
 
+/** kvt_mem_configure() with these switches and every other setting at its default. */
+void set_mem(bool no_hugepages, bool no_parallel);
+
 #endif

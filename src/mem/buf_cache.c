@@ -1,20 +1,19 @@
 /*
- * The buffer cache (common/mapcache.h): a small table of kept mappings under one lock. A take
+ * The buffer cache (mem/buf_cache.h): a small table of kept mappings under one lock. A take
  * picks the smallest kept mapping that is large enough and keeps its tail beyond the request
  * (cut on a huge-page boundary) for later takes; a take that finds none unmaps as much of the
  * longest-kept memory as it asks for before mapping afresh; a give that pushes the cache over
  * its limit unmaps the longest-kept mappings. Unmapping happens outside the lock.
  */
-#include "common/mapcache.h"
+#include "mem/buf_cache.h"
 
-#include <ctype.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "common/hugepage.h"
+#include "mem/hugepage.h"
 #include "kvtier.h"
 
 #define SLOTS 256
@@ -56,23 +55,17 @@ static void fork_done(void)
     pthread_mutex_unlock(&mu);
 }
 
-/* KVT_BUF_CACHE: bytes with an optional K, M or G (binary); anything else is ignored. */
+size_t kvt_buf_cache_default_limit(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t d = pages > 0 && page > 0 && !SANITIZED ? (size_t)pages / 8 * (size_t)page : 0;
+    return d > DEFAULT_MAX ? DEFAULT_MAX : d;
+}
+
 static void init_limit(void)
 {
     pthread_atfork(fork_prepare, fork_done, fork_done);
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    limit = pages > 0 && page > 0 && !SANITIZED ? (size_t)pages / 8 * (size_t)page : 0;
-    if (limit > DEFAULT_MAX)
-        limit = DEFAULT_MAX;
-    const char *v = getenv("KVT_BUF_CACHE");
-    if (!v || !isdigit((unsigned char)*v))
-        return;
-    char *end;
-    unsigned long long n = strtoull(v, &end, 10);
-    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
-    if ((shift && end[1]) || (!shift && *end) || n > (SIZE_MAX >> shift))
-        return;
-    limit = (size_t)n << shift;
+    limit = kvt_buf_cache_default_limit();
 }
 
 /* @p bytes rounded up to whole pages; 0 when that leaves no room to align the mapping. */
@@ -123,7 +116,7 @@ static void unmap_all(const struct kept *out, size_t n)
         munmap(out[i].p, out[i].len);
 }
 
-void *kvt_mapcache_take(size_t bytes, size_t *len, bool *was_kept)
+void *kvt_buf_cache_take(size_t bytes, size_t *len, bool *was_kept)
 {
     pthread_once(&once, init_limit);
     size_t want = page_round(bytes);
@@ -159,7 +152,7 @@ void *kvt_mapcache_take(size_t bytes, size_t *len, bool *was_kept)
     return p;
 }
 
-void kvt_mapcache_give(void *p, size_t len)
+void kvt_buf_cache_give(void *p, size_t len)
 {
     if (!p)
         return;

@@ -11,7 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "io/prefault.h"
+#include "mem/restore_helper.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -34,9 +34,9 @@ static size_t resident(const uint8_t *p, size_t len)
     return count;
 }
 
-static struct kvt_prefault *start(void)
+static struct kvt_restore_helper *start(void)
 {
-    struct kvt_prefault *p = kvt_prefault_start();
+    struct kvt_restore_helper *p = kvt_restore_helper_start();
     if (!p)
         skip(); /* a kernel without MADV_POPULATE_WRITE: nothing to test */
     return p;
@@ -48,15 +48,15 @@ static void test_ensured_pieces_are_resident(void **state)
     (void)state;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 64 * MIB;
     for (size_t piece = 64 << 10; piece <= 4 * MIB; piece *= 4) {
-        struct kvt_prefault *p = start();
+        struct kvt_restore_helper *p = start();
         uint8_t *m = map(len);
-        assert_true(kvt_prefault_add(p, m, len));
+        assert_true(kvt_restore_helper_add(p, m, len));
         for (size_t off = 0; off < len; off += piece) {
-            kvt_prefault_ensure(p, m + off, piece);
+            kvt_restore_helper_ensure(p, m + off, piece);
             assert_int_equal(resident(m + off, piece), piece / pg);
             memset(m + off, 0x5a, piece);
         }
-        kvt_prefault_stop(p);
+        kvt_restore_helper_stop(p);
         munmap(m, len);
     }
 }
@@ -66,16 +66,16 @@ static void test_unqueued_memory_is_left_alone(void **state)
 {
     (void)state;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    struct kvt_prefault *p = start();
+    struct kvt_restore_helper *p = start();
     uint8_t *queued = map(8 * MIB), *other = map(8 * MIB);
-    assert_true(kvt_prefault_add(p, queued + 100, 8 * MIB - 200));
-    kvt_prefault_ensure(p, other, 8 * MIB);
+    assert_true(kvt_restore_helper_add(p, queued + 100, 8 * MIB - 200));
+    kvt_restore_helper_ensure(p, other, 8 * MIB);
     assert_int_equal(resident(other, 8 * MIB), 0);
-    kvt_prefault_ensure(p, queued, 8 * MIB);
+    kvt_restore_helper_ensure(p, queued, 8 * MIB);
     /* only the whole pages inside the queued range */
     assert_int_equal(resident(queued + pg, 8 * MIB - 2 * pg), 8 * MIB / pg - 2);
-    kvt_prefault_cancel(p);
-    kvt_prefault_stop(p);
+    kvt_restore_helper_cancel(p);
+    kvt_restore_helper_stop(p);
     munmap(queued, 8 * MIB);
     munmap(other, 8 * MIB);
 }
@@ -85,13 +85,13 @@ static void test_contents_are_kept(void **state)
 {
     (void)state;
     size_t len = 16 * MIB;
-    struct kvt_prefault *p = start();
+    struct kvt_restore_helper *p = start();
     uint8_t *m = map(len);
     uint64_t rs = 9;
     for (size_t off = 0; off < len; off += 3 * MIB)
         fill_random(m + off, 4096, &rs);
-    assert_true(kvt_prefault_add(p, m, len));
-    kvt_prefault_ensure(p, m, len);
+    assert_true(kvt_restore_helper_add(p, m, len));
+    kvt_restore_helper_ensure(p, m, len);
     rs = 9;
     uint8_t want[4096], zero[4096] = {0};
     for (size_t off = 0; off < len; off += 4096) {
@@ -102,7 +102,7 @@ static void test_contents_are_kept(void **state)
             assert_memory_equal(m + off, zero, sizeof(zero));
         }
     }
-    kvt_prefault_stop(p);
+    kvt_restore_helper_stop(p);
     munmap(m, len);
 }
 
@@ -111,17 +111,17 @@ static void test_freed_memory_is_harmless(void **state)
 {
     (void)state;
     for (int round = 0; round < 20; round++) {
-        struct kvt_prefault *p = start();
+        struct kvt_restore_helper *p = start();
         uint8_t *m = map(32 * MIB);
-        assert_true(kvt_prefault_add(p, m, 32 * MIB));
+        assert_true(kvt_restore_helper_add(p, m, 32 * MIB));
         munmap(m, 16 * MIB);
-        kvt_prefault_ensure(p, m, 32 * MIB);
-        kvt_prefault_cancel(p);
+        kvt_restore_helper_ensure(p, m, 32 * MIB);
+        kvt_restore_helper_cancel(p);
         munmap(m + 16 * MIB, 16 * MIB);
-        kvt_prefault_stop(p);
+        kvt_restore_helper_stop(p);
     }
-    kvt_prefault_ensure(NULL, NULL, 1);
-    kvt_prefault_stop(NULL);
+    kvt_restore_helper_ensure(NULL, NULL, 1);
+    kvt_restore_helper_stop(NULL);
 }
 
 struct order {
@@ -152,27 +152,27 @@ static void test_deferred_pieces_run_in_order(void **state)
         data[i] = (uint8_t)(i * 131 + (i >> 12));
     uint64_t want = kvt_wyhash(0, data, len);
     for (int round = 0; round < 3; round++) {
-        struct kvt_prefault *p = start();
+        struct kvt_restore_helper *p = start();
         struct order o = {.base = data, .piece = piece};
         kvt_wyhash_init(&o.h, 0);
-        assert_true(kvt_prefault_add(p, dst, len)); /* work competing with the pieces */
+        assert_true(kvt_restore_helper_add(p, dst, len)); /* work competing with the pieces */
         for (size_t k = 0; k < n; k++)
-            assert_true(kvt_prefault_defer(p, take_piece, &o, data + k * piece, piece));
+            assert_true(kvt_restore_helper_defer(p, take_piece, &o, data + k * piece, piece));
         if (round < 2)
-            kvt_prefault_drain(p);
+            kvt_restore_helper_drain(p);
         else
-            kvt_prefault_stop(p); /* stop runs what is still queued too */
+            kvt_restore_helper_stop(p); /* stop runs what is still queued too */
         assert_int_equal(o.runs, n);
         assert_int_equal(o.next, n);
         assert_true(kvt_wyhash_final(&o.h) == want);
         if (round < 2) {
-            kvt_prefault_drain(p); /* nothing left: returns at once */
+            kvt_restore_helper_drain(p); /* nothing left: returns at once */
             assert_int_equal(o.runs, n);
-            kvt_prefault_stop(p);
+            kvt_restore_helper_stop(p);
         }
     }
-    assert_false(kvt_prefault_defer(NULL, take_piece, NULL, data, 1));
-    kvt_prefault_drain(NULL);
+    assert_false(kvt_restore_helper_defer(NULL, take_piece, NULL, data, 1));
+    kvt_restore_helper_drain(NULL);
     munmap(data, len);
     munmap(dst, len);
 }
@@ -182,19 +182,19 @@ static void test_wanted_only_for_missing_pages(void **state)
     (void)state;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = 8 * MIB + 3 * pg;
     uint8_t *m = map(len);
-    assert_true(kvt_prefault_wanted(m, len)); /* nothing touched */
+    assert_true(kvt_restore_helper_wanted(m, len)); /* nothing touched */
     memset(m, 1, len);
-    assert_false(kvt_prefault_wanted(m, len));
-    assert_false(kvt_prefault_wanted(m + 17, len - 40)); /* not on page boundaries */
-    assert_false(kvt_prefault_wanted(m, 0));
+    assert_false(kvt_restore_helper_wanted(m, len));
+    assert_false(kvt_restore_helper_wanted(m + 17, len - 40)); /* not on page boundaries */
+    assert_false(kvt_restore_helper_wanted(m, 0));
     /* one page given back, far past the first mincore window of the check */
     assert_int_equal(madvise(m + 6 * MIB + pg, pg, MADV_DONTNEED), 0);
-    assert_true(kvt_prefault_wanted(m, len));
-    assert_true(kvt_prefault_wanted(m + 6 * MIB + pg + 100, 1));
-    assert_false(kvt_prefault_wanted(m, 6 * MIB + pg));
-    assert_false(kvt_prefault_wanted(m + 6 * MIB + 2 * pg, len - 6 * MIB - 2 * pg));
+    assert_true(kvt_restore_helper_wanted(m, len));
+    assert_true(kvt_restore_helper_wanted(m + 6 * MIB + pg + 100, 1));
+    assert_false(kvt_restore_helper_wanted(m, 6 * MIB + pg));
+    assert_false(kvt_restore_helper_wanted(m + 6 * MIB + 2 * pg, len - 6 * MIB - 2 * pg));
     munmap(m, len);
-    assert_true(kvt_prefault_wanted(m, len)); /* unmapped: the check cannot say no */
+    assert_true(kvt_restore_helper_wanted(m, len)); /* unmapped: the check cannot say no */
 }
 
 int main(void)

@@ -1,14 +1,15 @@
 /*
- * The parallel job runner (common/par.h): an atomic counter hands out job indices to the
+ * The parallel job runner (mem/par.h): an atomic counter hands out job indices to the
  * calling thread and its helpers.
  */
-#include "common/par.h"
+#include "mem/par.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 
 #include "common/cpus.h"
+#include "mem/mem.h"
 
 #define MAX_HELPERS 15
 
@@ -46,7 +47,7 @@ void kvt_par_for(size_t n, unsigned threads, bool (*fn)(void *ud, size_t i), voi
         want = (unsigned)(n - (n > 0)); /* one job each at most */
     atomic_init(&p.next, 0);
     atomic_init(&p.stop, false);
-    while (helpers < want && kvt_thread_start(&th[helpers], "kvt-par", NULL, work, &p) == 0)
+    while (helpers < want && kvt_mem_thread_start(&th[helpers], "kvt-par", work, &p) == 0)
         helpers++;
     atomic_fetch_add(&helpers_started, helpers);
     work(&p);

@@ -1,6 +1,6 @@
 /*
  * Transparent huge pages for the library's own large memory: tensors a restore allocates and
- * the streams' staging. KVT_HUGEPAGE=0 in the environment turns them off.
+ * the streams' staging, unless kvt_mem_opts.no_hugepages turns them off (kvt_mem_hugepages()).
  */
 #ifndef KVT_HUGEPAGE_H
 #define KVT_HUGEPAGE_H
@@ -9,9 +9,6 @@
 #include <stddef.h>
 
 #define KVT_HUGE_PAGE ((size_t)2 << 20)
-
-/** Whether large memory should ask for huge pages (KVT_HUGEPAGE is not "0"). */
-bool kvt_hugepage_on(void);
 
 /**
  * A fresh private anonymous mapping of exactly @p bytes (a multiple of the page size). From

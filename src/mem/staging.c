@@ -2,13 +2,13 @@
  * The staging cache (staging.h): a couple of mappings kept after use, handed out again to a
  * stream that asks for the same size. Bounded: anything beyond the cache's slots is unmapped.
  */
-#include "io/staging.h"
+#include "mem/staging.h"
 
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "common/hugepage.h"
+#include "mem/hugepage.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23

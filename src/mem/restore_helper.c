@@ -2,14 +2,15 @@
  * The prefault helper (prefault.h): one thread that takes address ranges from a small FIFO and
  * faults their whole pages in with madvise(MADV_POPULATE_WRITE), a block at a time. Each block
  * is claimed under the lock before it is populated, by the helper or by a consumer that has
- * caught up with it (kvt_prefault_ensure), so no page is populated twice and a copy never
+ * caught up with it (kvt_restore_helper_ensure), so no page is populated twice and a copy never
  * takes page faults while the other thread works on the same page tables. Populating never
  * changes the contents of a page, so a range that is freed (or even reused) while queued is
  * harmless: the work is merely wasted, and the kernel reports an unmapped range as an error
  * that is ignored. Deferred pieces come before populating: the copying thread waits for
  * them at the end of each read, while populating a block it needs it can do itself.
  */
-#include "io/prefault.h"
+#include "mem/restore_helper.h"
+#include "mem/mem.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -43,7 +44,7 @@ struct piece {
     size_t len;
 };
 
-struct kvt_prefault {
+struct kvt_restore_helper {
     pthread_mutex_t mu;
     pthread_cond_t work; /* a range or a piece was queued, or stop */
     pthread_cond_t done; /* the helper finished a block or a piece */
@@ -62,13 +63,13 @@ static uintptr_t page_size(void)
     return (uintptr_t)sysconf(_SC_PAGESIZE);
 }
 
-static struct range *slot(struct kvt_prefault *p, unsigned i)
+static struct range *slot(struct kvt_restore_helper *p, unsigned i)
 {
     return &p->q[(p->head + i) % QUEUE];
 }
 
 /* Drop the used-up ranges at the front of the queue. */
-static void pop_empty(struct kvt_prefault *p)
+static void pop_empty(struct kvt_restore_helper *p)
 {
     while (p->n > 0 && slot(p, 0)->lo >= slot(p, 0)->hi) {
         p->head = (p->head + 1) % QUEUE;
@@ -77,7 +78,7 @@ static void pop_empty(struct kvt_prefault *p)
 }
 
 /* Claim up to @p max bytes from the start of queued range @p r (the lock is held). */
-static struct range claim(struct kvt_prefault *p, struct range *r, uintptr_t max)
+static struct range claim(struct kvt_restore_helper *p, struct range *r, uintptr_t max)
 {
     struct range b = {r->lo, r->hi - r->lo < max ? r->hi : r->lo + max};
     r->lo = b.hi;
@@ -96,7 +97,7 @@ static void populate(struct range b)
 }
 
 /* Run the piece at the front of the queue (the lock is held, and released while it runs). */
-static void run_piece(struct kvt_prefault *p)
+static void run_piece(struct kvt_restore_helper *p)
 {
     struct piece c = p->pc[p->pc_head];
     p->pc_running = true;
@@ -110,7 +111,7 @@ static void run_piece(struct kvt_prefault *p)
 }
 
 /* Make progress on the queued pieces: run the front one, or wait while another thread does. */
-static void take_or_wait(struct kvt_prefault *p)
+static void take_or_wait(struct kvt_restore_helper *p)
 {
     if (p->pc_running)
         pthread_cond_wait(&p->done, &p->mu);
@@ -120,7 +121,7 @@ static void take_or_wait(struct kvt_prefault *p)
 
 static void *helper(void *arg)
 {
-    struct kvt_prefault *p = arg;
+    struct kvt_restore_helper *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
         pop_empty(p);
@@ -155,7 +156,7 @@ static bool can_populate(void)
     return ok;
 }
 
-bool kvt_prefault_wanted(const void *addr, size_t len)
+bool kvt_restore_helper_wanted(const void *addr, size_t len)
 {
     uintptr_t pg = page_size();
     uintptr_t lo = (uintptr_t)addr & ~(pg - 1), hi = (uintptr_t)addr + len;
@@ -177,20 +178,20 @@ bool kvt_prefault_wanted(const void *addr, size_t len)
     return false;
 }
 
-struct kvt_prefault *kvt_prefault_start(void)
+struct kvt_restore_helper *kvt_restore_helper_start(void)
 {
     static atomic_int supported = -1; /* a racy first call is harmless: both agree */
     if (supported < 0)
         supported = can_populate();
     if (!supported)
         return NULL;
-    struct kvt_prefault *p = calloc(1, sizeof(*p));
+    struct kvt_restore_helper *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);
-    if (pthread_create(&p->th, NULL, helper, p) != 0) {
+    if (kvt_mem_thread_start(&p->th, "kvt-helper", helper, p) != 0) {
         pthread_cond_destroy(&p->done);
         pthread_cond_destroy(&p->work);
         pthread_mutex_destroy(&p->mu);
@@ -200,7 +201,7 @@ struct kvt_prefault *kvt_prefault_start(void)
     return p;
 }
 
-bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len)
+bool kvt_restore_helper_add(struct kvt_restore_helper *p, void *addr, size_t len)
 {
     if (!p || len == 0)
         return true;
@@ -220,7 +221,7 @@ bool kvt_prefault_add(struct kvt_prefault *p, void *addr, size_t len)
     return room;
 }
 
-void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len)
+void kvt_restore_helper_ensure(struct kvt_restore_helper *p, void *addr, size_t len)
 {
     if (!p || len == 0)
         return;
@@ -257,8 +258,9 @@ void kvt_prefault_ensure(struct kvt_prefault *p, void *addr, size_t len)
     pthread_mutex_unlock(&p->mu);
 }
 
-bool kvt_prefault_defer(struct kvt_prefault *p, void (*fn)(void *ud, const void *data, size_t len),
-                        void *ud, const void *data, size_t len)
+bool kvt_restore_helper_defer(struct kvt_restore_helper *p,
+                              void (*fn)(void *ud, const void *data, size_t len), void *ud,
+                              const void *data, size_t len)
 {
     if (!p)
         return false;
@@ -272,7 +274,7 @@ bool kvt_prefault_defer(struct kvt_prefault *p, void (*fn)(void *ud, const void 
     return true;
 }
 
-void kvt_prefault_drain(struct kvt_prefault *p)
+void kvt_restore_helper_drain(struct kvt_restore_helper *p)
 {
     if (!p)
         return;
@@ -282,7 +284,7 @@ void kvt_prefault_drain(struct kvt_prefault *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-void kvt_prefault_cancel(struct kvt_prefault *p)
+void kvt_restore_helper_cancel(struct kvt_restore_helper *p)
 {
     if (!p)
         return;
@@ -291,11 +293,11 @@ void kvt_prefault_cancel(struct kvt_prefault *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-void kvt_prefault_stop(struct kvt_prefault *p)
+void kvt_restore_helper_stop(struct kvt_restore_helper *p)
 {
     if (!p)
         return;
-    kvt_prefault_drain(p);
+    kvt_restore_helper_drain(p);
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     p->n = 0;

@@ -1,18 +1,14 @@
 /*
- * Huge-page advice and aligned mappings (common/hugepage.h).
+ * Huge-page advice and aligned mappings (mem/hugepage.h).
  */
-#include "common/hugepage.h"
+#include "mem/hugepage.h"
+
+#include "mem/mem.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-
-bool kvt_hugepage_on(void)
-{
-    const char *v = getenv("KVT_HUGEPAGE");
-    return !(v && !strcmp(v, "0"));
-}
 
 /* Advise the whole huge pages of [p, p + bytes) (p on a huge-page boundary), before anything
  * touches them. Advisory: errors are ignored. */
@@ -25,7 +21,7 @@ static void advise(void *p, size_t bytes)
 
 void *kvt_hugepage_map(size_t bytes)
 {
-    bool huge = kvt_hugepage_on() && bytes >= KVT_HUGE_PAGE;
+    bool huge = kvt_mem_hugepages() && bytes >= KVT_HUGE_PAGE;
     size_t extra = huge ? KVT_HUGE_PAGE : 0;
     uint8_t *m =
         mmap(NULL, bytes + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
