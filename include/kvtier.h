@@ -517,9 +517,10 @@ struct kvt_store_opts {
     bool no_verify;                 /* skip tensor hash checks on restore */
     bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
     size_t max_header_bytes;        /* 0 = 64 MiB */
-    int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; <0 = 60000.
-                                       It covers the instant between a writer's create and
-                                       lock: 0 is safe only with no other live writer */
+    int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; default
+                                       60000 (also < 0). It covers the instant between a
+                                       writer's create and lock: 0 (reap at once) is safe
+                                       only with no other live writer */
     bool read_only; /* inspect only: no directory creation, reaping, removal, eviction, LRU
                        bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
     kvt_log_fn log; /* one call at a time, on the calling thread or a scan worker thread */
@@ -555,6 +556,13 @@ struct kvt_store_record {
     int64_t mtime_ms; /* the LRU clock: file mtime at scan, bumped by restores */
     bool trimmable;
 };
+
+/**
+ * Fill @p o with the defaults (STORE.md §1): every field literal (max_bytes 32 GiB,
+ * max_header_bytes 64 MiB, tmp_grace_ms 60000), the identity fields NULL. A zero cap or header
+ * limit also means the default, being no usable value; a zero grace means none.
+ */
+KVT_API void kvt_store_opts_init(struct kvt_store_opts *o);
 
 /** Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap. */
 KVT_API int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out);

@@ -405,8 +405,9 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
         forget_missing(s, d, &set, start_seq);
     d->mtime = dst.st_mtim;
     d->scanned = true;
-    d->recheck =
-        again || !complete || kvt_now_ms() - kvt_timespec_ms(&dst.st_mtim) < MTIME_SETTLE_MS;
+    d->recheck = again || !complete;
+    d->settling = kvt_now_ms() - kvt_timespec_ms(&dst.st_mtim) < MTIME_SETTLE_MS;
+    d->relist_at = d->settling ? kvt_now_ms() + MTIME_SETTLE_MS : 0;
     pthread_mutex_unlock(&s->lock);
     kvt_hmap_free(&set);
     free_names(names, n);
@@ -426,7 +427,29 @@ static void gather_stale(void *val, void *ud)
         st->v[st->n++] = d;
 }
 
-int kvt_store_scan(struct kvt_store *s)
+void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d)
+{
+    struct stat st;
+    if (kvt_io()->stat(d->path, &st, 0) != 0)
+        return; /* the next scan lists it */
+    pthread_mutex_lock(&s->lock);
+    d->mtime = st.st_mtim;
+    if (!d->settling) { /* another process's change in the same tick: found by then */
+        d->settling = true;
+        d->relist_at = kvt_now_ms() + MTIME_SETTLE_MS;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Whether @p d must be listed again, its mtime now being @p mtime (the lock held). */
+static bool needs_listing(const struct kvt_sdir *d, const struct timespec *mtime, bool strict)
+{
+    if (!d->scanned || d->recheck || !timespec_eq(mtime, &d->mtime))
+        return true;
+    return d->settling && (strict || kvt_now_ms() >= d->relist_at);
+}
+
+int kvt_store_scan(struct kvt_store *s, bool strict)
 {
     pthread_mutex_lock(&s->scan_lock);
     char **names = NULL;
@@ -463,7 +486,7 @@ int kvt_store_scan(struct kvt_store *s)
             continue;
         }
         pthread_mutex_lock(&s->lock);
-        bool need = !d->scanned || d->recheck || !timespec_eq(&st.st_mtim, &d->mtime);
+        bool need = needs_listing(d, &st.st_mtim, strict);
         pthread_mutex_unlock(&s->lock);
         if (need)
             scan_dir(s, d, true);

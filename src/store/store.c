@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "common/error.h"
+#include "format/format.h"
 #include "io/io.h"
 #include "store/layout.h"
 
@@ -67,6 +68,14 @@ static void evict(struct kvt_store *s)
     kvt_store_evict_locked(s, &pl);
     pthread_mutex_unlock(&s->lock);
     kvt_pathlist_unlink(&pl);
+}
+
+void kvt_store_opts_init(struct kvt_store_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->max_bytes = DEFAULT_MAX_BYTES;
+    o->max_header_bytes = KVT_DEFAULT_MAX_HEADER;
+    o->tmp_grace_ms = DEFAULT_TMP_GRACE_MS;
 }
 
 int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out)
@@ -120,7 +129,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
             goto out_free;
         }
     }
-    rc = kvt_store_scan(s);
+    rc = kvt_store_scan(s, true);
     if (rc < 0)
         goto out_free;
     evict(s); /* STORE.md §12.6: a lowered cap applies at open */
@@ -136,7 +145,7 @@ int kvt_store_refresh(kvt_store *s)
 {
     if (!s)
         return kvt_fail(-EINVAL, "kvt_store_refresh: no store");
-    int rc = kvt_store_scan(s);
+    int rc = kvt_store_scan(s, true);
     evict(s);
     return rc;
 }
@@ -517,8 +526,9 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     if (planned > s->max_bytes)
         return too_large(s, planned);
 
-    /* Count other processes' files before this one evicts (STORE.md §12.4). */
-    kvt_store_scan(s);
+    /* Count other processes' files before this one evicts (STORE.md §12.4): directories whose
+     * mtime moved since this process last saw it are listed again, not the unchanged ones. */
+    kvt_store_scan(s, false);
 
     struct kvt_sdir *d = NULL;
     char *path = NULL;
@@ -565,6 +575,8 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     pthread_mutex_unlock(&s->lock);
     free(sup);
     kvt_pathlist_unlink(&pl);
+    if (rc == 0)
+        kvt_store_note_own_change(s, d);
     if (rc < 0) {
         kvt_fail(rc, "%s: written but not indexed: out of memory", path);
         put_failed(s, rc, path);

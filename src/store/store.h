@@ -32,8 +32,12 @@ struct kvt_skip {
 /** One namespace directory under the root. */
 struct kvt_sdir {
     char *name, *path;
-    struct timespec mtime; /* as seen before the last listing */
+    struct timespec mtime; /* as seen before the last listing, or after this process's put */
     bool scanned, recheck;
+    /* The mtime is recent, so a change in the same clock tick may hide behind it: a refresh
+     * lists the directory again; a put's scan does so once relist_at (wall ms) has passed. */
+    bool settling;
+    int64_t relist_at;
     uint64_t seen_gen;     /* the last scan that found it under the root */
     struct kvt_hmap recs;  /* struct kvt_rec * by path hash */
     struct kvt_hmap skips; /* struct kvt_skip * by path hash */
@@ -114,7 +118,9 @@ void kvt_pathlist_unlink(struct kvt_pathlist *pl);
  * records whose files are gone, reap abandoned .tmp files, classify and act on bad files.
  * Does not evict. @return 0, or -errno when the root cannot be listed (a missing root is 0).
  */
-int kvt_store_scan(struct kvt_store *s);
+int kvt_store_scan(struct kvt_store *s, bool strict);
+/** This process has just changed @p d (a put, its evictions): take its new mtime as seen. */
+void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d);
 
 /**
  * A restore's load step into memory the caller owns: load @p path under expectations @p x,
