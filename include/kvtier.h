@@ -564,6 +564,41 @@ struct kvt_store_record {
  */
 KVT_API void kvt_store_opts_init(struct kvt_store_opts *o);
 
+/** What kvt_store_check() finds to act on, one kind per file. */
+enum kvt_check_kind {
+    KVT_CHECK_TMP,         /* an abandoned .tmp (STORE.md §12.4, the store's grace) */
+    KVT_CHECK_CORRUPT,     /* a .mlxkv whose header fails as KVT_E_CORRUPT */
+    KVT_CHECK_QUARANTINED, /* a .mlxkv.corrupt (with remove_skipped) */
+    KVT_CHECK_SKIPPED,     /* a file no identity here can use (with remove_skipped) */
+    KVT_CHECK_EVICT,       /* an entry beyond max_bytes, in the store's eviction order */
+    KVT_CHECK_KINDS
+};
+
+struct kvt_check_opts {
+    bool repair;         /* act; false = a dry run that only reports */
+    bool files;          /* look at every file of the fingerprint directory */
+    bool remove_skipped; /* files: also quarantined and skipped files */
+    uint64_t max_bytes;  /* evict the store's entries down to this; 0 = no eviction */
+    /* remove_skipped: whether a readable entry of another model or tokenizer belongs to an
+     * identity kept here (NULL: only the store's own identity is kept) */
+    bool (*keep)(void *ud, const struct kvt_header *h);
+    /* Called for every file acted on (or, in a dry run, that would be): @p why may be NULL;
+     * @p rc is 0, or the -errno of a removal that failed. */
+    void (*report)(void *ud, enum kvt_check_kind k, const char *path, uint64_t bytes,
+                   const char *why, int rc);
+    void *ud;
+};
+
+/**
+ * Check the store @p dir / @p so (the identity, tmp_grace_ms) as kvt_store_open() would see
+ * it, and repair it on request: remove abandoned .tmp files and corrupt entries, optionally
+ * quarantined and unusable ones, and evict to a cap (the `kvtier gc` command). Never touches
+ * another fingerprint's directory. @return 0, or -errno / KVT_E_* of a listing or an open.
+ * Threads: the store may be open in this and other processes meanwhile.
+ */
+KVT_API int kvt_store_check(const char *dir, const struct kvt_store_opts *so,
+                            const struct kvt_check_opts *co);
+
 /** Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap. */
 KVT_API int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out);
 KVT_API void kvt_store_close(kvt_store *s);

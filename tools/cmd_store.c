@@ -593,154 +593,83 @@ int cmd_store_stats(int argc, char **argv)
     return status;
 }
 
-/* ---- gc ------------------------------------------------------------------------------- */
+/* ---- gc: the store's own check (kvt_store_check) ------------------------------------- */
 
-enum gc_kind { GC_TMP, GC_CORRUPT, GC_QUARANTINED, GC_SKIPPED, GC_EVICT };
-static const char *const gc_verb[] = {"reap abandoned", "remove corrupt", "remove quarantined",
-                                      "remove skipped", "evict"};
-
-struct gc_counts {
-    uint64_t files[5], bytes[5];
+static const char *const gc_verb[KVT_CHECK_KINDS] = {
+    [KVT_CHECK_TMP] = "reap abandoned",
+    [KVT_CHECK_CORRUPT] = "remove corrupt",
+    [KVT_CHECK_QUARANTINED] = "remove quarantined",
+    [KVT_CHECK_SKIPPED] = "remove skipped",
+    [KVT_CHECK_EVICT] = "evict",
 };
 
-static uint64_t file_size(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
-}
+struct gc_run {
+    const struct args *a;
+    const struct target *t;
+    uint64_t files[KVT_CHECK_KINDS], bytes[KVT_CHECK_KINDS];
+    bool failed;
+};
 
-/** A .tmp whose writer is gone (a non-blocking flock succeeds) and older than the grace. */
-static bool tmp_is_dead(const char *path, int64_t grace_ms)
+static void gc_report(void *ud, enum kvt_check_kind k, const char *path, uint64_t bytes,
+                      const char *why, int rc)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0)
-        return false;
-    bool dead = false;
-    struct stat st;
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0) {
-        int64_t age = ((int64_t)now.tv_sec - st.st_mtim.tv_sec) * 1000 +
-                      (now.tv_nsec - st.st_mtim.tv_nsec) / 1000000;
-        dead = age >= grace_ms;
+    struct gc_run *g = ud;
+    if (rc < 0) {
+        fprintf(stderr, "kvtier: gc: cannot remove %s: %s\n", path, kvt_strerror(rc));
+        return;
     }
-    close(fd);
-    return dead;
+    const char *would = g->a->dry_run ? "would " : "";
+    if (k == KVT_CHECK_EVICT)
+        printf("%s%s %s (%" PRIu64 " bytes, %s)\n", would, gc_verb[k], path, bytes, why);
+    else
+        printf("%s%s %s%s%s\n", would, gc_verb[k], path, why ? ": " : "", why ? why : "");
+    g->files[k]++;
+    g->bytes[k] += bytes;
 }
 
-static bool identity_known(const struct target *t, const struct kvt_header *h)
+/* Any identity found in the fingerprint directory keeps its entries. */
+static bool gc_keep(void *ud, const struct kvt_header *h)
 {
+    const struct target *t = ((struct gc_run *)ud)->t;
     for (size_t i = 0; i < t->n_ids; i++)
-        if (h->model_id && h->tokenizer_hash && !strcmp(t->ids[i].model_id, h->model_id) &&
+        if (!strcmp(t->ids[i].model_id, h->model_id) &&
             !strcmp(t->ids[i].tokenizer_hash, h->tokenizer_hash))
             return true;
     return false;
 }
 
-static void gc_act(const struct args *a, enum gc_kind k, const char *path, const char *why,
-                   struct gc_counts *c)
+/* The files of one fingerprint directory, then each identity's store to --max-bytes. */
+static void gc_target(struct gc_run *g, const struct target *t)
 {
-    uint64_t bytes = file_size(path);
-    bool done = a->dry_run || unlink(path) == 0 || errno == ENOENT;
-    if (!done) {
-        fprintf(stderr, "kvtier: gc: cannot remove %s: %s\n", path, strerror(errno));
-        return;
+    const struct args *a = g->a;
+    g->t = t;
+    struct kvt_store_opts so;
+    kvt_store_opts_init(&so);
+    so.config_fingerprint = t->fp;
+    so.max_bytes = UINT64_MAX;
+    so.tmp_grace_ms = a->tmp_grace_ms;
+    struct kvt_check_opts co = {.repair = !a->dry_run,
+                                .files = true,
+                                .remove_skipped = a->remove_skipped,
+                                .keep = gc_keep,
+                                .report = gc_report,
+                                .ud = g};
+    if (t->n_ids) {
+        so.model_id = t->ids[0].model_id;
+        so.tokenizer_hash = t->ids[0].tokenizer_hash;
     }
-    printf("%s%s %s%s%s\n", a->dry_run ? "would " : "", gc_verb[k], path, why ? ": " : "",
-           why ? why : "");
-    c->files[k]++;
-    c->bytes[k] += bytes;
-}
-
-/** Classify every file of one fingerprint directory and act on the bad ones. */
-static void gc_files(const struct target *t, const struct args *a, struct gc_counts *c)
-{
-    int64_t grace = a->tmp_grace_ms < 0 ? 60000 : a->tmp_grace_ms;
-    size_t nd;
-    char **subs = list(t->path, true, &nd);
-    for (size_t i = 0; i < nd; i++) {
-        char *p = join(t->path, subs[i]);
-        size_t nf;
-        char **files = p ? list(p, false, &nf) : NULL;
-        for (size_t j = 0; files && j < nf; j++) {
-            char *f = join(p, files[j]);
-            if (!f)
-                continue;
-            if (has_suffix(files[j], ".tmp")) {
-                if (tmp_is_dead(f, grace))
-                    gc_act(a, GC_TMP, f, NULL, c);
-            } else if (has_suffix(files[j], ".mlxkv.corrupt")) {
-                if (a->remove_skipped)
-                    gc_act(a, GC_QUARANTINED, f, NULL, c);
-            } else if (has_suffix(files[j], ".mlxkv")) {
-                struct kvt_header *h = NULL;
-                int rc = kvt_file_read_header(f, NULL, &h);
-                if (rc == KVT_E_CORRUPT) {
-                    gc_act(a, GC_CORRUPT, f, kvt_last_error(), c);
-                } else if (a->remove_skipped) {
-                    const char *why = NULL;
-                    if (rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED)
-                        why = kvt_last_error();
-                    else if (rc == 0 &&
-                             (!h->config_fingerprint || strcmp(h->config_fingerprint, t->fp)))
-                        why = "another config fingerprint";
-                    else if (rc == 0 && !identity_known(t, h))
-                        why = "another model or tokenizer";
-                    else if (rc == 0 && !kvt_header_is_indexable(h))
-                        why = "V21: not indexable";
-                    if (why)
-                        gc_act(a, GC_SKIPPED, f, why, c);
-                }
-                kvt_header_free(h);
-            }
-            free(f);
-        }
-        free_list(files, files ? nf : 0);
-        free(p);
+    int rc = kvt_store_check(t->parent, &so, &co);
+    co.files = false;
+    co.max_bytes = a->have_max ? a->max_bytes : 0;
+    for (size_t j = 0; rc == 0 && co.max_bytes && j < t->n_ids; j++) {
+        so.model_id = t->ids[j].model_id;
+        so.tokenizer_hash = t->ids[j].tokenizer_hash;
+        rc = kvt_store_check(t->parent, &so, &co);
     }
-    free_list(subs, nd);
-}
-
-static int evict_cmp(const void *x, const void *y)
-{
-    const struct kvt_store_record *a = x, *b = y;
-    if (a->mtime_ms != b->mtime_ms)
-        return a->mtime_ms < b->mtime_ms ? -1 : 1;
-    return a->id < b->id ? -1 : a->id > b->id;
-}
-
-/** Evict one identity's store to --max-bytes (STORE.md §10), reporting each victim. */
-static int gc_evict(const struct target *t, const struct identity *id, const struct args *a,
-                    struct gc_counts *c)
-{
-    kvt_store *s;
-    if (open_store(t, id, a, true, &s) < 0)
-        return EXIT_USAGE;
-    struct kvt_store_record *v;
-    size_t n;
-    struct kvt_store_stats st;
-    kvt_store_get_stats(s, &st);
-    if (kvt_store_list(s, &v, &n) < 0) {
-        kvt_store_close(s);
-        return cli_error("gc", -ENOMEM);
+    if (rc < 0) {
+        cli_error(t->path, rc);
+        g->failed = true;
     }
-    qsort(v, n, sizeof(*v), evict_cmp);
-    uint64_t total = st.total_bytes;
-    for (size_t k = 0; k < n && total > a->max_bytes; k++) {
-        printf("%s%s %s (%" PRIu64 " bytes, %zu tokens)\n", a->dry_run ? "would " : "",
-               gc_verb[GC_EVICT], v[k].path, v[k].bytes, v[k].n_tokens);
-        total -= v[k].bytes;
-        c->files[GC_EVICT]++;
-        c->bytes[GC_EVICT] += v[k].bytes;
-    }
-    kvt_store_list_free(v);
-    kvt_store_close(s);
-    if (a->dry_run)
-        return 0;
-    if (open_store(t, id, a, false, &s) < 0) /* opening at the cap evicts (STORE.md §12.6) */
-        return EXIT_USAGE;
-    kvt_store_close(s);
-    return 0;
 }
 
 /* Usage "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] [--tmp-grace-ms MS] [...]". */
@@ -756,19 +685,15 @@ int cmd_store_gc(int argc, char **argv)
                            &a, &t, &nt);
     if (rc)
         return rc;
-    int status = 0;
-    struct gc_counts c = {0};
-    for (size_t i = 0; i < nt; i++) {
-        gc_files(&t[i], &a, &c);
-        for (size_t j = 0; a.have_max && j < t[i].n_ids; j++)
-            if (gc_evict(&t[i], &t[i].ids[j], &a, &c))
-                status = EXIT_USAGE;
-    }
+    struct gc_run g = {.a = &a};
+    for (size_t i = 0; i < nt; i++)
+        gc_target(&g, &t[i]);
     printf("%s", a.dry_run ? "dry run: " : "");
-    for (int k = 0; k <= GC_EVICT; k++)
-        printf("%s%s %" PRIu64 " (%" PRIu64 " bytes)", k ? ", " : "", gc_verb[k], c.files[k],
-               c.bytes[k]);
+    for (int k = 0; k < KVT_CHECK_KINDS; k++)
+        printf("%s%s %" PRIu64 " (%" PRIu64 " bytes)", k ? ", " : "", gc_verb[k], g.files[k],
+               g.bytes[k]);
     printf("\n");
+    int status = g.failed ? EXIT_USAGE : 0;
     free_targets(t, nt);
     return status;
 }

@@ -45,7 +45,7 @@ static int name_cmp(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void free_names(char **v, size_t n)
+void kvt_store_free_names(char **v, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(v[i]);
@@ -88,15 +88,14 @@ static int add_name(void *ud, const char *name, unsigned char type)
     return 0;
 }
 
-/** The sorted entry names of @p path (subdirectories only when @p dirs_only). */
-static int list_dir(const char *path, bool dirs_only, char ***out, size_t *n_out)
+int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out)
 {
     *out = NULL;
     *n_out = 0;
     struct name_list l = {.path = path, .dirs_only = dirs_only};
     int rc = kvt_io()->list_dir(path, add_name, &l);
     if (rc < 0) {
-        free_names(l.v, l.n);
+        kvt_store_free_names(l.v, l.n);
         return rc;
     }
     char **v = l.v;
@@ -113,36 +112,52 @@ static bool timespec_eq(const struct timespec *a, const struct timespec *b)
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
+int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again)
+{
+    const struct kvt_io *io = kvt_io();
+    *again = false;
+    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0)
+        *again = true; /* a live writer holds it; look again in case the writer dies */
+    else if (io->fstat(fd, st) < 0 || !S_ISREG(st->st_mode))
+        ;
+    else if (kvt_now_ms() - kvt_timespec_ms(&st->st_mtim) < grace_ms)
+        *again = true; /* may be between its writer's create and lock */
+    else
+        return fd;
+    io->close(fd);
+    return -1;
+}
+
+int kvt_tmp_unlink_claimed(const char *path, const struct stat *st)
+{
+    /* Unlink only the very file we locked: the name may have moved on since the open. */
+    const struct kvt_io *io = kvt_io();
+    struct stat now_st;
+    int rc = io->stat(path, &now_st, AT_SYMLINK_NOFOLLOW);
+    if (rc == 0 && (now_st.st_ino != st->st_ino || now_st.st_dev != st->st_dev))
+        rc = -ENOENT;
+    return rc == 0 ? io->unlinkat(AT_FDCWD, path, 0) : rc;
+}
+
 /** Reap an abandoned .tmp; true when it should be looked at again later (locked, young). */
 static bool reap_tmp(struct kvt_store *s, const char *path)
 {
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    struct stat st;
+    bool again;
+    int fd = kvt_tmp_claim(path, s->tmp_grace_ms, &st, &again);
     if (fd < 0)
-        return false;
-    bool again = false;
-    struct stat st, now_st;
-    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0) {
-        again = true; /* a live writer holds it; look again in case the writer dies */
-        goto out;
-    }
-    if (io->fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
-        goto out;
-    if (kvt_now_ms() - kvt_timespec_ms(&st.st_mtim) < s->tmp_grace_ms) {
-        again = true; /* may be between its writer's create and lock */
-        goto out;
-    }
-    /* Unlink only the very file we locked: the name may have moved on since the open. */
-    if (io->stat(path, &now_st, AT_SYMLINK_NOFOLLOW) == 0 && now_st.st_ino == st.st_ino &&
-        now_st.st_dev == st.st_dev && io->unlinkat(AT_FDCWD, path, 0) == 0) {
+        return again;
+    if (kvt_tmp_unlink_claimed(path, &st) == 0) {
         pthread_mutex_lock(&s->lock);
         s->tmp_reaped++;
         pthread_mutex_unlock(&s->lock);
         kvt_store_logf(s, KVT_LOG_INFO, "[ssd-cache] removed abandoned %s", path);
     }
-out:
-    io->close(fd);
-    return again;
+    kvt_io()->close(fd);
+    return false;
 }
 
 static bool streq(const char *a, const char *b)
@@ -359,7 +374,7 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
     bool again = false;
     int rc = present ? kvt_io()->stat(d->path, &dst, 0) : -ENOENT;
     if (rc == 0)
-        rc = list_dir(d->path, false, &names, &n);
+        rc = kvt_store_names(d->path, false, &names, &n);
     if (rc < 0 && rc != -ENOENT) { /* unknown, not gone: keep the records, look again */
         pthread_mutex_lock(&s->lock);
         d->recheck = true;
@@ -410,7 +425,7 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
     d->relist_at = d->settling ? kvt_now_ms() + MTIME_SETTLE_MS : 0;
     pthread_mutex_unlock(&s->lock);
     kvt_hmap_free(&set);
-    free_names(names, n);
+    kvt_store_free_names(names, n);
 }
 
 struct stale {
@@ -454,7 +469,7 @@ int kvt_store_scan(struct kvt_store *s, bool strict)
     pthread_mutex_lock(&s->scan_lock);
     char **names = NULL;
     size_t n = 0;
-    int rc = list_dir(s->root, true, &names, &n);
+    int rc = kvt_store_names(s->root, true, &names, &n);
     if (rc == -ENOENT)
         rc = 0; /* no root: every directory is gone */
     if (rc < 0) {
@@ -501,7 +516,7 @@ int kvt_store_scan(struct kvt_store *s, bool strict)
     for (size_t i = 0; i < st.n; i++)
         scan_dir(s, st.v[i], false);
     free(st.v);
-    free_names(names, n);
+    kvt_store_free_names(names, n);
 out:
     pthread_mutex_unlock(&s->scan_lock);
     return rc;

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "kvtier.h"
@@ -119,6 +120,17 @@ void kvt_pathlist_unlink(struct kvt_pathlist *pl);
  * Does not evict. @return 0, or -errno when the root cannot be listed (a missing root is 0).
  */
 int kvt_store_scan(struct kvt_store *s, bool strict);
+/** The sorted entry names of @p path (subdirectories only when @p dirs_only); 0 or -errno. */
+int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out);
+void kvt_store_free_names(char **v, size_t n);
+/**
+ * Open and lock @p path if it is an abandoned .tmp (STORE.md §12.4): its writer is gone (the
+ * lock is free) and it is older than @p grace_ms. @return the locked descriptor (close it with
+ * the io vtable), or -1 with *@p again set when it is worth another look later.
+ */
+int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again);
+/** Unlink a claimed .tmp if the name still leads to that very file; 0 or -errno. */
+int kvt_tmp_unlink_claimed(const char *path, const struct stat *st);
 /** This process has just changed @p d (a put, its evictions): take its new mtime as seen. */
 void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d);
 
