@@ -607,7 +607,7 @@ static void test_eviction_sink_failure_skips_spill(void **state)
     assert_int_equal(hook_runs, 1);
     assert_int_equal(world_get(&W.caches_live), 1); /* only the fresh record */
     assert_int_equal(cold_get(&C, &C.puts), 0);
-    struct kvt_ram_lru_stats st;
+    struct kvt_pcache_stats st;
     kvt_ram_lru_get_stats(pc, &st);
     assert_int_equal(st.records, 1);
     kvt_ram_lru_free(pc);

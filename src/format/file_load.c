@@ -226,8 +226,8 @@ static int load_placed(struct kvt_tensor_reader *r, kvt_place_fn place, void *ud
         for (int j = 0; j < h->caches[i].n_slots; j++, o++) {
             uint64_t bytes = h->caches[i].slots[j].bytes;
             /* caller memory: its pages are whatever they are, so nothing is assumed zero */
-            d[o] = (struct kvt_slot_dst){dst[o] && bytes ? dst[o] : NULL, 1, bytes, UINT64_MAX,
-                                         false};
+            d[o] =
+                (struct kvt_slot_dst){dst[o] && bytes ? dst[o] : NULL, 1, bytes, UINT64_MAX, false};
         }
     r->dst = d;
     rc = kvt_tensor_read_all(r);
@@ -239,39 +239,96 @@ out:
     return rc;
 }
 
-int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_fn place,
-                       void *ud, struct kvt_header **out_header)
+/* The reader of an opened file, as the caller's expectations ask. */
+static struct kvt_tensor_reader reader_of(int fd, const char *path, const struct kvt_header *h,
+                                          const struct kvt_expect *x)
+{
+    return (struct kvt_tensor_reader){
+        .fd = fd,
+        .name = path,
+        .h = h,
+        .verify = !(x && x->no_verify),
+        .keep_cache = x && x->keep_cache,
+    };
+}
+
+/* Open @p path, check its header, run @p body over a reader of it and close it. On success
+ * the header goes to *@p out_header (NULL: freed); on failure it is freed. */
+static int with_reader(const char *path, const struct kvt_expect *x,
+                       int (*body)(struct kvt_tensor_reader *r, void *arg), void *arg,
+                       struct kvt_header **out_header)
+{
+    int fd;
+    struct kvt_header *h;
+    int rc = kvt_file_open_header(path, x, &fd, &h);
+    if (rc)
+        return rc;
+    struct kvt_tensor_reader r = reader_of(fd, path, h, x);
+    rc = body(&r, arg);
+    kvt_io()->close(fd);
+    if (rc == 0 && out_header)
+        *out_header = h;
+    else
+        kvt_header_free(h);
+    return rc;
+}
+
+struct placement {
+    kvt_place_fn place;
+    void *ud;
+};
+
+static int placed_body(struct kvt_tensor_reader *r, void *arg)
+{
+    struct placement *p = arg;
+    return load_placed(r, p->place, p->ud);
+}
+
+int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_fn place, void *ud,
+                       struct kvt_header **out_header)
 {
     if (!out_header)
         return kvt_fail(-EINVAL, "kvt_file_load_into: no output");
     *out_header = NULL;
     if (!path || !place)
         return kvt_fail(-EINVAL, "kvt_file_load_into: no path or placement");
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
-    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
-    struct kvt_header *h = NULL;
-    int rc = kvt_header_read_fd(fd, &ro, path, &h);
-    if (rc == 0)
-        rc = kvt_header_check_expect(h, x, path);
-    if (rc == 0) {
-        struct kvt_tensor_reader r = {
-            .fd = fd,
-            .name = path,
-            .h = h,
-            .verify = !(x && x->no_verify),
-            .keep_cache = x && x->keep_cache,
-        };
-        rc = load_placed(&r, place, ud);
+    return with_reader(path, x, placed_body, &(struct placement){place, ud}, out_header);
+}
+
+/* The entry of an opened file: its caches, tokens and metadata. */
+static int build_entry(struct kvt_tensor_reader *r, struct kvt_entry **out)
+{
+    const struct kvt_header *h = r->h;
+    size_t built = 0;
+    kvt_cache **caches = calloc(h->n_caches, sizeof(*caches));
+    if (!caches)
+        return kvt_fail(-ENOMEM, "%s: out of memory", r->name);
+    int rc = load_caches(r, caches);
+    if (rc)
+        goto out;
+    built = h->n_caches;
+    struct kvt_entry *e;
+    rc = kvt_entry_new(h->tokens, h->n_tokens, caches, h->n_caches, h->ns, &e);
+    if (rc < 0) {
+        rc = kvt_fail(rc, "%s: cannot build the entry: %s", r->name, kvt_strerror(rc));
+        goto out;
     }
-    io->close(fd);
-    if (rc == 0)
-        *out_header = h;
+    built = 0; /* the entry owns the caches now */
+    rc = set_meta(e, h, r->name);
+    if (rc)
+        kvt_entry_free(e);
     else
-        kvt_header_free(h);
+        *out = e;
+out:
+    for (size_t i = 0; i < built; i++)
+        kvt_cache_free(caches[i]);
+    free(caches);
     return rc;
+}
+
+static int entry_body(struct kvt_tensor_reader *r, void *arg)
+{
+    return build_entry(r, arg);
 }
 
 int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry **out,
@@ -284,59 +341,5 @@ int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry
     *out = NULL;
     if (!path)
         return kvt_fail(-EINVAL, "kvt_file_load: no path");
-
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
-    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
-    struct kvt_header *h = NULL;
-    kvt_cache **caches = NULL;
-    size_t built = 0;
-    int rc = kvt_header_read_fd(fd, &ro, path, &h);
-    if (rc)
-        goto out;
-    rc = kvt_header_check_expect(h, x, path);
-    if (rc)
-        goto out;
-    caches = calloc(h->n_caches, sizeof(*caches));
-    if (!caches) {
-        rc = kvt_fail(-ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    struct kvt_tensor_reader r = {
-        .fd = fd,
-        .name = path,
-        .h = h,
-        .verify = !(x && x->no_verify),
-        .keep_cache = x && x->keep_cache,
-    };
-    rc = load_caches(&r, caches);
-    if (rc)
-        goto out;
-    built = h->n_caches;
-    struct kvt_entry *e;
-    rc = kvt_entry_new(h->tokens, h->n_tokens, caches, h->n_caches, h->ns, &e);
-    if (rc < 0) {
-        rc = kvt_fail(rc, "%s: cannot build the entry: %s", path, kvt_strerror(rc));
-        goto out;
-    }
-    free(caches); /* the entry owns the caches now */
-    caches = NULL;
-    built = 0;
-    rc = set_meta(e, h, path);
-    if (rc)
-        kvt_entry_free(e);
-    else
-        *out = e;
-out:
-    for (size_t i = 0; i < built; i++)
-        kvt_cache_free(caches[i]);
-    free(caches);
-    io->close(fd);
-    if (rc == 0 && out_header)
-        *out_header = h;
-    else
-        kvt_header_free(h);
-    return rc;
+    return with_reader(path, x, entry_body, out, out_header);
 }

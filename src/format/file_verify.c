@@ -15,16 +15,12 @@ int kvt_file_verify(const char *path, const struct kvt_expect *x)
 {
     if (!path)
         return kvt_fail(-EINVAL, "kvt_file_verify: no path");
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
-    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
-    struct kvt_header *h = NULL;
-    int rc = kvt_header_read_fd(fd, &ro, path, &h);
-    if (!rc)
-        rc = kvt_header_check_expect(h, x, path);
-    if (!rc && !(x && x->no_verify)) {
+    int fd;
+    struct kvt_header *h;
+    int rc = kvt_file_open_header(path, x, &fd, &h);
+    if (rc)
+        return rc;
+    if (!(x && x->no_verify)) {
         struct kvt_tensor_reader r = {
             .fd = fd,
             .name = path,
@@ -36,6 +32,6 @@ int kvt_file_verify(const char *path, const struct kvt_expect *x)
         kvt_tensor_reader_free(&r);
     }
     kvt_header_free(h);
-    io->close(fd);
+    kvt_io()->close(fd);
     return rc;
 }

@@ -157,6 +157,12 @@ static inline int64_t kvt_scalar_get(const struct kvt_cache_info *info, const st
  */
 int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect *x,
                             const char *name);
+/**
+ * Open @p path, read its header and check it against @p x: the start every load and verify
+ * shares. @return 0 with *@p fd open and *@p h set, or the error with nothing left open.
+ */
+int kvt_file_open_header(const char *path, const struct kvt_expect *x, int *fd,
+                         struct kvt_header **h);
 
 /**
  * Where a slot's bytes go: @p blocks equal blocks, block k at dst + k * stride. Bytes from

@@ -145,3 +145,24 @@ int kvt_file_read_header(const char *path, const struct kvt_read_opts *o, struct
     io->close(fd);
     return rc;
 }
+
+int kvt_file_open_header(const char *path, const struct kvt_expect *x, int *fd,
+                         struct kvt_header **h)
+{
+    const struct kvt_io *io = kvt_io();
+    *h = NULL;
+    *fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (*fd < 0)
+        return kvt_fail(*fd, "%s: open: %s", path, kvt_strerror(*fd));
+    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
+    int rc = kvt_header_read_fd(*fd, &ro, path, h);
+    if (rc == 0)
+        rc = kvt_header_check_expect(*h, x, path);
+    if (rc) {
+        kvt_header_free(*h);
+        *h = NULL;
+        io->close(*fd);
+        *fd = -1;
+    }
+    return rc;
+}

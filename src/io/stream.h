@@ -145,4 +145,11 @@ void kvt_wstream_free(struct kvt_wstream *w);
 /** The bytes the stream has been asked to write up to (the logical end of the file). */
 uint64_t kvt_wstream_end(const struct kvt_wstream *w);
 
+/* ---- shared by the two streams -------------------------------------------------------- */
+
+struct kvt_aq;
+/** Release a stream's fast path: reap the queue, then close the O_DIRECT descriptor (if >= 0)
+ * and give the staging back (if any). */
+void kvt_stream_fast_release(struct kvt_aq *q, int dfd, void *staging, size_t staging_bytes);
+
 #endif

@@ -692,10 +692,7 @@ void kvt_rstream_close(struct kvt_rstream *s)
     if (!s)
         return;
     kvt_restore_helper_stop(s->pf);
-    kvt_aq_close(&s->q); /* reaps what is in flight before the staging goes away */
-    if (s->dfd >= 0)
-        kvt_io()->close(s->dfd);
-    kvt_staging_put(s->staging, s->staging_bytes);
+    kvt_stream_fast_release(&s->q, s->dfd, s->staging, s->staging_bytes);
     free(s->bounce);
     free(s->ring);
     free(s->r);

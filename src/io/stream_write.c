@@ -377,14 +377,19 @@ int kvt_wstream_finish(struct kvt_wstream *w, uint64_t *at)
     return w->err;
 }
 
+void kvt_stream_fast_release(struct kvt_aq *q, int dfd, void *staging, size_t staging_bytes)
+{
+    kvt_aq_close(q); /* reaps what is in flight before the staging goes away */
+    if (dfd >= 0)
+        kvt_io()->close(dfd);
+    kvt_staging_put(staging, staging_bytes);
+}
+
 void kvt_wstream_free(struct kvt_wstream *w)
 {
     if (!w)
         return;
-    kvt_aq_close(&w->q); /* reaps what is in flight before the staging goes away */
-    if (w->dfd >= 0)
-        kvt_io()->close(w->dfd);
-    kvt_staging_put(w->staging, w->staging_bytes);
+    kvt_stream_fast_release(&w->q, w->dfd, w->staging, w->staging_bytes);
     free(w->pbuf);
     free(w->slot);
     free(w);

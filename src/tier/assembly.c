@@ -253,13 +253,7 @@ void kvt_pcache_get_stats(kvt_pcache *t, struct kvt_pcache_stats *st)
     memset(st, 0, sizeof(*st));
     if (!t)
         return;
-    struct kvt_ram_lru_stats ps;
-    kvt_ram_lru_get_stats(t->pc, &ps);
-    st->records = ps.records;
-    st->total_bytes = ps.total_bytes;
-    st->hits = ps.hits;
-    st->misses = ps.misses;
-    st->demotions = ps.demotions;
+    kvt_ram_lru_get_stats(t->pc, st);
     if (!t->cfg.cold)
         return;
     struct kvt_write_queue_stats qs;

@@ -13,6 +13,8 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -244,6 +246,22 @@ static int finish_ram_hit(struct kvt_ram_lru *lru, struct kvt_entry *clones, int
     return 0;
 }
 
+/* A restored entry the take cannot use: say why, release it, fall back (returns 0). */
+static int unusable(struct kvt_ram_lru *lru, struct kvt_entry *loaded, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int unusable(struct kvt_ram_lru *lru, struct kvt_entry *loaded, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    kvt_tier_log(lru->cfg.log, lru->cfg.log_ud, KVT_LOG_WARN,
+                 "[prompt-cache] cold entry unusable: %s", why);
+    kvt_ram_lru_entry_free(lru, loaded);
+    return 0;
+}
+
 /* Step 2's restore (no lock held): 1 = *out is the trimmed disk entry, 0 = fall back. */
 static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
                      struct kvt_take *out)
@@ -254,32 +272,20 @@ static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct k
     if (rc < 0 || !loaded)
         return 0;
     size_t plen = hit->prefix_len;
-    if (loaded->n_tokens < plen || memcmp(loaded->tokens, tok, plen * sizeof(*tok)) != 0) {
-        kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
-                     "[prompt-cache] cold entry unusable: %zu tokens do not hold the %zu-token "
-                     "prefix found — re-prefilling",
-                     loaded->n_tokens, plen);
-        kvt_ram_lru_entry_free(lru, loaded);
-        return 0;
-    }
+    if (loaded->n_tokens < plen || memcmp(loaded->tokens, tok, plen * sizeof(*tok)) != 0)
+        return unusable(lru, loaded,
+                        "%zu tokens do not hold the %zu-token prefix found — re-prefilling",
+                        loaded->n_tokens, plen);
     size_t t = loaded->n_tokens - plen;
-    if (t > 0 && !entry_trimmable(lru, loaded)) {
-        kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
-                     "[prompt-cache] cold entry unusable: %zu tokens, needs trim %zu but "
-                     "untrimmable (wrapped ring/SSM) — re-prefilling",
-                     loaded->n_tokens, t);
-        kvt_ram_lru_entry_free(lru, loaded);
-        return 0;
-    }
+    if (t > 0 && !entry_trimmable(lru, loaded))
+        return unusable(lru, loaded,
+                        "%zu tokens, needs trim %zu but untrimmable (wrapped ring/SSM) — "
+                        "re-prefilling",
+                        loaded->n_tokens, t);
     rc = trim_all(lru, loaded, (int64_t)t);
-    if (rc < 0) {
-        kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
-                     "[prompt-cache] cold entry unusable: %zu tokens, trim %zu failed: %s — "
-                     "re-prefilling",
-                     loaded->n_tokens, t, kvt_strerror(rc));
-        kvt_ram_lru_entry_free(lru, loaded);
-        return 0;
-    }
+    if (rc < 0)
+        return unusable(lru, loaded, "%zu tokens, trim %zu failed: %s — re-prefilling",
+                        loaded->n_tokens, t, kvt_strerror(rc));
     loaded->n_tokens = plen;
     out->entry = loaded;
     out->retain = NULL; /* restored bytes are owned: the retain is a no-op */
@@ -548,7 +554,7 @@ size_t kvt_ram_lru_demote_idle(struct kvt_ram_lru *lru, int64_t idle_ms, int64_t
     return count;
 }
 
-void kvt_ram_lru_get_stats(struct kvt_ram_lru *lru, struct kvt_ram_lru_stats *st)
+void kvt_ram_lru_get_stats(struct kvt_ram_lru *lru, struct kvt_pcache_stats *st)
 {
     pthread_mutex_lock(&lru->mu);
     st->records = lru->n;

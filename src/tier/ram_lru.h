@@ -22,10 +22,6 @@ struct kvt_ram_lru_links {
     void *ud;
 };
 
-struct kvt_ram_lru_stats {
-    uint64_t records, total_bytes, hits, misses, demotions;
-};
-
 /** Uses cfg->cache, cold, store, ram_max_bytes, wall_ms, clock_ud and log; copies both. */
 int kvt_ram_lru_new(const struct kvt_tier_cfg *cfg, const struct kvt_ram_lru_links *links,
                     struct kvt_ram_lru **out);
@@ -47,7 +43,8 @@ int kvt_ram_lru_clone_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t 
 size_t kvt_ram_lru_demote_idle(struct kvt_ram_lru *lru, int64_t idle_ms, int64_t now_ms);
 /** Dispose every record without spilling. */
 void kvt_ram_lru_clear(struct kvt_ram_lru *lru);
-void kvt_ram_lru_get_stats(struct kvt_ram_lru *lru, struct kvt_ram_lru_stats *st);
+/** Fill the RAM tier's fields of @p st: records, total_bytes, hits, misses, demotions. */
+void kvt_ram_lru_get_stats(struct kvt_ram_lru *lru, struct kvt_pcache_stats *st);
 /** Release an entry through the cache ops (NULL allowed). */
 void kvt_ram_lru_entry_free(struct kvt_ram_lru *lru, struct kvt_entry *e);
 /** Sum of the cache ops' bytes over @p e's caches. */
