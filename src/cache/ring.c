@@ -31,6 +31,28 @@ static int alloc_all(kvt_cache *c, struct kvt_tensor *fresh, const struct kvt_te
     return 0;
 }
 
+/* Arrays the ring cannot write at @p idx (shared with a clone) are copied, rows [drop,
+ * drop + news), into fresh[] and marked in move[]; on failure every fresh array goes. */
+static int copy_shared(kvt_cache *c, struct kvt_tensor *fresh, bool *move, int64_t idx,
+                       int64_t drop, int64_t news)
+{
+    for (int i = 0; i < c->nt; i++) {
+        if (move[i] || kvt_arr_writable(c, i, idx))
+            continue;
+        struct kvt_tensor cur = c->a[i].t; /* borrowed */
+        kvt_tensor_slice(&cur, &cur, 2, drop, drop + news);
+        int rc = kvt_arr_alloc(&fresh[i], &cur, news, false);
+        if (rc) {
+            kvt_tensors_release(fresh, c->nt);
+            return kvt_fail(rc, "%s append: cannot copy a ring of %lld rows", name_of(c),
+                            (long long)news);
+        }
+        kvt_rows_copy(&fresh[i], 0, &cur, 0, news);
+        move[i] = true;
+    }
+    return 0;
+}
+
 static int ring_one(kvt_cache *c, const struct kvt_tensor *in)
 {
     int64_t s = c->has_buf ? c->cap : 0, max = c->info.max_size;
@@ -70,20 +92,9 @@ static int ring_one(kvt_cache *c, const struct kvt_tensor *in)
         return kvt_fail(KVT_E_STATE, "%s append: idx %lld outside the ring of %lld rows",
                         name_of(c), (long long)idx, (long long)news);
     }
-    for (int i = 0; i < c->nt; i++) {
-        if (move[i] || kvt_arr_writable(c, i, idx))
-            continue;
-        struct kvt_tensor cur = c->a[i].t; /* borrowed */
-        kvt_tensor_slice(&cur, &cur, 2, drop, drop + news);
-        rc = kvt_arr_alloc(&fresh[i], &cur, news, false);
-        if (rc) {
-            kvt_tensors_release(fresh, c->nt);
-            return kvt_fail(rc, "%s append: cannot copy a ring of %lld rows", name_of(c),
-                            (long long)news);
-        }
-        kvt_rows_copy(&fresh[i], 0, &cur, 0, news);
-        move[i] = true;
-    }
+    rc = copy_shared(c, fresh, move, idx, drop, news);
+    if (rc)
+        return rc;
     for (int i = 0; i < c->nt; i++)
         if (!move[i] && drop)
             kvt_tensor_slice(&c->a[i].t, &c->a[i].t, 2, drop, drop + news);

@@ -35,6 +35,36 @@ static void try_extend(kvt_cache *c, int64_t need)
     c->exact_cap = false;
 }
 
+/*
+ * Which arrays an append of @p l rows at @p prev (to @p need) moves to fresh buffers: all of
+ * them (*all, at the returned capacity) when the capacity must grow, else those not
+ * writable in place (move[]).
+ */
+static int64_t plan_growth(kvt_cache *c, int64_t prev, int64_t l, int64_t need, bool *move,
+                           bool *all)
+{
+    bool any = false;
+    *all = true;
+    if (!c->has_buf)
+        return round_step(l);
+    if (need > c->cap)
+        try_extend(c, need);
+    if (need > c->cap) {
+        /* §2: a misaligned prev first cuts the buffer to [0, prev) */
+        if (c->exact_cap)
+            return round_step(need); /* a clone's first allocation: §12 capacity */
+        return (prev % KVT_STEP ? prev : c->cap) + round_step(l);
+    }
+    for (int i = 0; i < c->nt; i++) {
+        move[i] = !kvt_arr_writable(c, i, prev);
+        any = any || move[i];
+    }
+    if (any && c->exact_cap)
+        return round_step(need);
+    *all = false;
+    return c->cap;
+}
+
 int kvt_step_append(kvt_cache *c, const struct kvt_tensor *in, int64_t l)
 {
     int64_t prev = c->info.offset, need;
@@ -43,34 +73,9 @@ int kvt_step_append(kvt_cache *c, const struct kvt_tensor *in, int64_t l)
                         kvt_kind_name(c->info.kind), (long long)prev, (long long)l);
     struct kvt_tensor fresh[KVT_MAX_CACHE_TENSORS];
     bool move[KVT_MAX_CACHE_TENSORS] = {false};
-    bool all = false, any = false;
-    int64_t newcap = c->cap;
+    bool all;
     memset(fresh, 0, sizeof(fresh));
-
-    if (!c->has_buf) {
-        newcap = round_step(l);
-        all = true;
-    } else {
-        if (need > c->cap)
-            try_extend(c, need);
-        if (need > c->cap) {
-            /* §2: a misaligned prev first cuts the buffer to [0, prev) */
-            if (c->exact_cap)
-                newcap = round_step(need); /* a clone's first allocation: §12 capacity */
-            else
-                newcap = (prev % KVT_STEP ? prev : c->cap) + round_step(l);
-            all = true;
-        } else {
-            for (int i = 0; i < c->nt; i++) {
-                move[i] = !kvt_arr_writable(c, i, prev);
-                any = any || move[i];
-            }
-            if (any && c->exact_cap) {
-                newcap = round_step(need);
-                all = true;
-            }
-        }
-    }
+    int64_t newcap = plan_growth(c, prev, l, need, move, &all);
     for (int i = 0; i < c->nt; i++) {
         if (all)
             move[i] = true;

@@ -82,6 +82,41 @@ static int render_header(const struct save_job *j, struct kvt_sbuf *json, size_t
  * The plan pass (no tensor bytes are touched): state views of every cache, slot placement
  * (FORMAT.md §6), header size, data start and file size.
  */
+/* Plan cache @p i: its info and its slots at 16 KiB-aligned offsets from *@p cursor, whose
+ * tensor views the job owns from here on. */
+static int plan_cache(struct save_job *j, size_t i, uint64_t *cursor)
+{
+    const struct kvt_entry *e = j->e;
+    struct kvt_cache_header *c = &j->h.caches[i];
+    if (!e->caches[i])
+        return kvt_fail(-EINVAL, "%s: caches[%zu] is NULL", j->path, i);
+    kvt_cache_get_info(e->caches[i], &c->info);
+    size_t base = j->n_views;
+    struct kvt_tensor *v = &j->views[base];
+    kvt_clear_error();
+    int n = kvt_cache_state(e->caches[i], v);
+    if (n < 0)
+        return kvt_fail_prefix(n, j->path);
+    j->n_views += (size_t)n; /* owned from here on, whatever happens next */
+    if (n > KVT_MAX_CACHE_TENSORS)
+        return kvt_fail(-EINVAL, "%s: caches[%zu] has %d tensors", j->path, i, n);
+    c->n_slots = n;
+    for (int k = 0; k < n; k++) {
+        struct kvt_slot *s = &c->slots[k];
+        s->dtype = v[k].dtype;
+        s->rank = v[k].rank;
+        memcpy(s->shape, v[k].shape, sizeof(s->shape));
+        s->bytes = kvt_tensor_nbytes(&v[k]);
+        if (*cursor >= KVT_SAFE_INT_LIMIT || s->bytes >= KVT_SAFE_INT_LIMIT)
+            return kvt_fail(KVT_E_TOO_LARGE, "%s: the entry exceeds 2^53 bytes", j->path);
+        s->off = kvt_align_up(*cursor);
+        s->hash = KVT_PLACEHOLDER_HASH;
+        *cursor = s->off + s->bytes;
+        j->slot_of[base + (size_t)k] = s;
+    }
+    return 0;
+}
+
 static int plan(struct save_job *j)
 {
     const struct kvt_entry *e = j->e;
@@ -111,33 +146,9 @@ static int plan(struct save_job *j)
 
     uint64_t cursor = 0;
     for (size_t i = 0; i < e->n_caches; i++) {
-        struct kvt_cache_header *c = &h->caches[i];
-        if (!e->caches[i])
-            return kvt_fail(-EINVAL, "%s: caches[%zu] is NULL", j->path, i);
-        kvt_cache_get_info(e->caches[i], &c->info);
-        size_t base = j->n_views;
-        struct kvt_tensor *v = &j->views[base];
-        kvt_clear_error();
-        int n = kvt_cache_state(e->caches[i], v);
-        if (n < 0)
-            return kvt_fail_prefix(n, j->path);
-        j->n_views += (size_t)n; /* owned from here on, whatever happens next */
-        if (n > KVT_MAX_CACHE_TENSORS)
-            return kvt_fail(-EINVAL, "%s: caches[%zu] has %d tensors", j->path, i, n);
-        c->n_slots = n;
-        for (int k = 0; k < n; k++) {
-            struct kvt_slot *s = &c->slots[k];
-            s->dtype = v[k].dtype;
-            s->rank = v[k].rank;
-            memcpy(s->shape, v[k].shape, sizeof(s->shape));
-            s->bytes = kvt_tensor_nbytes(&v[k]);
-            if (cursor >= KVT_SAFE_INT_LIMIT || s->bytes >= KVT_SAFE_INT_LIMIT)
-                return kvt_fail(KVT_E_TOO_LARGE, "%s: the entry exceeds 2^53 bytes", j->path);
-            s->off = kvt_align_up(cursor);
-            s->hash = KVT_PLACEHOLDER_HASH;
-            cursor = s->off + s->bytes;
-            j->slot_of[base + (size_t)k] = s;
-        }
+        int rc = plan_cache(j, i, &cursor);
+        if (rc)
+            return rc;
     }
 
     struct kvt_sbuf json = {0};

@@ -414,6 +414,28 @@ static int extract(const json_t *root, int32_t **fast_tok, size_t n_fast, struct
     return 0;
 }
 
+/* The header JSON as a tree (V7), its token list parsed apart (header_tokens.c): 0, or the
+ * error with nothing left allocated. */
+static int load_json(const uint8_t *json, uint32_t len, const char *name, json_t **root,
+                     int32_t **fast_tok, size_t *n_fast)
+{
+    uint8_t *blanked;
+    if (kvt_header_split_tokens(json, len, &blanked, fast_tok, n_fast) < 0)
+        return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
+    json_error_t jerr;
+    *root = json_loadb((const char *)(blanked ? blanked : json), len,
+                       JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
+    free(blanked);
+    if (*root)
+        return 0;
+    free(*fast_tok);
+    *fast_tok = NULL;
+    if (json_error_code(&jerr) == json_error_out_of_memory)
+        return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
+    return kvt_fail(KVT_E_CORRUPT, "%s: V7: invalid header JSON at byte %d: %s", nm(name),
+                    jerr.position, jerr.text);
+}
+
 int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint64_t file_size,
                           const char *name, struct kvt_header **out)
 {
@@ -425,24 +447,12 @@ int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint6
                         ")",
                         nm(name), p->header_hash, hh);
 
-    uint8_t *blanked;
     int32_t *fast_tok;
     size_t n_fast;
-    if (kvt_header_split_tokens(json, p->header_len, &blanked, &fast_tok, &n_fast) < 0)
-        return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
-    json_error_t jerr;
-    json_t *root =
-        json_loadb((const char *)(blanked ? blanked : json), p->header_len,
-                   JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
-    free(blanked);
-    if (!root) {
-        free(fast_tok);
-        if (json_error_code(&jerr) == json_error_out_of_memory)
-            return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
-        return kvt_fail(KVT_E_CORRUPT, "%s: V7: invalid header JSON at byte %d: %s", nm(name),
-                        jerr.position, jerr.text);
-    }
-    int rc;
+    json_t *root;
+    int rc = load_json(json, p->header_len, name, &root, &fast_tok, &n_fast);
+    if (rc)
+        return rc;
     if (!json_is_object(root)) {
         rc = kvt_fail(KVT_E_CORRUPT, "%s: V7: the header JSON is not an object", nm(name));
         goto out;

@@ -160,6 +160,50 @@ static void direct_span(const struct kvt_rstream *s, const struct kvt_range *r, 
 }
 
 /*
+ * A chunk read straight into destinations, from file byte @p f (on a block) of range @p r0,
+ * whose in-place blocks end at @p db; it goes on over the ranges that follow back to back.
+ */
+static void plan_in_place(struct kvt_rstream *s, struct chunk *c, const struct kvt_range *r0,
+                          uint64_t f, uint64_t db)
+{
+    uint64_t da;
+    uint64_t end = db - f < s->chunk ? db : f + s->chunk;
+    c->a = f;
+    c->in_dst = true;
+    c->iov[0] = (struct iovec){(uint8_t *)r0->dst + (f - r0->off), (size_t)(end - f)};
+    c->niov = 1;
+    s->plan_pos += end - f;
+    /* the next ranges while each starts where this one ended, wholly read into place; and
+     * one range without a destination among them (the loader gives none to a buffer's
+     * small-page tail) that lies on whole blocks and fits: it goes to the chunk's staging
+     * slot in the same request, so the request stays large */
+    while (end == range_end(&s->r[s->plan_ri]) && end - f < s->chunk && c->niov < CHUNK_IOV &&
+           s->plan_ri + 1 < s->n) {
+        const struct kvt_range *rn = &s->r[s->plan_ri + 1];
+        if (!rn->dst && rn->off == end && !c->st_len && rn->len % BLK == 0 &&
+            rn->len <= s->chunk - (end - f)) {
+            c->st_a = rn->off;
+            c->st_len = rn->len;
+            c->st_iov = c->niov;
+            c->iov[c->niov++] = (struct iovec){NULL, (size_t)rn->len}; /* set in top_up */
+            s->plan_ri++;
+            s->plan_pos = rn->len;
+            end += rn->len;
+            continue;
+        }
+        direct_span(s, rn, &da, &db);
+        if (rn->off != end || da != rn->off || db <= da)
+            break;
+        uint64_t stop = db - da < s->chunk - (end - f) ? db : da + (s->chunk - (end - f));
+        c->iov[c->niov++] = (struct iovec){rn->dst, (size_t)(stop - da)};
+        s->plan_ri++;
+        s->plan_pos = stop - da;
+        end = stop;
+    }
+    c->hi = c->b = end;
+}
+
+/*
  * Plan the next chunk from the planning cursor; false when the ranges are exhausted. A chunk
  * either reads blocks of one range straight into its destination, or gathers the bytes of
  * one or more ranges into staging, stopping where a destination's blocks begin.
@@ -181,40 +225,7 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     c->st_len = 0;
     direct_span(s, r0, &da, &db);
     if (f >= da && f < db) { /* f is on a block: da is, and chunks are whole blocks */
-        uint64_t end = db - f < s->chunk ? db : f + s->chunk;
-        c->a = f;
-        c->in_dst = true;
-        c->iov[0] = (struct iovec){(uint8_t *)r0->dst + (f - r0->off), (size_t)(end - f)};
-        c->niov = 1;
-        s->plan_pos += end - f;
-        /* the next ranges while each starts where this one ended, wholly read into place; and
-         * one range without a destination among them (the loader gives none to a buffer's
-         * small-page tail) that lies on whole blocks and fits: it goes to the chunk's staging
-         * slot in the same request, so the request stays large */
-        while (end == range_end(&s->r[s->plan_ri]) && end - f < s->chunk && c->niov < CHUNK_IOV &&
-               s->plan_ri + 1 < s->n) {
-            const struct kvt_range *rn = &s->r[s->plan_ri + 1];
-            if (!rn->dst && rn->off == end && !c->st_len && rn->len % BLK == 0 &&
-                rn->len <= s->chunk - (end - f)) {
-                c->st_a = rn->off;
-                c->st_len = rn->len;
-                c->st_iov = c->niov;
-                c->iov[c->niov++] = (struct iovec){NULL, (size_t)rn->len}; /* set in top_up */
-                s->plan_ri++;
-                s->plan_pos = rn->len;
-                end += rn->len;
-                continue;
-            }
-            direct_span(s, rn, &da, &db);
-            if (rn->off != end || da != rn->off || db <= da)
-                break;
-            uint64_t stop = db - da < s->chunk - (end - f) ? db : da + (s->chunk - (end - f));
-            c->iov[c->niov++] = (struct iovec){rn->dst, (size_t)(stop - da)};
-            s->plan_ri++;
-            s->plan_pos = stop - da;
-            end = stop;
-        }
-        c->hi = c->b = end;
+        plan_in_place(s, c, r0, f, db);
         return true;
     }
     uint64_t a = f / BLK * BLK, limit = a + s->chunk, hi = f;
@@ -416,6 +427,25 @@ static int reap(struct kvt_rstream *s, bool wait)
     return 0;
 }
 
+/* The O_DIRECT descriptor and the queue of a fast stream; without either, the stream reads
+ * in place through the page cache ("buffered"). */
+static void open_direct(struct kvt_rstream *s, int fd, const struct kvt_stream_opts *o)
+{
+    if (kvt_mem_direct() && !o->no_direct) {
+        int dfd = kvt_io()->reopen(fd, O_RDONLY | O_DIRECT);
+        s->dfd = dfd < 0 ? -1 : dfd;
+    }
+    if (s->dfd >= 0) {
+        s->staging_bytes = s->chunk * s->depth;
+        if (kvt_aq_open(&s->q, s->depth, o->engine) < 0) {
+            kvt_io()->close(s->dfd);
+            s->dfd = -1;
+        }
+    }
+    snprintf(s->engine, sizeof(s->engine), "%s%s", s->dfd >= 0 ? kvt_aq_name(&s->q) : "buffered",
+             s->dfd >= 0 ? "+direct" : "");
+}
+
 int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct kvt_stream_opts *o,
                      struct kvt_rstream **out)
 {
@@ -463,19 +493,7 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
         kvt_rstream_close(s);
         return -ENOMEM;
     }
-    if (kvt_mem_direct() && !o->no_direct) {
-        int dfd = kvt_io()->reopen(fd, O_RDONLY | O_DIRECT);
-        s->dfd = dfd < 0 ? -1 : dfd;
-    }
-    if (s->dfd >= 0) {
-        s->staging_bytes = s->chunk * s->depth;
-        if (kvt_aq_open(&s->q, s->depth, o->engine) < 0) {
-            kvt_io()->close(s->dfd); /* read in place through the page cache instead */
-            s->dfd = -1;
-        }
-    }
-    snprintf(s->engine, sizeof(s->engine), "%s%s", s->dfd >= 0 ? kvt_aq_name(&s->q) : "buffered",
-             s->dfd >= 0 ? "+direct" : "");
+    open_direct(s, fd, o);
     if (kvt_mem_helper() && !o->no_prefault && prefault_wanted(s))
         s->pf = kvt_restore_helper_start();
     top_up(s);
@@ -578,6 +596,52 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
 
 /* The next @p len bytes into @p d (see kvt_rstream_read()), without waiting for the pieces
  * handed to the helper; a failed read is left in s->err. */
+/*
+ * The fast path's part of a read: @p take bytes at file offset @p f, all inside chunk @p c at
+ * the head of the ring, into @p d (NULL: only to @p fn). A chunk used up is recycled and the
+ * ring reads further ahead. @return 0 or the error to fail the stream with.
+ */
+static int consume_chunk(struct kvt_rstream *s, struct chunk *c, uint8_t *d, size_t take,
+                         uint64_t f, uint64_t limit, kvt_piece_fn fn, void *ud)
+{
+    int rc = 0;
+    if (s->dfd >= 0)
+        reap(s, false);
+    if (c->state == C_INPLACE) {
+        rc = consume_in_place(s, d, take, f, limit < c->hi ? limit : c->hi, fn, ud);
+    } else {
+        while (c->state == C_INFLIGHT && rc == 0)
+            rc = reap(s, true);
+        if (rc == 0 && c->err && f + take > c->a + c->got)
+            fail_at(s, c->err, c->a + c->got); /* a later chunk's error waits its turn */
+        if (rc == 0 && !s->err) {
+            /* in place: in the destination of the consumer's range (or, for its
+             * range without one, in the chunk's staging slot) */
+            const uint8_t *src = !c->in_dst        ? (const uint8_t *)c->buf + (f - c->a)
+                                 : s->r[s->ri].dst ? (const uint8_t *)s->r[s->ri].dst + s->pos
+                                                   : (const uint8_t *)c->buf + (f - c->st_a);
+            for (size_t k = 0; k < take; k += CACHE_PIECE) {
+                /* hash each piece right after its copy, while it is in L2 */
+                size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
+                if (d && d != src) { /* read into place already: nothing to copy */
+                    kvt_restore_helper_ensure(s->pf, d + k, m);
+                    memcpy(d + k, src + k, m);
+                }
+                piece_done(s, fn, ud, d ? d + k : src + k, m, d != NULL);
+            }
+        }
+    }
+    if (f + take == c->hi) { /* chunk used up: recycle its slot, read further ahead */
+        c->state = C_FREE;
+        if (c->stage >= 0)
+            s->stage_free |= 1u << c->stage;
+        s->head = (s->head + 1) % s->slots;
+        s->count--;
+        top_up(s);
+    }
+    return rc;
+}
+
 static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn fn, void *ud)
 {
     int rc = 0;
@@ -614,41 +678,7 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
             }
             if (take > c->hi - f)
                 take = (size_t)(c->hi - f);
-            if (s->dfd >= 0)
-                reap(s, false);
-            if (c->state == C_INPLACE) {
-                rc = consume_in_place(s, d, take, f, limit < c->hi ? limit : c->hi, fn, ud);
-            } else {
-                while (c->state == C_INFLIGHT && rc == 0)
-                    rc = reap(s, true);
-                if (rc == 0 && c->err && f + take > c->a + c->got)
-                    fail_at(s, c->err, c->a + c->got); /* a later chunk's error waits its turn */
-                if (rc == 0 && !s->err) {
-                    /* in place: in the destination of the consumer's range (or, for its
-                     * range without one, in the chunk's staging slot) */
-                    const uint8_t *src = !c->in_dst ? (const uint8_t *)c->buf + (f - c->a)
-                                         : s->r[s->ri].dst
-                                             ? (const uint8_t *)s->r[s->ri].dst + s->pos
-                                             : (const uint8_t *)c->buf + (f - c->st_a);
-                    for (size_t k = 0; k < take; k += CACHE_PIECE) {
-                        /* hash each piece right after its copy, while it is in L2 */
-                        size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
-                        if (d && d != src) { /* read into place already: nothing to copy */
-                            kvt_restore_helper_ensure(s->pf, d + k, m);
-                            memcpy(d + k, src + k, m);
-                        }
-                        piece_done(s, fn, ud, d ? d + k : src + k, m, d != NULL);
-                    }
-                }
-            }
-            if (f + take == c->hi) { /* chunk used up: recycle its slot, read further ahead */
-                c->state = C_FREE;
-                if (c->stage >= 0)
-                    s->stage_free |= 1u << c->stage;
-                s->head = (s->head + 1) % s->slots;
-                s->count--;
-                top_up(s);
-            }
+            rc = consume_chunk(s, c, d, take, f, limit, fn, ud);
         }
         if (rc < 0) {
             fail_at(s, rc, f);

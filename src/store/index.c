@@ -94,6 +94,26 @@ void kvt_index_free(struct kvt_index *ix)
     free(ix);
 }
 
+/* The namespace @p name, added when missing (*@p added); NULL when out of memory. */
+static struct kvt_ns *ns_get_or_add(struct kvt_index *ix, const char *name, bool *added)
+{
+    struct kvt_ns *ns = ns_get(ix, name);
+    if (ns)
+        return ns;
+    ns = calloc(1, sizeof(*ns));
+    if (!ns || !(ns->name = strdup(name))) {
+        free(ns);
+        return NULL;
+    }
+    ns->hash = str_hash(name);
+    if (kvt_hmap_put(&ix->ns_map, ns->hash, ns) < 0) {
+        ns_free(ns);
+        return NULL;
+    }
+    *added = true;
+    return ns;
+}
+
 int kvt_index_insert(struct kvt_index *ix, const char *ns_name, const int32_t *tok, size_t n,
                      bool trimmable, uint64_t bytes, int64_t mtime_ms, const char *path,
                      struct kvt_rec **out)
@@ -106,20 +126,9 @@ int kvt_index_insert(struct kvt_index *ix, const char *ns_name, const int32_t *t
         return -EEXIST;
     int rc = -ENOMEM;
     bool new_ns = false;
-    struct kvt_ns *ns = ns_get(ix, ns_name);
-    if (!ns) {
-        ns = calloc(1, sizeof(*ns));
-        if (!ns || !(ns->name = strdup(ns_name))) {
-            free(ns);
-            return -ENOMEM;
-        }
-        ns->hash = str_hash(ns_name);
-        if (kvt_hmap_put(&ix->ns_map, ns->hash, ns) < 0) {
-            ns_free(ns);
-            return -ENOMEM;
-        }
-        new_ns = true;
-    }
+    struct kvt_ns *ns = ns_get_or_add(ix, ns_name, &new_ns);
+    if (!ns)
+        return -ENOMEM;
 
     struct kvt_rec *r = calloc(1, sizeof(*r));
     if (!r)

@@ -361,32 +361,11 @@ static void forget_missing(struct kvt_store *s, struct kvt_sdir *d, const struct
     free(g.v);
 }
 
-/** Rescan one namespace directory; @p present is false when the root no longer lists it. */
-static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
+/* Reap the abandoned .tmp files among @p names and index the entries, in batches; true
+ * when some file wants another look later. */
+static bool scan_names(struct kvt_store *s, struct kvt_sdir *d, char **names, size_t n)
 {
-    pthread_mutex_lock(&s->lock);
-    uint64_t start_seq = s->ix->next_seq;
-    pthread_mutex_unlock(&s->lock);
-
-    struct stat dst = {0};
-    char **names = NULL;
-    size_t n = 0;
     bool again = false;
-    int rc = present ? kvt_io()->stat(d->path, &dst, 0) : -ENOENT;
-    if (rc == 0)
-        rc = kvt_store_names(d->path, false, &names, &n);
-    if (rc < 0 && rc != -ENOENT) { /* unknown, not gone: keep the records, look again */
-        pthread_mutex_lock(&s->lock);
-        d->recheck = true;
-        pthread_mutex_unlock(&s->lock);
-        return;
-    }
-    struct kvt_hmap set = {0};
-    bool complete = true;
-    for (size_t i = 0; i < n; i++)
-        if (kvt_hmap_put(&set, kvt_str_hash(names[i]), names[i]) < 0)
-            complete = false;
-
     struct scan_item *items = calloc(SCAN_BATCH, sizeof(*items));
     size_t n_items = 0;
     if (!items)
@@ -414,7 +393,35 @@ static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
     if (n_items)
         again |= scan_batch(s, d, items, n_items);
     free(items);
+    return again;
+}
 
+/** Rescan one namespace directory; @p present is false when the root no longer lists it. */
+static void scan_dir(struct kvt_store *s, struct kvt_sdir *d, bool present)
+{
+    pthread_mutex_lock(&s->lock);
+    uint64_t start_seq = s->ix->next_seq;
+    pthread_mutex_unlock(&s->lock);
+
+    struct stat dst = {0};
+    char **names = NULL;
+    size_t n = 0;
+    int rc = present ? kvt_io()->stat(d->path, &dst, 0) : -ENOENT;
+    if (rc == 0)
+        rc = kvt_store_names(d->path, false, &names, &n);
+    if (rc < 0 && rc != -ENOENT) { /* unknown, not gone: keep the records, look again */
+        pthread_mutex_lock(&s->lock);
+        d->recheck = true;
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    struct kvt_hmap set = {0};
+    bool complete = true;
+    for (size_t i = 0; i < n; i++)
+        if (kvt_hmap_put(&set, kvt_str_hash(names[i]), names[i]) < 0)
+            complete = false;
+
+    bool again = scan_names(s, d, names, n);
     pthread_mutex_lock(&s->lock);
     if (complete)
         forget_missing(s, d, &set, start_seq);

@@ -78,11 +78,9 @@ void kvt_store_opts_init(struct kvt_store_opts *o)
     o->tmp_grace_ms = DEFAULT_TMP_GRACE_MS;
 }
 
-int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out)
+/* kvt_store_open()'s arguments; the memory settings, when given, apply from here on. */
+static int check_open_args(const char *dir, const struct kvt_store_opts *o)
 {
-    if (!out)
-        return kvt_fail(-EINVAL, "kvt_store_open: no output");
-    *out = NULL;
     if (!dir || !dir[0] || !o)
         return kvt_fail(-EINVAL, "kvt_store_open: no directory or options");
     if (!o->model_id || !o->config_fingerprint || !o->tokenizer_hash)
@@ -93,15 +91,21 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
                         "kvt_store_open: config_fingerprint \"%s\" is not a directory "
                         "name",
                         o->config_fingerprint);
-    if (o->mem) {
-        int mrc = kvt_mem_configure(o->mem);
-        if (mrc < 0)
-            return mrc;
-    }
+    return o->mem ? kvt_mem_configure(o->mem) : 0;
+}
+
+int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out)
+{
+    if (!out)
+        return kvt_fail(-EINVAL, "kvt_store_open: no output");
+    *out = NULL;
+    int rc = check_open_args(dir, o);
+    if (rc < 0)
+        return rc;
     struct kvt_store *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
-    int rc = -ENOMEM;
+    rc = -ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->scan_lock, NULL);
     pthread_mutex_init(&s->log_lock, NULL);
@@ -502,6 +506,41 @@ static int new_entry_path(struct kvt_store *s, const char *ns, struct kvt_sdir *
     return 0;
 }
 
+/* Index a published entry (STORE.md §9 steps 3-6: supersession, insert, eviction), then take
+ * the directory's new mtime as this process's own change. On failure the file goes. */
+static int index_new(struct kvt_store *s, const struct kvt_entry *e, const char *ns,
+                     struct kvt_sdir *d, const char *path, uint64_t bytes)
+{
+    bool trimmable = kvt_entry_is_trimmable(e);
+    struct kvt_pathlist pl = {0};
+    struct kvt_rec **sup = NULL, *r = NULL;
+    size_t n_sup = 0;
+    pthread_mutex_lock(&s->lock);
+    kvt_pending_del_locked(s, path);
+    int rc = kvt_index_superseded(s->ix, ns, e->tokens, e->n_tokens, trimmable, &sup, &n_sup);
+    if (rc == 0)
+        rc = kvt_index_insert(s->ix, ns, e->tokens, e->n_tokens, trimmable, bytes, kvt_now_ms(),
+                              path, &r);
+    if (rc == 0 && (rc = kvt_hmap_put(&d->recs, kvt_str_hash(path), r)) < 0)
+        kvt_index_remove(s->ix, r);
+    if (rc == 0) {
+        r->owner = d;
+        for (size_t i = 0; i < n_sup; i++)
+            kvt_store_drop_locked(s, sup[i], &pl);
+        s->spills++;
+        kvt_store_evict_locked(s, &pl);
+    }
+    pthread_mutex_unlock(&s->lock);
+    free(sup);
+    kvt_pathlist_unlink(&pl);
+    if (rc == 0) {
+        kvt_store_note_own_change(s, d);
+        return 0;
+    }
+    kvt_fail(rc, "%s: written but not indexed: out of memory", path);
+    return put_failed(s, rc, path);
+}
+
 int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn run_exclusive,
                   void *engine)
 {
@@ -553,34 +592,7 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
         return rc;
     }
 
-    bool trimmable = kvt_entry_is_trimmable(e);
-    struct kvt_pathlist pl = {0};
-    struct kvt_rec **sup = NULL, *r = NULL;
-    size_t n_sup = 0;
-    pthread_mutex_lock(&s->lock);
-    kvt_pending_del_locked(s, path);
-    rc = kvt_index_superseded(s->ix, ns, e->tokens, e->n_tokens, trimmable, &sup, &n_sup);
-    if (rc == 0)
-        rc = kvt_index_insert(s->ix, ns, e->tokens, e->n_tokens, trimmable, bytes, kvt_now_ms(),
-                              path, &r);
-    if (rc == 0 && (rc = kvt_hmap_put(&d->recs, kvt_str_hash(path), r)) < 0)
-        kvt_index_remove(s->ix, r);
-    if (rc == 0) {
-        r->owner = d;
-        for (size_t i = 0; i < n_sup; i++)
-            kvt_store_drop_locked(s, sup[i], &pl);
-        s->spills++;
-        kvt_store_evict_locked(s, &pl);
-    }
-    pthread_mutex_unlock(&s->lock);
-    free(sup);
-    kvt_pathlist_unlink(&pl);
-    if (rc == 0)
-        kvt_store_note_own_change(s, d);
-    if (rc < 0) {
-        kvt_fail(rc, "%s: written but not indexed: out of memory", path);
-        put_failed(s, rc, path);
-    }
+    rc = index_new(s, e, ns, d, path, bytes);
     free(path);
     return rc;
 }

@@ -160,6 +160,22 @@ static struct kvt_rec *own_min_trim(const struct kvt_tnode *u)
     return NULL;
 }
 
+/* A record now ends at @p at: the subtree aggregates of @p at and its ancestors count it. */
+static void count_up(struct kvt_tnode *at, const struct kvt_rec *r)
+{
+    for (struct kvt_tnode *u = at; u; u = u->parent) {
+        u->sub_n++;
+        if (!r->trimmable)
+            continue;
+        u->sub_trim++;
+        if (!u->sub_min_trim || r->seq < u->sub_min_trim->seq) {
+            u->sub_min_trim = (struct kvt_rec *)r;
+            if (u->parent)
+                kvt_pheap_fix(&u->parent->kid_heap, &kid_ops, u);
+        }
+    }
+}
+
 int kvt_trie_insert(struct kvt_ns *ns, const int32_t *tok, size_t n, struct kvt_rec *r)
 {
     /* Locate without changing anything: at most one split and one new leaf follow. */
@@ -212,17 +228,7 @@ int kvt_trie_insert(struct kvt_ns *ns, const int32_t *tok, size_t n, struct kvt_
 
     r->n_tokens = n;
     own_add(at, r);
-    for (struct kvt_tnode *u = at; u; u = u->parent) {
-        u->sub_n++;
-        if (!r->trimmable)
-            continue;
-        u->sub_trim++;
-        if (!u->sub_min_trim || r->seq < u->sub_min_trim->seq) {
-            u->sub_min_trim = r;
-            if (u->parent)
-                kvt_pheap_fix(&u->parent->kid_heap, &kid_ops, u);
-        }
-    }
+    count_up(at, r);
     return 0;
 
 out_nomem:

@@ -383,6 +383,37 @@ static void fill_report(struct kvt_snapshots *wb, struct kvt_flush_report *r, ui
                  !r->failed && !r->missing;
 }
 
+/* Passes over every dirty key until one clears nothing; 0 or the error of a pass. */
+static int flush_passes(struct kvt_snapshots *wb, int64_t deadline)
+{
+    for (;;) {
+        pthread_mutex_lock(&wb->mu);
+        uint64_t cleared0 = wb->cleared_total;
+        uint64_t pass = ++wb->pass_seq;
+        pthread_mutex_unlock(&wb->mu);
+        int rc = flush_pass(wb, pass, deadline);
+        pthread_mutex_lock(&wb->mu);
+        bool progress = wb->cleared_total != cleared0;
+        pthread_mutex_unlock(&wb->mu);
+        if (rc || !progress)
+            return rc;
+    }
+}
+
+/* Keys a flush left dirty go back on the retry timer (the lock held); true if any did. */
+static bool rearm_dirty(struct kvt_snapshots *wb)
+{
+    bool rearmed = false;
+    for (struct key *k = wb->keys; k; k = k->next) {
+        if (!k->armed && !k->running) {
+            k->armed = true;
+            k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
+            rearmed = true;
+        }
+    }
+    return rearmed;
+}
+
 int kvt_snapshots_flush(struct kvt_snapshots *wb, int64_t timeout_ms, struct kvt_flush_report *r)
 {
     int64_t now = kvt_tier_mono_ms();
@@ -417,30 +448,13 @@ int kvt_snapshots_flush(struct kvt_snapshots *wb, int64_t timeout_ms, struct kvt
 
     if (!rc)
         rc = kvt_write_queue_drain(wb->q, deadline);
-    while (!rc) {
-        pthread_mutex_lock(&wb->mu);
-        uint64_t cleared0 = wb->cleared_total;
-        uint64_t pass = ++wb->pass_seq;
-        pthread_mutex_unlock(&wb->mu);
-        rc = flush_pass(wb, pass, deadline);
-        pthread_mutex_lock(&wb->mu);
-        bool progress = wb->cleared_total != cleared0;
-        pthread_mutex_unlock(&wb->mu);
-        if (!progress)
-            break;
-    }
+    if (!rc)
+        rc = flush_passes(wb, deadline);
 
     fill_report(wb, r, missing0, &s0, rc != 0);
 
-    bool rearmed = false;
     pthread_mutex_lock(&wb->mu);
-    for (struct key *k = wb->keys; k; k = k->next) {
-        if (!k->armed && !k->running) { /* left dirty: back on the retry timer */
-            k->armed = true;
-            k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
-            rearmed = true;
-        }
-    }
+    bool rearmed = rearm_dirty(wb);
     wb->flushing = false;
     wb->flush_seq++;
     wb->last = *r;
