@@ -346,6 +346,42 @@ int kvt_header_check_layout(const struct kvt_header *h, const char *name)
     return rc;
 }
 
+bool kvt_utf8_valid(const char *str, size_t *bad_at)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (s[i]) {
+        unsigned c = s[i];
+        size_t need;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xc2 && c <= 0xdf) {
+            need = 1, cp = c & 0x1f, min = 0x80;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            need = 2, cp = c & 0x0f, min = 0x800;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            need = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            goto bad;
+        }
+        for (size_t k = 1; k <= need; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                goto bad; /* also stops at the terminating NUL */
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            goto bad;
+        i += need + 1;
+    }
+    return true;
+bad:
+    if (bad_at)
+        *bad_at = i;
+    return false;
+}
+
 static int check_meta(const char *key, const char *value)
 {
     size_t at;

@@ -3,8 +3,7 @@
  * written exactly as JavaScript JSON.stringify writes the reference's header object
  * (FORMAT.md §3.1): no whitespace, fixed key order, plain integers, and JSON.stringify's
  * string escaping (only '"', '\\' and C0 controls are escaped; U+2028/U+2029, DEL and all
- * other non-ASCII text are copied verbatim). Also the UTF-8 validator the writer applies to
- * metadata first.
+ * other non-ASCII text are copied verbatim).
  */
 #include "format/format.h"
 
@@ -57,42 +56,6 @@ void kvt_sbuf_put_u64(struct kvt_sbuf *b, uint64_t v)
         v /= 10;
     } while (v);
     kvt_sbuf_put(b, tmp + i, sizeof(tmp) - i);
-}
-
-bool kvt_utf8_valid(const char *str, size_t *bad_at)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (s[i]) {
-        unsigned c = s[i];
-        size_t need;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            need = 1, cp = c & 0x1f, min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            need = 2, cp = c & 0x0f, min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            need = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            goto bad;
-        }
-        for (size_t k = 1; k <= need; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                goto bad; /* also stops at the terminating NUL */
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            goto bad;
-        i += need + 1;
-    }
-    return true;
-bad:
-    if (bad_at)
-        *bad_at = i;
-    return false;
 }
 
 void kvt_json_put_string(struct kvt_sbuf *b, const char *s)
