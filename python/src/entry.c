@@ -24,6 +24,16 @@ int kvtpy_tokens(PyObject *o, Py_buffer *view, const int32_t **tok, size_t *n)
     return 0;
 }
 
+int kvtpy_prompt_args(PyObject *args, Py_buffer *view, const int32_t **tok, size_t *n,
+                      const char **ns)
+{
+    PyObject *tokens;
+    *ns = NULL;
+    if (!PyArg_ParseTuple(args, "O|z", &tokens, ns))
+        return -1;
+    return kvtpy_tokens(tokens, view, tok, n);
+}
+
 static int meta_field(PyObject *d, const char *key, const char **out)
 {
     *out = NULL;

@@ -69,6 +69,9 @@ void kvtpy_caches_done(PyObject *seq, kvt_cache **v, size_t n);
 
 /* A borrowed view of int32 tokens from a buffer object; release with PyBuffer_Release. */
 int kvtpy_tokens(PyObject *o, Py_buffer *view, const int32_t **tok, size_t *n);
+/* The (tokens, ns=None) arguments of a lookup: the tokens as kvtpy_tokens() gives them. */
+int kvtpy_prompt_args(PyObject *args, Py_buffer *view, const int32_t **tok, size_t *n,
+                      const char **ns);
 /* Metadata dict (model_id, config_fingerprint, tokenizer_hash, ns) → struct (borrowed). */
 int kvtpy_meta(PyObject *d, struct kvt_meta *m);
 /* (tokens bytes, [Cache], meta dict, created_at) from a library entry, which it frees. */

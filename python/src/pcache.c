@@ -143,14 +143,11 @@ static PyObject *pcache_close(KvtPcache *self, PyObject *unused)
 
 static PyObject *pcache_take(KvtPcache *self, PyObject *args)
 {
-    PyObject *tokens;
-    const char *ns = NULL;
-    if (!PyArg_ParseTuple(args, "O|z", &tokens, &ns))
-        return NULL;
     Py_buffer view;
     const int32_t *tok;
     size_t n;
-    if (kvtpy_tokens(tokens, &view, &tok, &n) < 0)
+    const char *ns;
+    if (kvtpy_prompt_args(args, &view, &tok, &n, &ns) < 0)
         return NULL;
     if (enter(self) < 0) {
         PyBuffer_Release(&view);
@@ -300,14 +297,11 @@ static PyObject *pcache_clear(KvtPcache *self, PyObject *unused)
 
 static PyObject *tokens_query(KvtPcache *self, PyObject *args, bool exact)
 {
-    PyObject *tokens;
-    const char *ns = NULL;
-    if (!PyArg_ParseTuple(args, "O|z", &tokens, &ns))
-        return NULL;
     Py_buffer view;
     const int32_t *tok;
     size_t n;
-    if (kvtpy_tokens(tokens, &view, &tok, &n) < 0)
+    const char *ns;
+    if (kvtpy_prompt_args(args, &view, &tok, &n, &ns) < 0)
         return NULL;
     if (enter(self) < 0) {
         PyBuffer_Release(&view);

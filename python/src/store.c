@@ -123,14 +123,11 @@ static PyObject *store_close(KvtStore *self, PyObject *unused)
 
 static PyObject *store_find(KvtStore *self, PyObject *args)
 {
-    PyObject *tokens;
-    const char *ns = NULL;
-    if (!PyArg_ParseTuple(args, "O|z", &tokens, &ns))
-        return NULL;
     Py_buffer view;
     const int32_t *tok;
     size_t n;
-    if (kvtpy_tokens(tokens, &view, &tok, &n) < 0)
+    const char *ns;
+    if (kvtpy_prompt_args(args, &view, &tok, &n, &ns) < 0)
         return NULL;
     if (enter(self) < 0) {
         PyBuffer_Release(&view);
@@ -218,14 +215,11 @@ static PyObject *store_put(KvtStore *self, PyObject *args)
 
 static PyObject *store_has_durable_prefix(KvtStore *self, PyObject *args)
 {
-    PyObject *tokens;
-    const char *ns = NULL;
-    if (!PyArg_ParseTuple(args, "O|z", &tokens, &ns))
-        return NULL;
     Py_buffer view;
     const int32_t *tok;
     size_t n;
-    if (kvtpy_tokens(tokens, &view, &tok, &n) < 0)
+    const char *ns;
+    if (kvtpy_prompt_args(args, &view, &tok, &n, &ns) < 0)
         return NULL;
     if (enter(self) < 0) {
         PyBuffer_Release(&view);
