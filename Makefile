@@ -123,11 +123,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(SUPPORT_OBJ) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $< $(SUPPORT_OBJ) $(STATIC) $(CMOCKA_LIBS) $(LIBS_ALL) -lm
 
-# bench_device holds restores to the raw I/O baselines of `kvtier bench`
-$(BUILD)/bench/bench_device: bench/bench_device.c $(BUILD)/obj/tools/bench_raw.o $(STATIC) $(CONFIG)
+# bench_device holds restores to the raw I/O baselines of `kvtier bench` and fills its
+# entries the same way
+BENCH_DEVICE_OBJ = $(BUILD)/obj/tools/bench_raw.o $(BUILD)/obj/tools/bench_kvt.o
+$(BUILD)/bench/bench_device: bench/bench_device.c $(BENCH_DEVICE_OBJ) $(STATIC) $(CONFIG)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Itools -MMD -MP -o $@ $< $(BUILD)/obj/tools/bench_raw.o $(STATIC) \
-	    $(LIBS_ALL) -lm
+	$(CC) $(CFLAGS_ALL) -Itools -MMD -MP -o $@ $< $(BENCH_DEVICE_OBJ) $(STATIC) $(LIBS_ALL) -lm
 
 $(BUILD)/bench/%: bench/%.c $(STATIC) $(CONFIG)
 	@mkdir -p $(@D)

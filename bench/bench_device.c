@@ -41,16 +41,6 @@ static uint64_t parse_size(const char *s)
     }
 }
 
-static void fill(uint64_t *p, size_t bytes, uint64_t *state)
-{
-    for (size_t i = 0; i < bytes / 8; i++) {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        p[i] = *state;
-    }
-}
-
 /* An entry of about @p bytes: LAYERS kv caches of [1, 8, n, 128] bfloat16. */
 static struct kvt_entry *build(uint64_t bytes)
 {
@@ -67,7 +57,7 @@ static struct kvt_entry *build(uint64_t bytes)
         for (int w = 0; w < 2; w++) {
             if (kvt_tensor_zeros(&t[w], KVT_BFLOAT16, 4, shape))
                 return NULL;
-            fill(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &rng);
+            bench_fill(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &rng);
         }
         struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
         if (kvt_cache_from_state(&info, t, 2, &c[l]))
