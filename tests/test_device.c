@@ -117,19 +117,6 @@ static void test_host_standin_restores(void **state)
     free(want);
 }
 
-/* Flip one byte of slot @p k's data. */
-static void corrupt(const char *path, int ci, int sj)
-{
-    struct kvt_header *h;
-    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
-    size_t n;
-    uint8_t *b = read_file(path, &n);
-    b[h->data_start + h->caches[ci].slots[sj].off + 77] ^= 0x01;
-    assert_int_equal(write_file(path, b, n), 0);
-    free(b);
-    kvt_header_free(h);
-}
-
 static void test_host_standin_failures(void **state)
 {
     (void)state;
@@ -149,7 +136,7 @@ static void test_host_standin_failures(void **state)
     assert_int_equal(kvt_file_load_to_device(path, NULL, NULL, place, &p, &h), -EINVAL);
     assert_int_equal(kvt_file_load_to_device(path, NULL, d, NULL, &p, &h), -EINVAL);
 
-    corrupt(path, 1, 0);
+    flip_slot_byte(path, 1, 0, 77, 0x01);
     assert_int_equal(kvt_file_load_to_device(path, NULL, d, place, &p, &h), KVT_E_CORRUPT);
     assert_non_null(strstr(kvt_last_error(), "L3"));
     assert_null(h);
@@ -205,7 +192,7 @@ static void test_store_restore_to_device(void **state)
     struct kvt_store_record *v;
     size_t n;
     assert_int_equal(kvt_store_list(s, &v, &n), 0);
-    corrupt(v[0].path, 0, 1);
+    flip_slot_byte(v[0].path, 0, 1, 77, 0x01);
     kvt_store_list_free(v);
     assert_int_equal(kvt_store_restore_to_device(s, &hit, d, place, &p, &h), 0);
     assert_null(h); /* a miss, and the record is gone */

@@ -129,21 +129,6 @@ static void test_load_into_any_alignment(void **state)
     free(tok);
 }
 
-/* Flip one byte of the first kv slot's data. */
-static void corrupt(const char *path)
-{
-    struct kvt_header *h;
-    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
-    size_t n;
-    uint8_t *b = read_file(path, &n);
-    uint64_t at = h->data_start + h->caches[0].slots[0].off + 1000;
-    assert_true(at < n);
-    b[at] ^= 0x40;
-    assert_int_equal(write_file(path, b, n), 0);
-    free(b);
-    kvt_header_free(h);
-}
-
 static void test_load_into_failures(void **state)
 {
     (void)state;
@@ -176,7 +161,7 @@ static void test_load_into_failures(void **state)
     free(gone);
 
     /* a corrupt slot fails the load, also when that slot is not delivered */
-    corrupt(path);
+    flip_slot_byte(path, 0, 0, 1000, 0x40);
     assert_int_equal(kvt_file_load_into(path, NULL, place, &p, &h), KVT_E_CORRUPT);
     assert_null(h);
     p.skip = 0;
@@ -236,7 +221,7 @@ static void test_store_restore_into(void **state)
     size_t n;
     assert_int_equal(kvt_store_list(s, &v, &n), 0);
     assert_int_equal(n, 1);
-    corrupt(v[0].path);
+    flip_slot_byte(v[0].path, 0, 0, 1000, 0x40);
     kvt_store_list_free(v);
     assert_int_equal(kvt_store_restore_into(s, &hit, place, &p, &h), 0);
     assert_null(h);

@@ -266,3 +266,18 @@ void set_mem(bool no_hugepages, bool no_parallel)
     if (kvt_mem_configure(&m) != 0)
         abort();
 }
+
+void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t mask)
+{
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    assert_true(ci < h->n_caches && sj < h->caches[ci].n_slots);
+    assert_true(at < h->caches[ci].slots[sj].bytes);
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    assert_non_null(b);
+    b[h->data_start + h->caches[ci].slots[sj].off + at] ^= mask;
+    assert_int_equal(write_file(path, b, n), 0);
+    free(b);
+    kvt_header_free(h);
+}

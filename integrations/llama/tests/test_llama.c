@@ -474,14 +474,7 @@ static void test_corrupt_entry_is_a_miss(void **s)
     save(&c, dir, tok, "");
     char *paths[4];
     assert_int_equal(find_entries(dir, paths, 4), 1);
-    struct kvt_header *h;
-    assert_int_equal(kvt_file_read_header(paths[0], NULL, &h), 0);
-    size_t n;
-    uint8_t *b = read_file(paths[0], &n);
-    b[h->data_start + h->caches[1].slots[1].off + 5] ^= 0x10; /* a byte of layer 1's V */
-    assert_int_equal(write_file(paths[0], b, n), 0);
-    free(b);
-    kvt_header_free(h);
+    flip_slot_byte(paths[0], 1, 1, 5, 0x10); /* a byte of layer 1's V */
     char *args = strf("verify %s", paths[0]);
     assert_int_equal(run_cli(args, false, NULL), 1);
     free(args);
