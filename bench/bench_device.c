@@ -7,8 +7,11 @@
  *   - the raw read of the same bytes (O_DIRECT, several reads in flight; tools/bench_raw.c),
  *     cold, and a buffered read of the cached file, warm;
  *   - a copy of the same bytes from page-locked host memory to the device, in 16 MiB pieces
- *     on one stream (the bus's limit).
- * The limit of a restore is the slower of its read and the copy (the two overlap at best);
+ *     on one stream (the bus's limit);
+ *   - kvt_file_save() (durable) of the restored device memory, wrapped as an entry, against a
+ *     raw durable write of the same bytes (O_DIRECT) and a device-to-host copy of them.
+ * The limit of a restore is the slower of its read and the copy (the two overlap at best), of
+ * a save the slower of the copy down and the write;
  * ratios are limit time / kvtier time, medians over the repetitions.
  *
  * Usage: bench_device [--host] [--dir D] [--size 256M,1G,4G] [--repeat N]
@@ -151,6 +154,114 @@ static double ratio_median(const double *lim, const double *kvt, int n)
     return bench_median(r, (size_t)n);
 }
 
+static void no_release(void *ud, void *data)
+{
+    (void)ud;
+    (void)data;
+}
+
+/* The restored device memory of @p m as an entry of LAYERS kv caches (wrapped, not copied). */
+static struct kvt_entry *device_entry(kvt_device *d, const struct dev_mem *m, uint64_t bytes)
+{
+    size_t per_token = (size_t)LAYERS * 2 * 8 * 128 * 2;
+    size_t n = (size_t)(bytes / per_token);
+    int32_t *tok = malloc(n * sizeof(*tok));
+    kvt_cache *c[LAYERS];
+    struct kvt_entry *e = NULL;
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (int32_t)(i % 32000);
+    for (int l = 0; l < LAYERS; l++) {
+        const int64_t shape[4] = {1, 8, (int64_t)n, 128};
+        struct kvt_tensor t[2];
+        for (int w = 0; w < 2; w++) {
+            kvt_buf *b;
+            if (kvt_buf_wrap_device(d, m->addr[2 * l + w], n * 8 * 128 * 2, no_release, NULL,
+                                    &b) ||
+                kvt_tensor_init(&t[w], b, 0, KVT_BFLOAT16, 4, shape))
+                return NULL;
+            kvt_buf_unref(b);
+        }
+        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
+        if (kvt_cache_from_state(&info, t, 2, &c[l]))
+            return NULL;
+        kvt_tensor_release(&t[0]);
+        kvt_tensor_release(&t[1]);
+    }
+    if (kvt_entry_new(tok, n, c, LAYERS, "", &e))
+        e = NULL;
+    free(tok);
+    return e;
+}
+
+/* kvt_file_save() of an entry in device memory: durable, like the raw write it is held to. */
+static double time_save(const struct kvt_entry *e, const char *path)
+{
+    unlink(path);
+    bench_settle_disk(path);
+    double t0 = bench_now();
+    int rc = kvt_file_save(path, e, NULL, NULL);
+    double t = bench_now() - t0;
+    if (rc)
+        fprintf(stderr, "save from device: %s\n", kvt_last_error());
+    return rc ? -1 : t;
+}
+
+/* The device to page-locked host memory, the same bytes in 16 MiB pieces on one stream. */
+static double time_copy_down(kvt_device *d, void *pinned, uint64_t dev, uint64_t bytes)
+{
+    double t0 = bench_now();
+    unsigned slot = 0;
+    for (uint64_t at = 0; at < bytes; at += COPY_PIECE, slot = (slot + 1) % d->depth) {
+        size_t k = bytes - at < COPY_PIECE ? (size_t)(bytes - at) : COPY_PIECE;
+        if (d->ops->d2h(d, (uint8_t *)pinned + at, dev + at, k, slot))
+            return -1;
+    }
+    for (unsigned s = 0; s < d->depth; s++)
+        d->ops->wait(d, s);
+    return bench_now() - t0;
+}
+
+/* A raw durable write of the same bytes (O_DIRECT where the file system takes it). */
+static double time_write(const char *path, void *buf, uint64_t bytes)
+{
+    unlink(path);
+    bench_settle_disk(path);
+    struct bench_span s = {buf, 0, (size_t)bytes};
+    double secs;
+    return bench_raw_write(path, &s, 1, bytes, true, &secs) ? -1 : secs;
+}
+
+/* Saves from device memory against max(raw durable write, device-to-host copy). */
+static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uint64_t file,
+                    void *buf, void *pinned, uint64_t dev, int repeat)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/bench-device-save.mlxkv", dir);
+    struct kvt_entry *e = device_entry(d, m, file);
+    if (!e)
+        return fprintf(stderr, "device entry: %s\n", kvt_last_error()), -1;
+    double k[MAX_REPEAT], wr[MAX_REPEAT], cp[MAX_REPEAT], lim[MAX_REPEAT];
+    for (int r = 0; r < repeat; r++) {
+        cp[r] = time_copy_down(d, pinned, dev, file);
+        if (r % 2 == 0)
+            k[r] = time_save(e, path);
+        wr[r] = time_write(path, buf, file);
+        if (r % 2)
+            k[r] = time_save(e, path);
+        if (k[r] < 0 || wr[r] < 0 || cp[r] < 0)
+            return -1;
+        lim[r] = wr[r] > cp[r] ? wr[r] : cp[r];
+    }
+    kvt_entry_free(e);
+    unlink(path);
+    double gb = (double)file / 1e9;
+    printf("%8.0f MiB save  %6.2f GB/s | write %6.2f GB/s, copy %6.2f GB/s | ratio %.2f\n",
+           (double)file / 1048576, gb / bench_median(k, (size_t)repeat),
+           gb / bench_median(wr, (size_t)repeat), gb / bench_median(cp, (size_t)repeat),
+           ratio_median(lim, k, repeat));
+    return 0;
+}
+
 static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
 {
     struct kvt_entry *e = build(bytes);
@@ -196,6 +307,8 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
                gb / bench_median(rr, (size_t)repeat), gb / bench_median(cc, (size_t)repeat),
                ratio_median(lim[w], k[w], repeat));
     }
+    if (run_save(d, &m, dir, file, buf, pinned, dev, repeat))
+        return -1;
     for (int i = 0; i < m.n; i++)
         kvt_device_free(d, m.addr[i]);
     kvt_device_free(d, dev);

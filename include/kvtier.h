@@ -785,14 +785,16 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  * CUDA device fails with KVT_E_UNSUPPORTED ("unavailable"). A host-memory stand-in with the
  * same asynchronous behaviour runs everywhere (tests, development).
  *
- * Threads: one thread at a time per device handle. Device addresses are uint64_t
+ * Threads: one thread at a time per device handle (a load may start helper threads of its
+ * own, kvt_mem_opts permitting). Device addresses are uint64_t
  * (CUdeviceptr for CUDA; host pointers for the stand-in).
  */
 typedef struct kvt_device kvt_device;
 
 struct kvt_device_opts {
     size_t staging_chunk;   /* bytes per page-locked staging slot; 0 = 8 MiB */
-    unsigned staging_depth; /* staging slots; 0 = 4, at most 16 */
+    unsigned staging_depth; /* staging slots; 0 = 8, at most 16. Loads of 8 chunks or more
+                               run on up to depth / 2 threads, each with its own reads */
     unsigned copy_delay_us; /* stand-in only: every copy takes at least this long */
 };
 
@@ -811,6 +813,18 @@ KVT_API void kvt_device_free(kvt_device *d, uint64_t addr);
 /** Synchronous copies between host memory and device memory, through the staging ring. */
 KVT_API int kvt_device_upload(kvt_device *d, uint64_t dst, const void *src, size_t n);
 KVT_API int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n);
+
+/**
+ * Wrap @p bytes of device memory at @p addr without copying, as kvt_buf_wrap() does host
+ * memory (@p release(ud, NULL) runs exactly once). Caches over such buffers (contiguous views,
+ * kvt_cache_from_state()) make entries that kvt_file_save() and kvt_store_put() write straight
+ * from the device: each piece is copied into the device's staging ring, hashed and written
+ * while the next pieces are copied. Nothing else reads or changes them: appends and updates
+ * fail with KVT_E_UNSUPPORTED, and so does kvt_pcache_put() (the RAM tier holds host memory).
+ * The device must stay open, and the memory unchanged, until the buffer's release runs.
+ */
+KVT_API int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes,
+                                kvt_release_fn release, void *ud, kvt_buf **out);
 
 /** As kvt_place_fn, for device memory: set @p dst[k] to the device address of slot k (0:
  * only check it). */

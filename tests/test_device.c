@@ -1,13 +1,17 @@
 /*
  * Restores into device memory. On the host stand-in (everywhere): every slot lands byte for
- * byte in its device allocation for staging rings of 2-4 slots and chunks of 8 KiB to 8 MiB,
- * with copies that take longer than the reads (a slot reused before its copy finished would
+ * byte in its device allocation for staging rings of 2-16 slots and chunks of 8 KiB to 8 MiB,
+ * loaded by one thread or several sharing the ring, with copies that take longer than the reads (a slot reused before its copy finished would
  * corrupt the result); unplaced slots are still checked; a corrupt slot fails the load and a
  * corrupt store file is a miss; uploads and downloads of odd sizes round-trip. CUDA: opening a
  * device where there is no driver reports "unavailable" and the CUDA case is skipped; where
- * there is one, the same restore runs on the GPU.
+ * there is one, the same restore and a save from device memory run on the GPU. Saves from
+ * device memory (stand-in) write exactly the bytes of the host twin, through a file or a
+ * store; device caches refuse appends, the RAM tier refuses device entries.
  */
 #include "support/support.h"
+
+#include "mem/par.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -67,6 +71,29 @@ static void assert_device_is(struct dplace *p, const uint8_t *want, size_t total
     assert_int_equal(at, total);
 }
 
+/* A wrapped device allocation, freed by the buffer's release. */
+struct dev_alloc {
+    kvt_device *d;
+    uint64_t addr;
+};
+
+static void device_release(void *ud, void *data)
+{
+    struct dev_alloc *a = ud;
+    assert_null(data);
+    kvt_device_free(a->d, a->addr);
+    free(a);
+}
+
+static kvt_buf *device_buf(kvt_device *d, uint64_t addr, size_t n)
+{
+    struct dev_alloc *a = malloc(sizeof(*a));
+    *a = (struct dev_alloc){d, addr};
+    kvt_buf *b;
+    assert_int_equal(kvt_buf_wrap_device(d, addr, n, device_release, a, &b), 0);
+    return b;
+}
+
 static char *save_entry(const char *name, size_t n, uint64_t seed, uint8_t **want, size_t *total)
 {
     int32_t *tok = malloc(n * sizeof(*tok));
@@ -104,7 +131,10 @@ static void test_host_standin_restores(void **state)
         {65536, 3, 50},     /* chunks across slot boundaries */
         {0, 0, 0},          /* the defaults: 8 MiB x 4 */
         {1 << 20, 4, 1000}, /* few, slow copies */
+        {8192, 8, 200},     /* several threads, each with its run of slots, sharing the ring */
+        {16384, 16, 0},
     };
+    unsigned long helpers = kvt_par_helpers_started();
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         kvt_device *d;
         assert_int_equal(kvt_device_open_host(&cases[c], &d), 0);
@@ -113,6 +143,8 @@ static void test_host_standin_restores(void **state)
         restore_on(d, path, want, total, 2);
         kvt_device_close(d);
     }
+    if (kvt_par_cpus() > 1)
+        assert_true(kvt_par_helpers_started() > helpers); /* the parallel loads ran */
     free(path);
     free(want);
 }
@@ -144,6 +176,15 @@ static void test_host_standin_failures(void **state)
     p.skip = 2; /* the corrupt slot is only checked: still a failure */
     assert_int_equal(kvt_file_load_to_device(path, NULL, d, place, &p, &h), KVT_E_CORRUPT);
     dplace_free(&p);
+    /* the same through several threads: the corrupt slot's message comes back */
+    struct kvt_device_opts par = {.staging_chunk = 4096, .staging_depth = 8};
+    kvt_device *dp;
+    assert_int_equal(kvt_device_open_host(&par, &dp), 0);
+    p = (struct dplace){.d = dp, .skip = -1};
+    assert_int_equal(kvt_file_load_to_device(path, NULL, dp, place, &p, &h), KVT_E_CORRUPT);
+    assert_non_null(strstr(kvt_last_error(), "caches[1].tensors[0]"));
+    dplace_free(&p);
+    kvt_device_close(dp);
 
     /* odd sizes up and down, across several staging slots */
     for (size_t n = 1; n < 100000; n = n * 7 + 3) {
@@ -205,6 +246,153 @@ static void test_store_restore_to_device(void **state)
     free(want);
 }
 
+/* A twin of host entry @p e whose tensors live in device memory of @p d. */
+static struct kvt_entry *device_twin(kvt_device *d, const struct kvt_entry *e)
+{
+    kvt_cache *c[8];
+    assert_true(e->n_caches <= 8);
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_cache_info info;
+        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS], dt[KVT_MAX_CACHE_TENSORS];
+        kvt_cache_get_info(e->caches[i], &info);
+        int nt = kvt_cache_state(e->caches[i], st);
+        assert_true(nt > 0);
+        for (int k = 0; k < nt; k++) {
+            size_t n = kvt_tensor_nbytes(&st[k]);
+            uint8_t *flat = malloc(n + 1);
+            kvt_tensor_copy_out(&st[k], flat);
+            uint64_t addr;
+            assert_int_equal(kvt_device_alloc(d, n, &addr), 0);
+            assert_int_equal(kvt_device_upload(d, addr, flat, n), 0);
+            kvt_buf *b = device_buf(d, addr, n);
+            assert_int_equal(kvt_tensor_init(&dt[k], b, 0, st[k].dtype, st[k].rank, st[k].shape),
+                             0);
+            kvt_buf_unref(b);
+            kvt_tensor_release(&st[k]);
+            free(flat);
+        }
+        assert_int_equal(kvt_cache_from_state(&info, dt, nt, &c[i]), 0);
+        for (int k = 0; k < nt; k++)
+            kvt_tensor_release(&dt[k]);
+    }
+    struct kvt_entry *out;
+    assert_int_equal(kvt_entry_new(e->tokens, e->n_tokens, c, e->n_caches, "", &out), 0);
+    out->meta.model_id = strdup(MODEL);
+    out->meta.config_fingerprint = strdup(FP);
+    out->meta.tokenizer_hash = strdup(TOK);
+    return out;
+}
+
+/* The saved file holds exactly the host twin's bytes. */
+static void assert_file_is(const char *path, const uint8_t *want, size_t total)
+{
+    struct kvt_entry *back;
+    assert_int_equal(kvt_file_load(path, NULL, &back, NULL), 0);
+    size_t n;
+    uint8_t *got = synth_entry_bytes(back, &n);
+    assert_int_equal(n, total);
+    assert_memory_equal(got, want, total);
+    free(got);
+    kvt_entry_free(back);
+}
+
+static void test_save_from_device(void **state)
+{
+    (void)state;
+    int32_t tok[901];
+    for (int i = 0; i < 901; i++)
+        tok[i] = i * 7 + 2;
+    struct kvt_entry *e = synth_random_entry(tok, 900, 5, MODEL, FP, TOK);
+    size_t total;
+    uint8_t *want = synth_entry_bytes(e, &total);
+    const struct kvt_device_opts cases[] = {{8192, 2, 300}, {65536, 5, 20}, {0, 0, 0}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        kvt_device *d;
+        assert_int_equal(kvt_device_open_host(&cases[c], &d), 0);
+        struct kvt_entry *de = device_twin(d, e);
+        char *path = strf("%s/dev%zu.mlxkv", test_dir, c);
+        struct kvt_save_opts so = {.no_sync = true};
+        assert_int_equal(kvt_file_save(path, de, &so, NULL), 0);
+        assert_file_is(path, want, total);
+        free(path);
+
+        /* through a store, found and restored like any other entry */
+        struct kvt_store_opts sto = {.model_id = MODEL, .config_fingerprint = FP,
+                                     .tokenizer_hash = TOK};
+        kvt_store *s;
+        char *dir = strf("%s/store%zu", test_dir, c);
+        assert_int_equal(kvt_store_open(dir, &sto, &s), 0);
+        assert_int_equal(kvt_store_put(s, de, NULL, NULL), 0);
+        struct kvt_hit hit;
+        assert_int_equal(kvt_store_find(s, tok, 901, "", &hit), 0); /* the entry and one more */
+        assert_int_equal(hit.prefix_len, 900);
+        struct kvt_store_record *v;
+        size_t nv;
+        assert_int_equal(kvt_store_list(s, &v, &nv), 0);
+        assert_int_equal(nv, 1);
+        assert_file_is(v[0].path, want, total);
+        kvt_store_list_free(v);
+        kvt_store_close(s);
+        free(dir);
+
+        /* device caches are saved, never changed */
+        struct kvt_tensor in[2];
+        const int64_t shape[4] = {1, 4, 1, 96};
+        for (int w = 0; w < 2; w++)
+            assert_int_equal(kvt_tensor_zeros(&in[w], KVT_FLOAT16, 4, shape), 0);
+        assert_int_equal(kvt_cache_append(de->caches[0], in, 2), KVT_E_UNSUPPORTED);
+        assert_non_null(strstr(kvt_last_error(), "device memory"));
+        kvt_tensor_release(&in[0]);
+        kvt_tensor_release(&in[1]);
+        kvt_entry_free(de);
+        kvt_device_close(d);
+    }
+    kvt_entry_free(e);
+    free(want);
+}
+
+static void test_device_entries_refused(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    int32_t tok[64];
+    for (int i = 0; i < 64; i++)
+        tok[i] = i;
+    struct kvt_entry *e = synth_random_entry(tok, 64, 9, MODEL, FP, TOK);
+    struct kvt_entry *de = device_twin(d, e);
+
+    /* the RAM tier holds host memory only: the entry is refused (and freed) */
+    struct kvt_pcache_opts po;
+    kvt_pcache_opts_init(&po);
+    po.ram_max_bytes = 1 << 20;
+    kvt_pcache *pc;
+    assert_int_equal(kvt_pcache_open(&po, &pc), 0);
+    assert_int_equal(kvt_pcache_put(pc, de, NULL), KVT_E_UNSUPPORTED);
+    kvt_pcache_close(pc);
+
+    /* a strided view of device memory cannot be made into a cache */
+    uint64_t addr;
+    assert_int_equal(kvt_device_alloc(d, 4 * 8 * 16 * 2, &addr), 0);
+    kvt_buf *b = device_buf(d, addr, 4 * 8 * 16 * 2);
+    struct kvt_tensor t[2];
+    const int64_t shape[4] = {1, 4, 8, 16};
+    assert_int_equal(kvt_tensor_init(&t[0], b, 0, KVT_FLOAT16, 4, shape), 0);
+    t[1] = t[0];
+    kvt_buf_ref(b);
+    t[1].shape[2] = 4; /* rows 0..3 of 8: not contiguous */
+    struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = 4};
+    kvt_cache *c;
+    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c), -EINVAL);
+    kvt_tensor_release(&t[0]);
+    kvt_tensor_release(&t[1]);
+    kvt_buf_unref(b);
+    assert_int_equal(kvt_buf_wrap_device(NULL, 1, 8, NULL, NULL, &b), -EINVAL);
+    assert_null(b);
+    kvt_entry_free(e);
+    kvt_device_close(d);
+}
+
 static void test_cuda(void **state)
 {
     (void)state;
@@ -221,6 +409,21 @@ static void test_cuda(void **state)
     size_t total;
     char *path = save_entry("cuda.mlxkv", 5000, 21, &want, &total);
     restore_on(d, path, want, total, -1);
+    free(path);
+    free(want);
+
+    int32_t tok[3000];
+    for (int i = 0; i < 3000; i++)
+        tok[i] = i + 1;
+    struct kvt_entry *e = synth_random_entry(tok, 3000, 4, MODEL, FP, TOK);
+    want = synth_entry_bytes(e, &total);
+    struct kvt_entry *de = device_twin(d, e);
+    path = strf("%s/from-cuda.mlxkv", test_dir);
+    struct kvt_save_opts so = {.no_sync = true};
+    assert_int_equal(kvt_file_save(path, de, &so, NULL), 0);
+    assert_file_is(path, want, total);
+    kvt_entry_free(de);
+    kvt_entry_free(e);
     kvt_device_close(d);
     free(path);
     free(want);
@@ -234,6 +437,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_host_standin_failures, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_restore_to_device, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_save_from_device, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_device_entries_refused, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_cuda, test_dir_setup, test_dir_teardown),
     };

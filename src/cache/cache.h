@@ -38,6 +38,11 @@ bool kvt_kind_is_ring(int kind);
 /** Validate kind parameters (max_size, group_size/bits, k_bits/v_bits). -EINVAL. */
 int kvt_cache_check_params(const struct kvt_cache_info *p);
 /** Validate appended tensors against the kind's roles and the cache's current layout. */
+/** Whether a tensor of @p e lies in device memory. */
+bool kvt_entry_on_device(const struct kvt_entry *e);
+/** KVT_E_UNSUPPORTED when @p c or one of @p in lies in device memory (saved, never changed). */
+int kvt_cache_check_host(const char *what, const kvt_cache *c, const struct kvt_tensor *in,
+                         int nin);
 int kvt_cache_check_input(const kvt_cache *c, const struct kvt_tensor *in, int nin);
 /** Validate a tensor set of kind info->kind alone (roles, shapes, no overlap); @p what
  *  starts the message. */

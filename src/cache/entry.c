@@ -2,6 +2,7 @@
  * Library-owned entries: construction from tokens and caches, freeing, cloning every cache
  * (all or nothing), and the byte and trimmability sums over the caches.
  */
+#include "cache/cache.h"
 #include "common/error.h"
 #include "tensor/alloc.h"
 
@@ -128,4 +129,13 @@ bool kvt_entry_is_trimmable(const struct kvt_entry *e)
         if (!kvt_cache_is_trimmable(e->caches[i]))
             return false;
     return e != NULL;
+}
+
+bool kvt_entry_on_device(const struct kvt_entry *e)
+{
+    for (size_t i = 0; e && i < e->n_caches; i++)
+        for (int k = 0; e->caches[i] && e->caches[i]->has_buf && k < e->caches[i]->nt; k++)
+            if (kvt_tensor_on_device(&e->caches[i]->a[k].t))
+                return true;
+    return false;
 }

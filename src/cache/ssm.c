@@ -22,6 +22,8 @@ int kvt_cache_ssm_update(kvt_cache *c, const struct kvt_tensor *conv,
     struct kvt_tensor in[2] = {*conv, *recurrent}; /* borrowed */
     struct kvt_cache_info p = {.kind = KVT_KIND_SSM};
     int rc = kvt_cache_check_tensors("ssm update", &p, in, 2);
+    if (rc == 0)
+        rc = kvt_cache_check_host("ssm update", c, in, 2);
     if (rc)
         return rc;
     if (c->has_buf) {

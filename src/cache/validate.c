@@ -199,6 +199,19 @@ static int check_set(const char *what, const struct kvt_cache_info *p, const str
     }
 }
 
+int kvt_cache_check_host(const char *what, const kvt_cache *c, const struct kvt_tensor *in,
+                         int nin)
+{
+    for (int i = 0; i < nin; i++)
+        if (kvt_tensor_on_device(&in[i]))
+            return kvt_fail(KVT_E_UNSUPPORTED, "%s: the input is in device memory", what);
+    for (int i = 0; c && c->has_buf && i < c->nt; i++)
+        if (kvt_tensor_on_device(&c->a[i].t))
+            return kvt_fail(KVT_E_UNSUPPORTED, "%s: the cache is in device memory (it can be "
+                                               "saved, not changed)", what);
+    return 0;
+}
+
 int kvt_cache_check_input(const kvt_cache *c, const struct kvt_tensor *in, int nin)
 {
     const char *name = kvt_kind_name(c->info.kind);
@@ -208,6 +221,8 @@ int kvt_cache_check_input(const kvt_cache *c, const struct kvt_tensor *in, int n
         return BAD("ssm append: use kvt_cache_ssm_update()");
     int64_t l;
     int rc = check_set(what, &c->info, in, nin, &l);
+    if (rc == 0)
+        rc = kvt_cache_check_host(what, c, in, nin);
     if (rc)
         return rc;
     if (l < 1)

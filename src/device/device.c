@@ -5,18 +5,26 @@
 #include "device/device.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
 
 #define DEFAULT_CHUNK ((size_t)8 << 20)
-#define DEFAULT_DEPTH 4u
+#define DEFAULT_DEPTH 8u
+
+static void device_free(kvt_device *d)
+{
+    pthread_mutex_destroy(&d->stage_lock);
+    pthread_cond_destroy(&d->stage_free);
+    free(d);
+}
 
 static int opened(kvt_device *d, int rc, kvt_device **out)
 {
     if (rc) {
-        free(d);
+        device_free(d);
         return rc;
     }
     *out = d;
@@ -32,6 +40,8 @@ static kvt_device *device_new(const struct kvt_device_opts *o)
     d->depth = o && o->staging_depth ? o->staging_depth : DEFAULT_DEPTH;
     if (d->depth > KVT_DEVICE_MAX_SLOTS)
         d->depth = KVT_DEVICE_MAX_SLOTS;
+    pthread_mutex_init(&d->stage_lock, NULL);
+    pthread_cond_init(&d->stage_free, NULL);
     return d;
 }
 
@@ -61,8 +71,12 @@ void kvt_device_close(kvt_device *d)
 {
     if (!d)
         return;
+    kvt_dstage_drain(d);
+    for (unsigned k = 0; k < d->depth; k++)
+        if (d->slot[k])
+            d->ops->host_free(d, d->slot[k]);
     d->ops->close(d);
-    free(d);
+    device_free(d);
 }
 
 const char *kvt_device_name(const kvt_device *d)
@@ -86,28 +100,24 @@ void kvt_device_free(kvt_device *d, uint64_t addr)
 /* A synchronous copy through one staging slot at a time. */
 static int copy_sync(kvt_device *d, void *host, uint64_t dev, size_t n, bool up)
 {
-    struct kvt_dstage st;
-    int rc = kvt_dstage_open(d, &st);
+    int rc = kvt_dstage_ready(d);
     for (size_t at = 0; rc == 0 && at < n;) {
         size_t k = n - at < d->chunk ? n - at : d->chunk;
         uint8_t *mem;
         unsigned slot;
-        rc = kvt_dstage_take(&st, &mem, &slot);
-        if (rc == 0 && up) {
+        if ((rc = kvt_dstage_take(d, &mem, &slot)))
+            break;
+        if (up) {
             memcpy(mem, (uint8_t *)host + at, k);
             rc = d->ops->h2d(d, dev + at, mem, k, slot);
-        } else if (rc == 0) {
-            rc = d->ops->d2h(d, mem, dev + at, k, slot);
-            if (rc == 0)
-                rc = d->ops->wait(d, slot);
-            if (rc == 0)
-                memcpy((uint8_t *)host + at, mem, k);
+        } else if ((rc = d->ops->d2h(d, mem, dev + at, k, slot)) == 0 &&
+                   (rc = d->ops->wait(d, slot)) == 0) {
+            memcpy((uint8_t *)host + at, mem, k);
         }
-        st.busy[slot] = rc == 0;
+        kvt_dstage_give(d, slot, rc == 0 && up);
         at += k;
     }
-    int rd = kvt_dstage_drain(&st);
-    kvt_dstage_close(&st);
+    int rd = kvt_dstage_drain(d);
     return rc ? rc : rd;
 }
 
@@ -127,53 +137,64 @@ int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n)
 
 /* ---- the staging ring --------------------------------------------------------------------- */
 
-int kvt_dstage_open(kvt_device *d, struct kvt_dstage *st)
+int kvt_dstage_ready(kvt_device *d)
 {
-    memset(st, 0, sizeof(*st));
-    st->d = d;
-    for (unsigned k = 0; k < d->depth; k++) {
-        int rc = d->ops->host_alloc(d, d->chunk, (void **)&st->slot[k]);
-        if (rc) {
-            kvt_dstage_close(st);
-            return rc;
+    for (unsigned k = 0; k < d->depth; k++)
+        if (!d->slot[k]) {
+            int rc = d->ops->host_alloc(d, d->chunk, (void **)&d->slot[k]);
+            if (rc)
+                return rc;
         }
-    }
     return 0;
 }
 
-int kvt_dstage_take(struct kvt_dstage *st, uint8_t **mem, unsigned *k)
+int kvt_dstage_take(kvt_device *d, uint8_t **mem, unsigned *k)
 {
-    unsigned slot = st->next;
-    st->next = (slot + 1) % st->d->depth;
-    if (st->busy[slot]) {
-        int rc = st->d->ops->wait(st->d, slot);
-        if (rc)
-            return rc;
-        st->busy[slot] = false;
+    pthread_mutex_lock(&d->stage_lock);
+    unsigned slot = d->depth;
+    while (slot == d->depth) {
+        for (unsigned i = 0; i < d->depth && slot == d->depth; i++) {
+            unsigned c = (d->next + i) % d->depth;
+            if (!d->held[c])
+                slot = c;
+        }
+        if (slot == d->depth)
+            pthread_cond_wait(&d->stage_free, &d->stage_lock);
     }
-    *mem = st->slot[slot];
+    d->held[slot] = true;
+    d->next = (slot + 1) % d->depth;
+    pthread_mutex_unlock(&d->stage_lock);
+    if (d->busy[slot]) { /* only the holder touches busy[slot] */
+        int rc = d->ops->wait(d, slot);
+        if (rc) {
+            kvt_dstage_give(d, slot, true);
+            return rc;
+        }
+        d->busy[slot] = false;
+    }
+    *mem = d->slot[slot];
     *k = slot;
     return 0;
 }
 
-int kvt_dstage_drain(struct kvt_dstage *st)
+void kvt_dstage_give(kvt_device *d, unsigned k, bool queued)
 {
-    int first = 0;
-    for (unsigned k = 0; st->d && k < st->d->depth; k++)
-        if (st->busy[k]) {
-            int rc = st->d->ops->wait(st->d, k);
-            if (rc && !first)
-                first = rc;
-            st->busy[k] = false;
-        }
-    return first;
+    pthread_mutex_lock(&d->stage_lock);
+    d->busy[k] = queued;
+    d->held[k] = false;
+    pthread_cond_signal(&d->stage_free);
+    pthread_mutex_unlock(&d->stage_lock);
 }
 
-void kvt_dstage_close(struct kvt_dstage *st)
+int kvt_dstage_drain(kvt_device *d)
 {
-    kvt_dstage_drain(st);
-    for (unsigned k = 0; st->d && k < st->d->depth; k++)
-        if (st->slot[k])
-            st->d->ops->host_free(st->d, st->slot[k]);
-    memset(st, 0, sizeof(*st));
+    int first = 0;
+    for (unsigned k = 0; k < d->depth; k++)
+        if (d->busy[k]) {
+            int rc = d->ops->wait(d, k);
+            if (rc && !first)
+                first = rc;
+            d->busy[k] = false;
+        }
+    return first;
 }

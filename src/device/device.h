@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "kvtier.h"
@@ -36,24 +37,27 @@ struct kvt_device {
     size_t chunk;   /* bytes per staging slot */
     unsigned depth; /* staging slots */
     void *impl;
+    /* The staging ring: allocated at the first copy, kept until close. Slots are handed to
+     * one holder at a time (the threads of one parallel load share the ring). */
+    pthread_mutex_t stage_lock;
+    pthread_cond_t stage_free;
+    uint8_t *slot[KVT_DEVICE_MAX_SLOTS];
+    bool held[KVT_DEVICE_MAX_SLOTS]; /* taken and not given back */
+    bool busy[KVT_DEVICE_MAX_SLOTS]; /* copies queued from or into it may still run */
+    unsigned next;
 };
 
 int kvt_device_cuda_open(int ordinal, kvt_device *d);
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d);
 
-/** A ring of d->depth page-locked staging slots of d->chunk bytes. */
-struct kvt_dstage {
-    kvt_device *d;
-    uint8_t *slot[KVT_DEVICE_MAX_SLOTS];
-    bool busy[KVT_DEVICE_MAX_SLOTS];
-    unsigned next;
-};
-
-int kvt_dstage_open(kvt_device *d, struct kvt_dstage *st);
-/** The next slot, once the copies queued from it before are done; *@p k is its index. */
-int kvt_dstage_take(struct kvt_dstage *st, uint8_t **mem, unsigned *k);
-/** Wait for every slot's copies (the ring stays usable). */
-int kvt_dstage_drain(struct kvt_dstage *st);
-void kvt_dstage_close(struct kvt_dstage *st);
+/** Allocate the staging ring if it is not yet (page-locked: slow, so once per device). */
+int kvt_dstage_ready(kvt_device *d);
+/** A free slot, once the copies queued with it before are done; *@p k is its index. Waits
+ * while every slot is held. Thread-safe. */
+int kvt_dstage_take(kvt_device *d, uint8_t **mem, unsigned *k);
+/** Give slot @p k back; @p queued: a copy queued with it may still run. Thread-safe. */
+void kvt_dstage_give(kvt_device *d, unsigned k, bool queued);
+/** Wait for every slot's copies (call with no slot held). */
+int kvt_dstage_drain(kvt_device *d);
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * Restores into device memory (kvt_file_load_to_device, kvt_store_restore_to_device): after the
  * header passes V1-V20 and the expectations, every slot streams from the file (read ahead, O_DIRECT
- * where possible) through a ring of page-locked staging slots: a slot is filled, hashed (L3), and
- * its copy to the device queued, while the next is filled; a slot is reused once its copy is done.
+ * where possible) through the device's ring of page-locked staging slots: a slot is filled, hashed
+ * (L3), and its copy to the device queued, while the next is filled; a slot is reused once its
+ * copy is done. Large files are split into runs of slots loaded by several threads at once.
  * A hash mismatch fails the load after the copies in flight have finished, so nothing the caller
  * owns is touched after the call returns.
  */
@@ -11,27 +12,48 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/error.h"
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
+#include "mem/mem.h"
+#include "mem/par.h"
 #include "store/store.h"
+
+/* One slot of the file, in header order, and where it goes (0: only checked). */
+struct dslot {
+    const struct kvt_slot *s;
+    size_t ci;
+    int sj;
+    uint64_t dst;
+};
+
+/* A run of consecutive slots loaded by one thread through its own read stream. */
+struct share {
+    size_t first, end;
+    int rc;
+    char msg[512]; /* the failing thread's message, raised again by the caller */
+};
 
 struct dev_load {
     const char *name;
     const struct kvt_header *h;
     kvt_device *d;
-    struct kvt_dstage st;
-    struct kvt_rstream *rs;
+    int fd;
     bool verify;
+    struct dslot *slot;
+    size_t n_slots;
+    struct share share[KVT_DEVICE_MAX_SLOTS];
+    unsigned n_shares;
 };
 
-/* Slot @p s of cache @p ci: read, hash and send to @p dst (0: only checked). */
-static int load_slot(struct dev_load *l, size_t ci, int sj, uint64_t dst)
+/* Slot @p ds: read through @p rs, hash, and send each chunk to the device. */
+static int load_slot(struct dev_load *l, struct kvt_rstream *rs, const struct dslot *ds)
 {
-    const struct kvt_slot *s = &l->h->caches[ci].slots[sj];
+    const struct kvt_slot *s = ds->s;
     struct kvt_wyhash_state hs;
     kvt_wyhash_init(&hs, 0);
     for (uint64_t off = 0; off < s->bytes;) {
@@ -39,20 +61,20 @@ static int load_slot(struct dev_load *l, size_t ci, int sj, uint64_t dst)
         uint8_t *mem;
         unsigned slot;
         uint64_t at = 0;
-        int rc = kvt_dstage_take(&l->st, &mem, &slot);
-        if (rc == 0 && (rc = kvt_rstream_read(l->rs, mem, k, NULL, NULL, &at)))
-            return kvt_fail(rc, "%s: read at offset %" PRIu64 ": %s", l->name, at,
-                            kvt_strerror(rc));
+        int rc = kvt_dstage_take(l->d, &mem, &slot);
         if (rc)
             return rc;
+        if ((rc = kvt_rstream_read(rs, mem, k, NULL, NULL, &at))) {
+            kvt_dstage_give(l->d, slot, false);
+            return kvt_fail(rc, "%s: read at offset %" PRIu64 ": %s", l->name, at,
+                            kvt_strerror(rc));
+        }
         if (l->verify)
             kvt_wyhash_update(&hs, mem, k);
-        if (dst) {
-            rc = l->d->ops->h2d(l->d, dst + off, mem, k, slot);
-            if (rc)
-                return rc;
-            l->st.busy[slot] = true;
-        }
+        rc = ds->dst ? l->d->ops->h2d(l->d, ds->dst + off, mem, k, slot) : 0;
+        kvt_dstage_give(l->d, slot, ds->dst && rc == 0);
+        if (rc)
+            return rc;
         off += k;
     }
     uint64_t got = kvt_wyhash_final(&hs);
@@ -60,41 +82,106 @@ static int load_slot(struct dev_load *l, size_t ci, int sj, uint64_t dst)
         return kvt_fail(KVT_E_CORRUPT,
                         "%s: L3: tensor hash mismatch at offset %" PRIu64
                         " (caches[%zu].tensors[%d]: stored %016" PRIx64 ", read %016" PRIx64 ")",
-                        l->name, kvt_slot_abs(l->h, s), ci, sj, s->hash, got);
+                        l->name, kvt_slot_abs(l->h, s), ds->ci, ds->sj, s->hash, got);
     return 0;
 }
 
-static int load_slots(struct dev_load *l, int fd, const uint64_t *dst, bool keep_cache)
+/* Share @p w: its own stream over its slots (read-ahead stays inside the share). */
+static int run_share(struct dev_load *l, struct share *sh)
 {
-    const struct kvt_header *h = l->h;
-    size_t n = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
+    size_t n = sh->end - sh->first;
     struct kvt_range *rg = calloc(n ? n : 1, sizeof(*rg));
     if (!rg)
         return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
-    size_t o = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        for (int j = 0; j < h->caches[i].n_slots; j++, o++)
-            rg[o] = (struct kvt_range){kvt_slot_abs(h, &h->caches[i].slots[j]),
-                                       h->caches[i].slots[j].bytes, NULL, NULL};
-    int rc = kvt_rstream_open(fd, rg, n, NULL, &l->rs);
+    for (size_t o = 0; o < n; o++) {
+        const struct kvt_slot *s = l->slot[sh->first + o].s;
+        rg[o] = (struct kvt_range){kvt_slot_abs(l->h, s), s->bytes, NULL, NULL};
+    }
+    struct kvt_rstream *rs;
+    int rc = kvt_rstream_open(l->fd, rg, n, NULL, &rs);
     free(rg);
     if (rc)
         return kvt_fail(rc, "%s: cannot open the read stream: %s", l->name, kvt_strerror(rc));
-    o = 0;
-    for (size_t i = 0; i < h->n_caches && rc == 0; i++)
-        for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++)
-            rc = load_slot(l, i, j, dst[o]);
-    int rd = kvt_dstage_drain(&l->st); /* no copy may land after the call returns */
-    kvt_rstream_close(l->rs);
-    l->rs = NULL;
-    for (size_t i = 0; i < h->n_caches && !keep_cache; i++)
-        for (int j = 0; j < h->caches[i].n_slots; j++) {
-            const struct kvt_slot *s = &h->caches[i].slots[j];
-            kvt_io()->fadvise_dontneed(fd, kvt_slot_abs(h, s), kvt_align_up(s->bytes));
+    for (size_t o = sh->first; o < sh->end && rc == 0; o++)
+        rc = load_slot(l, rs, &l->slot[o]);
+    kvt_rstream_close(rs);
+    return rc;
+}
+
+static bool share_job(void *ud, size_t w)
+{
+    struct dev_load *l = ud;
+    struct share *sh = &l->share[w];
+    sh->rc = run_share(l, sh);
+    if (sh->rc)
+        snprintf(sh->msg, sizeof(sh->msg), "%s", kvt_last_error());
+    return true; /* the other shares finish: their copies must land before the call returns */
+}
+
+/* Split the slots into runs of about equal bytes, one per thread: each thread reads, hashes
+ * and queues copies on its own, so reads from a fast page cache are not bound to one core. */
+static void plan_shares(struct dev_load *l)
+{
+    uint64_t total = 0;
+    for (size_t o = 0; o < l->n_slots; o++)
+        total += l->slot[o].s->bytes;
+    unsigned w = kvt_mem_parallel() ? kvt_par_cpus() : 1;
+    if (w > l->d->depth / 2)
+        w = l->d->depth / 2 ? l->d->depth / 2 : 1;
+    if (w > l->n_slots)
+        w = l->n_slots ? (unsigned)l->n_slots : 1;
+    if (total < (uint64_t)l->d->chunk * 8) /* a few chunks: threads would cost more */
+        w = 1;
+    uint64_t acc = 0;
+    l->n_shares = 0;
+    for (size_t o = 0, first = 0; o < l->n_slots; o++) {
+        acc += l->slot[o].s->bytes;
+        bool last = o + 1 == l->n_slots;
+        if (last || acc * w >= total * (l->n_shares + 1)) {
+            l->share[l->n_shares++] = (struct share){.first = first, .end = o + 1};
+            first = o + 1;
+            if (l->n_shares == w - 1 && !last) {
+                l->share[l->n_shares++] = (struct share){.first = first, .end = l->n_slots};
+                break;
+            }
         }
+    }
+}
+
+static int load_slots(struct dev_load *l, bool keep_cache)
+{
+    int rc = kvt_dstage_ready(l->d);
+    if (rc)
+        return rc;
+    plan_shares(l);
+    if (l->n_shares > 1)
+        kvt_par_for(l->n_shares, l->n_shares, share_job, l);
+    else if (l->n_shares == 1)
+        share_job(l, 0);
+    int rd = kvt_dstage_drain(l->d); /* no copy may land after the call returns */
+    for (unsigned w = 0; w < l->n_shares && rc == 0; w++) /* the first failure in file order */
+        if ((rc = l->share[w].rc))
+            kvt_fail(rc, "%s", l->share[w].msg);
+    for (size_t o = 0; o < l->n_slots && !keep_cache; o++)
+        kvt_io()->fadvise_dontneed(l->fd, kvt_slot_abs(l->h, l->slot[o].s),
+                                   kvt_align_up(l->slot[o].s->bytes));
     return rc ? rc : rd;
+}
+
+/* The file's slots in header order, with the addresses the placement gave. */
+static int list_slots(struct dev_load *l, const uint64_t *dst)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->h->n_caches; i++)
+        n += (size_t)l->h->caches[i].n_slots;
+    l->slot = calloc(n ? n : 1, sizeof(*l->slot));
+    if (!l->slot)
+        return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
+    for (size_t i = 0; i < l->h->n_caches; i++)
+        for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++)
+            l->slot[l->n_slots] =
+                (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots]};
+    return 0;
 }
 
 int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
@@ -128,11 +215,10 @@ int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_de
         if (rc && !kvt_last_error()[0])
             kvt_fail(rc, "%s: the destination was refused: %s", path, kvt_strerror(rc));
     }
-    struct dev_load l = {.name = path, .h = h, .d = d, .verify = !(x && x->no_verify)};
-    if (rc == 0 && (rc = kvt_dstage_open(d, &l.st)) == 0) {
-        rc = load_slots(&l, fd, dst, x && x->keep_cache);
-        kvt_dstage_close(&l.st);
-    }
+    struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
+    if (rc == 0 && (rc = list_slots(&l, dst)) == 0)
+        rc = load_slots(&l, x && x->keep_cache);
+    free(l.slot);
     free(dst);
     io->close(fd);
     if (rc == 0)

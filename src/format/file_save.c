@@ -268,7 +268,8 @@ static int gather_run(void *ud, const void *p, size_t n)
 
 /*
  * Strided view (e.g. rows [0, offset) of a capacity buffer): its contiguous runs, in row-major
- * order, are adjacent in the file, and the stream gathers them into whole chunks.
+ * order, are adjacent in the file, and the stream gathers them into whole chunks. A tensor in
+ * device memory comes the same way, as host copies of its pieces (the device's staging).
  */
 static int write_strided(struct save_job *j, const struct kvt_tensor *t, uint64_t off,
                          uint64_t *hash)
@@ -294,7 +295,7 @@ static int write_tensor(struct save_job *j, size_t k)
                         s->bytes, n);
     if (n == 0)
         s->hash = kvt_wyhash(0, NULL, 0);
-    else if (kvt_tensor_is_contiguous(t))
+    else if (kvt_tensor_is_contiguous(t) && !kvt_tensor_on_device(t))
         rc = write_contiguous(j, (const uint8_t *)kvt_buf_data(t->buf) + t->offset, n, abs,
                               &s->hash);
     else

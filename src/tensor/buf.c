@@ -41,6 +41,8 @@ struct kvt_buf {
     bool was_kept;  /* the mapping came back from the buffer cache: its pages are resident */
     bool zeroed;    /* all zeros as allocated (fresh memory, or cleared) */
     bool wrapped;
+    bool device;             /* data is NULL; the bytes are reached through ext */
+    struct kvt_buf_ext ext;
 };
 
 static struct kvt_buf *init(struct kvt_buf *b, void *data, size_t bytes)
@@ -55,6 +57,7 @@ static struct kvt_buf *init(struct kvt_buf *b, void *data, size_t bytes)
     b->was_kept = false;
     b->zeroed = false;
     b->wrapped = false;
+    b->device = false;
     return b;
 }
 
@@ -145,6 +148,35 @@ out_release:
     if (release)
         release(ud, data);
     return rc;
+}
+
+int kvt_buf_wrap_ext(const struct kvt_buf_ext *ext, size_t bytes, kvt_release_fn release,
+                     void *ud, kvt_buf **out)
+{
+    struct kvt_buf *b = kvt_malloc(sizeof(*b));
+    if (!b) {
+        if (release)
+            release(ud, NULL);
+        return kvt_fail(-ENOMEM, "kvt_buf_wrap_device: cannot allocate the buffer header");
+    }
+    init(b, NULL, bytes);
+    b->release = release;
+    b->ud = ud;
+    b->wrapped = true;
+    b->device = true;
+    b->ext = *ext;
+    *out = b;
+    return 0;
+}
+
+const struct kvt_buf_ext *kvt_buf_ext_of(const kvt_buf *b)
+{
+    return b && b->device ? &b->ext : NULL;
+}
+
+bool kvt_tensor_on_device(const struct kvt_tensor *t)
+{
+    return t && kvt_buf_ext_of(t->buf);
 }
 
 kvt_buf *kvt_buf_ref(kvt_buf *b)

@@ -106,6 +106,9 @@ static void plan_one(struct run_plan *p, const struct kvt_tensor *t)
 
 static int walk(const struct kvt_tensor *t, kvt_run_fn fn, void *ud)
 {
+    const struct kvt_buf_ext *x = kvt_buf_ext_of(t->buf);
+    if (x) /* contiguous (kvt_tensor_check): its bytes in order, a host copy at a time */
+        return x->read_out(x->ctx, x->addr + t->offset, kvt_tensor_nbytes(t), fn, ud);
     struct run_plan p;
     plan_one(&p, t);
     const char *base = (const char *)kvt_buf_data(t->buf) + t->offset;
@@ -141,6 +144,8 @@ int kvt_tensor_for_each_run_mut(const struct kvt_tensor *t, kvt_run_mut_fn fn, v
 {
     if (!t || !t->buf || !fn)
         return 0;
+    if (kvt_tensor_on_device(t))
+        return kvt_fail(KVT_E_UNSUPPORTED, "tensor: device memory cannot be written in place");
     struct mut_call m = {fn, ud};
     return walk(t, call_mut, &m);
 }
@@ -154,9 +159,23 @@ size_t kvt_tensor_run_bytes(const struct kvt_tensor *t)
     return p.nruns ? p.run : 0;
 }
 
+static int append_run(void *ud, const void *p, size_t n)
+{
+    char **f = ud;
+    memcpy(*f, p, n);
+    *f += n;
+    return 0;
+}
+
 /* Copy between a strided view and a contiguous block, in either direction. */
 static void copy_contig(const struct kvt_tensor *t, void *flat, bool out)
 {
+    if (kvt_tensor_on_device(t)) { /* downloads only: device memory is never written here */
+        char *f = flat;
+        if (out)
+            walk(t, append_run, &f);
+        return;
+    }
     struct run_plan p;
     plan_one(&p, t);
     char *base = (char *)kvt_buf_data(t->buf) + t->offset;
@@ -188,6 +207,8 @@ int kvt_tensor_copy(const struct kvt_tensor *dst, const struct kvt_tensor *src)
 {
     if (!dst || !src || !dst->buf || !src->buf)
         return kvt_fail(-EINVAL, "kvt_tensor_copy: NULL tensor");
+    if (kvt_tensor_on_device(dst) || kvt_tensor_on_device(src))
+        return kvt_fail(KVT_E_UNSUPPORTED, "kvt_tensor_copy: a tensor in device memory");
     size_t item = kvt_dtype_size(src->dtype);
     if (!item || item != kvt_dtype_size(dst->dtype) || dst->rank != src->rank)
         return kvt_fail(-EINVAL, "kvt_tensor_copy: dtype or rank differs");

@@ -73,6 +73,8 @@ int kvt_tensor_check(const struct kvt_tensor *t)
     if (start < 0 || (uint64_t)end > size)
         return kvt_fail(-EINVAL, "tensor: view [%lld, %lld) outside the buffer (%zu bytes)",
                         (long long)start, (long long)end, size);
+    if (kvt_tensor_on_device(t) && !kvt_tensor_is_contiguous(t))
+        return kvt_fail(-EINVAL, "tensor: a view of device memory must be contiguous");
     return 0;
 }
 

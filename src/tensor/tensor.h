@@ -45,6 +45,23 @@ int kvt_tensor_copy(const struct kvt_tensor *dst, const struct kvt_tensor *src);
 /** Wyhash (seed 0) of the row-major bytes of @p t, streamed over its runs (no copy). */
 uint64_t kvt_tensor_hash(const struct kvt_tensor *t);
 
+/**
+ * Memory the host cannot address (a device's): its bytes are reached only through
+ * @p read_out, which passes host copies of [@p addr, @p addr + @p n) to @p fn in order.
+ */
+struct kvt_buf_ext {
+    int (*read_out)(void *ctx, uint64_t addr, uint64_t n, kvt_run_fn fn, void *ud);
+    void *ctx;
+    uint64_t addr;
+};
+/** A buffer over such memory; @p release(ud, NULL) runs exactly once, as for kvt_buf_wrap(). */
+int kvt_buf_wrap_ext(const struct kvt_buf_ext *ext, size_t bytes, kvt_release_fn release,
+                     void *ud, kvt_buf **out);
+/** The buffer's device memory, or NULL for host memory. */
+const struct kvt_buf_ext *kvt_buf_ext_of(const kvt_buf *b);
+/** Whether @p t lies in device memory (only saves read such tensors). */
+bool kvt_tensor_on_device(const struct kvt_tensor *t);
+
 /** Whether @p b wraps engine memory (the cache layer never writes into such buffers). */
 bool kvt_buf_is_wrapped(const kvt_buf *b);
 

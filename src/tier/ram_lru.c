@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "common/error.h"
 
 struct rec {
@@ -431,6 +432,12 @@ int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *re
         kvt_ram_lru_entry_free(lru, e);
         kvt_retain_release(retain);
         return kvt_fail(-EINVAL, "prompt cache put: NULL tokens");
+    }
+    if (kvt_entry_on_device(e)) { /* the RAM tier changes what it holds: host memory only */
+        kvt_ram_lru_entry_free(lru, e);
+        kvt_retain_release(retain);
+        return kvt_fail(KVT_E_UNSUPPORTED, "prompt cache put: the entry is in device memory "
+                                           "(save it with kvt_store_put or kvt_file_save)");
     }
     size_t bytes = kvt_ram_lru_entry_bytes(lru, e);
     if (bytes > lru->cfg.ram_max_bytes) {
