@@ -10,7 +10,9 @@ Three levels:
   :func:`load_into` (into memory you own);
 - :class:`Store`: a directory of entries for one model, with a prefix index;
 - :class:`PromptCache`: the RAM prompt cache over a store, with write-behind and idle
-  demotion.
+  demotion;
+- :class:`Device`: restores straight into CUDA tensors (:func:`load_to_device`,
+  :meth:`Store.restore_to_device`) and saves straight from them.
 
 An :class:`Entry` is a token prefix plus one cache per layer: :class:`KVCache`,
 :class:`RotatingCache`, :class:`QuantizedKVCache`, :class:`RotatingQuantizedKVCache`,
@@ -20,6 +22,7 @@ subclasses carrying kvtier's code and message.
 from . import _ext
 from .caches import (KINDS, Cache, KVCache, QuantizedKVCache, RotatingCache,
                      RotatingQuantizedKVCache, SSMCache, TurboQuantCache)
+from .device import Device, load_to_device
 from .entry import Entry
 from .errors import (CorruptError, FormatError, InvalidArgumentError, KvtierError,
                      KvtierOSError, MismatchError, RefusedError, StateError, TimeoutError,
@@ -39,7 +42,7 @@ __all__ = [
     "KINDS", "Cache", "KVCache", "RotatingCache", "QuantizedKVCache",
     "RotatingQuantizedKVCache", "SSMCache", "TurboQuantCache", "Entry", "Tensor", "as_tokens",
     "save", "load", "load_into", "verify", "read_header", "plan_size", "Header",
-    "Store", "Hit", "Record", "PromptCache", "Take", "FlushReport",
+    "Store", "Hit", "Record", "PromptCache", "Take", "FlushReport", "Device", "load_to_device",
     "KvtierError", "FormatError", "CorruptError", "MismatchError", "UnsupportedError",
     "TooLargeError", "StateError", "RefusedError", "TimeoutError", "InvalidArgumentError",
     "KvtierOSError", "strerror", "buf_cache_limit", "buf_cache_bytes",

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from . import _ext
+from .device import device_handle
 from .entry import Entry
 from .files import Header, PathLike, Place, header_of, place_arg
 from .tensors import as_tokens
@@ -117,6 +118,16 @@ class Store:
             return None
         d = self._s.restore_into((hit.prefix_len, hit.n_tokens, hit.id, hit.trimmable),
                                  place_arg(place))
+        return None if d is None else header_of(d)
+
+    def restore_to_device(self, hit: Hit, device: Any, place: Place) -> Optional[Header]:
+        """:meth:`restore_into` into device memory (see :func:`kvtier.load_to_device`):
+        ``device`` is a :class:`kvtier.Device`. Returns the header, or None on a miss (a
+        corrupt entry is a miss, and its record is removed)."""
+        if not hit:
+            return None
+        d = self._s.restore_to_device((hit.prefix_len, hit.n_tokens, hit.id, hit.trimmable),
+                                      device_handle(device), place_arg(place))
         return None if d is None else header_of(d)
 
     def get(self, tokens: Any, namespace: Optional[str] = None) -> Optional[Entry]:

@@ -5,9 +5,10 @@
 #ifndef KVTPY_DLPACK_ABI_H
 #define KVTPY_DLPACK_ABI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-enum { KVTPY_DL_CPU = 1 };
+enum { KVTPY_DL_CPU = 1, KVTPY_DL_CUDA = 2 };
 enum {
     KVTPY_DL_INT = 0,
     KVTPY_DL_UINT = 1,
@@ -43,5 +44,8 @@ typedef struct DLManagedTensor {
     void *manager_ctx;
     void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
+
+/* Whether @p t is C-contiguous; *@p bytes receives its size. (import.c) */
+int kvtpy_dl_contiguous(const DLTensor *t, size_t *bytes);
 
 #endif

@@ -101,6 +101,14 @@ extern PyMethodDef kvtpy_store_functions[];
 extern PyMethodDef kvtpy_into_methods[];
 /* kvt_store_restore_into() with destinations from @p place; a header dict, None on a miss. */
 PyObject *kvtpy_store_restore_into(kvt_store *s, const struct kvt_hit *hit, PyObject *place);
+
+/* Devices (device.c): the Device type, restores into device memory, and the process's CUDA
+ * device of @p ordinal (opened at first use; NULL with an exception). */
+extern PyTypeObject KvtDevice_Type;
+extern PyMethodDef kvtpy_device_methods[];
+kvt_device *kvtpy_cuda_device(int ordinal);
+PyObject *kvtpy_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, PyObject *dev,
+                                        PyObject *place);
 extern PyMethodDef kvtpy_pcache_functions[];
 /* A list of dicts of the records of @p s (GIL released for the snapshot). */
 PyObject *kvtpy_store_list(kvt_store *s);

@@ -186,6 +186,66 @@ static int import_buffer(PyObject *o, int as_dtype, const char *what, struct kvt
     return wrap_hold(h, v->buf, (size_t)v->len, dtype, rank, shape, out);
 }
 
+int kvtpy_dl_contiguous(const DLTensor *t, size_t *bytes)
+{
+    size_t numel = 1;
+    int64_t want = 1;
+    bool contiguous = true;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        numel *= (size_t)t->shape[i];
+        if (t->strides && t->shape[i] != 1 && t->strides[i] != want)
+            contiguous = false;
+        want *= t->shape[i];
+    }
+    *bytes = numel * ((size_t)t->dtype.bits * t->dtype.lanes / 8);
+    return contiguous || numel <= 1;
+}
+
+/* Why @p t cannot be imported ("" when it can); @p dtype is its kvtier dtype or -1. */
+static PyObject *dl_refusal(const DLTensor *t, int dtype, char *msg, size_t cap)
+{
+    size_t bytes;
+    msg[0] = '\0';
+    if (t->device.device_type != KVTPY_DL_CPU && t->device.device_type != KVTPY_DL_CUDA)
+        snprintf(msg, cap, "is on device type %d; kvtier takes host (CPU) or CUDA memory",
+                 t->device.device_type);
+    else if (t->ndim > KVT_MAX_RANK)
+        snprintf(msg, cap, "has more than 8 dimensions");
+    else if (dtype < 0) {
+        snprintf(msg, cap, "has a dtype kvtier does not know (DLPack code %u, %u bits)",
+                 t->dtype.code, t->dtype.bits);
+        return PyExc_TypeError;
+    } else if (!kvtpy_dl_contiguous(t, &bytes))
+        snprintf(msg, cap, "is not contiguous (call .contiguous() first)");
+    return PyExc_ValueError;
+}
+
+/* @p h's DLPack memory as the library's buffer: host memory wrapped, CUDA memory too (on the
+ * process's device of that ordinal: such tensors can be saved, not changed). */
+static int wrap_dl(struct hold *h, const DLTensor *t, int dtype, struct kvt_tensor *out)
+{
+    int64_t shape[KVT_MAX_RANK];
+    size_t numel = 1;
+    for (int i = 0; i < t->ndim; i++)
+        numel *= (size_t)(shape[i] = t->shape[i]);
+    char *data = (char *)t->data + t->byte_offset;
+    size_t bytes = numel * kvt_dtype_size(dtype);
+    if (t->device.device_type == KVTPY_DL_CPU)
+        return wrap_hold(h, data, bytes, dtype, t->ndim, shape, out);
+    kvt_device *d = kvtpy_cuda_device(t->device.device_id);
+    if (!d) {
+        hold_release(h, NULL);
+        return -1;
+    }
+    kvt_buf *b;
+    int rc = kvt_buf_wrap_device(d, (uint64_t)(uintptr_t)data, bytes, hold_release, h, &b);
+    if (rc == 0) { /* on failure the wrap released h itself */
+        rc = kvt_tensor_init(out, b, 0, dtype, t->ndim, shape);
+        kvt_buf_unref(b);
+    }
+    return rc ? (kvtpy_raise(rc), -1) : 0;
+}
+
 static int import_dlpack(PyObject *o, int as_dtype, const char *what, struct kvt_tensor *out)
 {
     PyObject *cap = PyObject_CallMethod(o, "__dlpack__", NULL);
@@ -198,31 +258,9 @@ static int import_dlpack(PyObject *o, int as_dtype, const char *what, struct kvt
     }
     DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
     DLTensor *t = &m->dl_tensor;
-    PyObject *err = PyExc_ValueError;
-    char msg[160] = "";
+    char msg[160];
     int dtype = dl_to_dtype(t->dtype);
-    size_t numel = 1;
-    for (int i = 0; i < t->ndim && t->ndim <= KVT_MAX_RANK; i++)
-        numel *= (size_t)t->shape[i];
-    if (t->device.device_type != KVTPY_DL_CPU)
-        snprintf(msg, sizeof(msg), "is on device type %d; kvtier takes host (CPU) memory",
-                 t->device.device_type);
-    else if (t->ndim > KVT_MAX_RANK)
-        snprintf(msg, sizeof(msg), "has more than 8 dimensions");
-    else if (dtype < 0) {
-        err = PyExc_TypeError;
-        snprintf(msg, sizeof(msg), "has a dtype kvtier does not know (DLPack code %u, %u bits)",
-                 t->dtype.code, t->dtype.bits);
-    } else if (t->strides && numel > 1) {
-        int64_t want = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            if (t->shape[i] != 1 && t->strides[i] != want) {
-                snprintf(msg, sizeof(msg), "is not contiguous (call .contiguous() first)");
-                break;
-            }
-            want *= t->shape[i];
-        }
-    }
+    PyObject *err = dl_refusal(t, dtype, msg, sizeof(msg));
     if (msg[0]) {
         PyErr_Format(err, "%s %s", what, msg);
         Py_DECREF(cap); /* the capsule's destructor calls the producer's deleter */
@@ -242,11 +280,7 @@ static int import_dlpack(PyObject *o, int as_dtype, const char *what, struct kvt
     Py_DECREF(cap);
     h->dl = m;
     h->owner = Py_NewRef(o);
-    int64_t shape[KVT_MAX_RANK];
-    for (int i = 0; i < t->ndim; i++)
-        shape[i] = t->shape[i];
-    char *data = (char *)t->data + t->byte_offset;
-    return wrap_hold(h, data, numel * kvt_dtype_size(dtype), dtype, t->ndim, shape, out);
+    return wrap_dl(h, t, dtype, out);
 }
 
 int kvtpy_tensor_import(PyObject *o, int as_dtype, const char *what, struct kvt_tensor *out)

@@ -48,21 +48,11 @@ static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void *
         Py_DECREF(cap);
         d->dl = m;
         DLTensor *t = &m->dl_tensor;
-        size_t numel = 1;
-        int64_t want = 1;
-        bool contiguous = true;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            numel *= (size_t)t->shape[i];
-            if (t->strides && t->shape[i] != 1 && t->strides[i] != want)
-                contiguous = false;
-            want *= t->shape[i];
-        }
-        if (t->device.device_type != KVTPY_DL_CPU || (!contiguous && numel > 1)) {
+        if (t->device.device_type != KVTPY_DL_CPU || !kvtpy_dl_contiguous(t, &have)) {
             PyErr_Format(PyExc_ValueError, "destination %zu: not contiguous host memory", k);
             return -1;
         }
         *out = (char *)t->data + t->byte_offset;
-        have = numel * ((size_t)t->dtype.bits * t->dtype.lanes / 8);
     } else {
         PyErr_Format(PyExc_TypeError,
                      "destination %zu: expected a writable array or tensor, "

@@ -114,9 +114,9 @@ static int add_functions(PyObject *m, PyMethodDef *defs)
 
 PyMODINIT_FUNC PyInit__ext(void)
 {
-    PyTypeObject *types[] = {&KvtTensor_Type, &KvtCache_Type, &KvtRetain_Type, &KvtStore_Type,
-                             &KvtPcache_Type};
-    const char *names[] = {"Tensor", "Cache", "Retain", "Store", "PromptCache"};
+    PyTypeObject *types[] = {&KvtTensor_Type, &KvtCache_Type,  &KvtRetain_Type,
+                             &KvtStore_Type,  &KvtPcache_Type, &KvtDevice_Type};
+    const char *names[] = {"Tensor", "Cache", "Retain", "Store", "PromptCache", "Device"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -130,7 +130,8 @@ PyMODINIT_FUNC PyInit__ext(void)
     }
     if (add_functions(m, kvtpy_file_methods) < 0 || add_functions(m, kvtpy_cache_functions) < 0 ||
         add_functions(m, kvtpy_store_functions) < 0 ||
-        add_functions(m, kvtpy_pcache_functions) < 0 || add_functions(m, kvtpy_into_methods) < 0)
+        add_functions(m, kvtpy_pcache_functions) < 0 || add_functions(m, kvtpy_into_methods) < 0 ||
+        add_functions(m, kvtpy_device_methods) < 0)
         goto fail;
     struct {
         const char *name;

@@ -189,6 +189,24 @@ static PyObject *store_restore_into(KvtStore *self, PyObject *args)
     return r;
 }
 
+static PyObject *store_restore_to_device(KvtStore *self, PyObject *args)
+{
+    struct kvt_hit hit = {0};
+    Py_ssize_t prefix, ntok;
+    unsigned long long id;
+    int trimmable;
+    PyObject *dev, *place;
+    if (!PyArg_ParseTuple(args, "(nnKp)OO", &prefix, &ntok, &id, &trimmable, &dev, &place))
+        return NULL;
+    hit.prefix_len = (size_t)prefix, hit.n_tokens = (size_t)ntok, hit.id = id;
+    hit.trimmable = trimmable;
+    if (enter(self) < 0)
+        return NULL;
+    PyObject *r = kvtpy_store_restore_to_device(self->s, &hit, dev, place);
+    leave(self);
+    return r;
+}
+
 static PyObject *store_put(KvtStore *self, PyObject *args)
 {
     PyObject *tokens, *caches, *meta = Py_None;
@@ -291,6 +309,7 @@ static PyMethodDef store_methods[] = {
     {"find", (PyCFunction)store_find, METH_VARARGS, NULL},
     {"restore", (PyCFunction)store_restore, METH_VARARGS, NULL},
     {"restore_into", (PyCFunction)store_restore_into, METH_VARARGS, NULL},
+    {"restore_to_device", (PyCFunction)store_restore_to_device, METH_VARARGS, NULL},
     {"put", (PyCFunction)store_put, METH_VARARGS, NULL},
     {"has_durable_prefix", (PyCFunction)store_has_durable_prefix, METH_VARARGS, NULL},
     {"refresh", (PyCFunction)store_refresh, METH_NOARGS, NULL},
