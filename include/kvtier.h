@@ -785,8 +785,9 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  * CUDA device fails with KVT_E_UNSUPPORTED ("unavailable"). A host-memory stand-in with the
  * same asynchronous behaviour runs everywhere (tests, development).
  *
- * Threads: one thread at a time per device handle (a load may start helper threads of its
- * own, kvt_mem_opts permitting). Device addresses are uint64_t
+ * Threads: a device may be used from several threads; its loads, saves and copies take turns
+ * (a load may start helper threads of its own, kvt_mem_opts permitting). Close it from one
+ * thread once nothing uses it. Device addresses are uint64_t
  * (CUdeviceptr for CUDA; host pointers for the stand-in).
  */
 typedef struct kvt_device kvt_device;

@@ -16,6 +16,7 @@
 
 static void device_free(kvt_device *d)
 {
+    pthread_mutex_destroy(&d->op_lock);
     pthread_mutex_destroy(&d->stage_lock);
     pthread_cond_destroy(&d->stage_free);
     free(d);
@@ -40,6 +41,7 @@ static kvt_device *device_new(const struct kvt_device_opts *o)
     d->depth = o && o->staging_depth ? o->staging_depth : DEFAULT_DEPTH;
     if (d->depth > KVT_DEVICE_MAX_SLOTS)
         d->depth = KVT_DEVICE_MAX_SLOTS;
+    pthread_mutex_init(&d->op_lock, NULL);
     pthread_mutex_init(&d->stage_lock, NULL);
     pthread_cond_init(&d->stage_free, NULL);
     return d;
@@ -100,6 +102,7 @@ void kvt_device_free(kvt_device *d, uint64_t addr)
 /* A synchronous copy through one staging slot at a time. */
 static int copy_sync(kvt_device *d, void *host, uint64_t dev, size_t n, bool up)
 {
+    pthread_mutex_lock(&d->op_lock);
     int rc = kvt_dstage_ready(d);
     for (size_t at = 0; rc == 0 && at < n;) {
         size_t k = n - at < d->chunk ? n - at : d->chunk;
@@ -118,6 +121,7 @@ static int copy_sync(kvt_device *d, void *host, uint64_t dev, size_t n, bool up)
         at += k;
     }
     int rd = kvt_dstage_drain(d);
+    pthread_mutex_unlock(&d->op_lock);
     return rc ? rc : rd;
 }
 

@@ -39,6 +39,7 @@ struct kvt_device {
     void *impl;
     /* The staging ring: allocated at the first copy, kept until close. Slots are handed to
      * one holder at a time (the threads of one parallel load share the ring). */
+    pthread_mutex_t op_lock; /* one load, save piece or copy at a time uses the ring */
     pthread_mutex_t stage_lock;
     pthread_cond_t stage_free;
     uint8_t *slot[KVT_DEVICE_MAX_SLOTS];

@@ -26,9 +26,8 @@ static int give_all(kvt_device *d, struct pending *q, unsigned head, unsigned co
     return rc ? rc : rd;
 }
 
-static int read_out(void *ctx, uint64_t addr, uint64_t n, kvt_run_fn fn, void *ud)
+static int read_out_locked(kvt_device *d, uint64_t addr, uint64_t n, kvt_run_fn fn, void *ud)
 {
-    kvt_device *d = ctx;
     int rc = kvt_dstage_ready(d);
     struct pending q[KVT_DEVICE_MAX_SLOTS];
     unsigned head = 0, count = 0;
@@ -56,6 +55,15 @@ static int read_out(void *ctx, uint64_t addr, uint64_t n, kvt_run_fn fn, void *u
         count--;
     }
     return give_all(d, q, head, count, rc);
+}
+
+static int read_out(void *ctx, uint64_t addr, uint64_t n, kvt_run_fn fn, void *ud)
+{
+    kvt_device *d = ctx;
+    pthread_mutex_lock(&d->op_lock);
+    int rc = read_out_locked(d, addr, n, fn, ud);
+    pthread_mutex_unlock(&d->op_lock);
+    return rc;
 }
 
 int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes, kvt_release_fn release,

@@ -150,15 +150,19 @@ static void plan_shares(struct dev_load *l)
 
 static int load_slots(struct dev_load *l, bool keep_cache)
 {
+    pthread_mutex_lock(&l->d->op_lock);
     int rc = kvt_dstage_ready(l->d);
-    if (rc)
+    if (rc) {
+        pthread_mutex_unlock(&l->d->op_lock);
         return rc;
+    }
     plan_shares(l);
     if (l->n_shares > 1)
         kvt_par_for(l->n_shares, l->n_shares, share_job, l);
     else if (l->n_shares == 1)
         share_job(l, 0);
     int rd = kvt_dstage_drain(l->d); /* no copy may land after the call returns */
+    pthread_mutex_unlock(&l->d->op_lock);
     for (unsigned w = 0; w < l->n_shares && rc == 0; w++) /* the first failure in file order */
         if ((rc = l->share[w].rc))
             kvt_fail(rc, "%s", l->share[w].msg);
