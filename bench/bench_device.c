@@ -113,14 +113,16 @@ static double time_restore(kvt_device *d, struct dev_mem *m, const char *path, b
     return rc ? -1 : t;
 }
 
-/* Page-locked host memory to the device, the same bytes in 16 MiB pieces on one stream. */
-static double time_copy(kvt_device *d, void *pinned, uint64_t dev, uint64_t bytes)
+/* The same bytes between page-locked host memory and the device (@p up: to the device), in
+ * 16 MiB pieces on one stream: the bus's limit. */
+static double time_copy(kvt_device *d, void *pinned, uint64_t dev, uint64_t bytes, bool up)
 {
     double t0 = bench_now();
     unsigned slot = 0;
     for (uint64_t at = 0; at < bytes; at += COPY_PIECE, slot = (slot + 1) % d->depth) {
         size_t k = bytes - at < COPY_PIECE ? (size_t)(bytes - at) : COPY_PIECE;
-        if (d->ops->h2d(d, dev + at, (uint8_t *)pinned + at, k, slot))
+        uint8_t *host = (uint8_t *)pinned + at;
+        if (up ? d->ops->h2d(d, dev + at, host, k, slot) : d->ops->d2h(d, host, dev + at, k, slot))
             return -1;
     }
     for (unsigned s = 0; s < d->depth; s++)
@@ -206,21 +208,6 @@ static double time_save(const struct kvt_entry *e, const char *path)
     return rc ? -1 : t;
 }
 
-/* The device to page-locked host memory, the same bytes in 16 MiB pieces on one stream. */
-static double time_copy_down(kvt_device *d, void *pinned, uint64_t dev, uint64_t bytes)
-{
-    double t0 = bench_now();
-    unsigned slot = 0;
-    for (uint64_t at = 0; at < bytes; at += COPY_PIECE, slot = (slot + 1) % d->depth) {
-        size_t k = bytes - at < COPY_PIECE ? (size_t)(bytes - at) : COPY_PIECE;
-        if (d->ops->d2h(d, (uint8_t *)pinned + at, dev + at, k, slot))
-            return -1;
-    }
-    for (unsigned s = 0; s < d->depth; s++)
-        d->ops->wait(d, s);
-    return bench_now() - t0;
-}
-
 /* A raw durable write of the same bytes (O_DIRECT where the file system takes it). */
 static double time_write(const char *path, void *buf, uint64_t bytes)
 {
@@ -242,7 +229,7 @@ static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uin
         return fprintf(stderr, "device entry: %s\n", kvt_last_error()), -1;
     double k[MAX_REPEAT], wr[MAX_REPEAT], cp[MAX_REPEAT], lim[MAX_REPEAT];
     for (int r = 0; r < repeat; r++) {
-        cp[r] = time_copy_down(d, pinned, dev, file);
+        cp[r] = time_copy(d, pinned, dev, file, false);
         if (r % 2 == 0)
             k[r] = time_save(e, path);
         wr[r] = time_write(path, buf, file);
@@ -282,7 +269,7 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
     memset(pinned, 1, (size_t)file);
     double k[2][MAX_REPEAT], rd[2][MAX_REPEAT], cp[MAX_REPEAT], lim[2][MAX_REPEAT];
     for (int r = 0; r < repeat; r++) {
-        cp[r] = time_copy(d, pinned, dev, file);
+        cp[r] = time_copy(d, pinned, dev, file, true);
         for (int w = 0; w < 2; w++) { /* w = 0 cold, 1 warm */
             bool kvt_first = (r + w) % 2 == 0;
             if (kvt_first)
@@ -347,7 +334,7 @@ int main(int argc, char **argv)
         return rc == KVT_E_UNSUPPORTED ? 77 : 1;
     }
     printf("bench_device: %s, staging %zu MiB x %u, %d repetitions (medians; ratio = limit "
-           "time / kvtier time, limit = slower of the read and the copy)\n",
+           "time / kvtier time, limit = slower of the read or write and the copy)\n",
            kvt_device_name(d), d->chunk >> 20, d->depth, repeat);
     char *list = strdup(sizes);
     for (char *t = strtok(list, ","); t && rc == 0; t = strtok(NULL, ","))

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import kvtier
+from bench_python import drop_cache, warm_cache  # same folder
 
 LAYERS, HEADS, DIM = 32, 8, 128
 IDENT = dict(model_id="bench/gpu", config_fingerprint="fp", tokenizer_hash="tk")
@@ -33,19 +34,6 @@ IDENT = dict(model_id="bench/gpu", config_fingerprint="fp", tokenizer_hash="tk")
 def parse_size(s):
     units = {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
-
-
-def drop(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-
-
-def warm(path):
-    with open(path, "rb") as f:
-        while f.read(64 << 20):
-            pass
 
 
 def fsynced(path):
@@ -88,7 +76,7 @@ def run_size(d, nbytes, repeat):
             path = s.ls()[0].path
             for mode in ("cold", "warm"):
                 for p in (path, tpath, spath):
-                    drop(p) if mode == "cold" else warm(p)
+                    drop_cache(p) if mode == "cold" else warm_cache(p)
                 res[f"kvtier {mode}"].append(timed(
                     lambda: s.restore_to_device(hit, dev, dests)))
                 res[f"torch {mode}"].append(timed(

@@ -165,23 +165,9 @@ static int dplace_cb(void *ud, const struct kvt_header *h, uint64_t *dst)
 {
     struct dplace *c = ud;
     PyGILState_STATE g = PyGILState_Ensure();
-    size_t n = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
-    PyObject *list = NULL, *seq = NULL;
-    if (PyCallable_Check(c->place)) {
-        PyObject *hd = kvtpy_header_dict(h);
-        list = hd ? PyObject_CallOneArg(c->place, hd) : NULL;
-        Py_XDECREF(hd);
-    } else {
-        list = Py_NewRef(c->place);
-    }
-    if (list)
-        seq = PySequence_Fast(list, "place must return a sequence of destinations");
-    if (seq && (size_t)PySequence_Fast_GET_SIZE(seq) != n)
-        PyErr_Format(PyExc_ValueError, "%zd destinations for %zu slots",
-                     PySequence_Fast_GET_SIZE(seq), n);
-    if (seq && !PyErr_Occurred() && !(c->dl = calloc(n ? n : 1, sizeof(*c->dl))))
+    size_t n;
+    PyObject *seq = kvtpy_place_seq(c->place, h, &n);
+    if (seq && !(c->dl = calloc(n ? n : 1, sizeof(*c->dl))))
         PyErr_NoMemory();
     c->n = c->dl ? n : 0;
     for (size_t i = 0, k = 0; c->dl && i < h->n_caches && !PyErr_Occurred(); i++)
@@ -192,7 +178,6 @@ static int dplace_cb(void *ud, const struct kvt_header *h, uint64_t *dst)
                 dest_addr(c, o, k, h->caches[i].slots[j].bytes, &dst[k]);
         }
     Py_XDECREF(seq);
-    Py_XDECREF(list);
     int rc = PyErr_Occurred() ? -EINVAL : 0;
     c->py_error = rc != 0;
     PyGILState_Release(g);

@@ -102,6 +102,10 @@ extern PyMethodDef kvtpy_into_methods[];
 /* kvt_store_restore_into() with destinations from @p place; a header dict, None on a miss. */
 PyObject *kvtpy_store_restore_into(kvt_store *s, const struct kvt_hit *hit, PyObject *place);
 
+/* The destinations a placement gives for @p h: @p place called with the header dict, or
+ * @p place itself; a sequence of exactly *@p n_slots items, or NULL with an exception. */
+PyObject *kvtpy_place_seq(PyObject *place, const struct kvt_header *h, size_t *n_slots);
+
 /* Devices (device.c): the Device type, restores into device memory, and the process's CUDA
  * device of @p ordinal (opened at first use; NULL with an exception). */
 extern PyTypeObject KvtDevice_Type;

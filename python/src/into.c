@@ -68,27 +68,38 @@ static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void *
     return 0;
 }
 
+PyObject *kvtpy_place_seq(PyObject *place, const struct kvt_header *h, size_t *n_slots)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        n += (size_t)h->caches[i].n_slots;
+    *n_slots = n;
+    PyObject *list = NULL, *seq = NULL;
+    if (PyCallable_Check(place)) {
+        PyObject *hd = kvtpy_header_dict(h);
+        list = hd ? PyObject_CallOneArg(place, hd) : NULL;
+        Py_XDECREF(hd);
+    } else {
+        list = Py_NewRef(place);
+    }
+    if (list)
+        seq = PySequence_Fast(list, "place must return a sequence of destinations");
+    Py_XDECREF(list);
+    if (seq && (size_t)PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd destinations for %zu slots",
+                     PySequence_Fast_GET_SIZE(seq), n);
+        Py_CLEAR(seq);
+    }
+    return seq;
+}
+
 static int place_cb(void *ud, const struct kvt_header *h, void **dst)
 {
     struct place_ctx *c = ud;
     PyGILState_STATE g = PyGILState_Ensure();
-    size_t n = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
-    PyObject *list = NULL, *seq = NULL;
-    if (PyCallable_Check(c->place)) {
-        PyObject *hd = kvtpy_header_dict(h);
-        list = hd ? PyObject_CallOneArg(c->place, hd) : NULL;
-        Py_XDECREF(hd);
-    } else {
-        list = Py_NewRef(c->place);
-    }
-    if (list)
-        seq = PySequence_Fast(list, "place must return a sequence of destinations");
-    if (seq && (size_t)PySequence_Fast_GET_SIZE(seq) != n)
-        PyErr_Format(PyExc_ValueError, "%zd destinations for %zu slots",
-                     PySequence_Fast_GET_SIZE(seq), n);
-    if (seq && !PyErr_Occurred()) {
+    size_t n;
+    PyObject *seq = kvtpy_place_seq(c->place, h, &n);
+    if (seq) {
         c->dests = calloc(n ? n : 1, sizeof(*c->dests));
         if (!c->dests)
             PyErr_NoMemory();
@@ -103,7 +114,6 @@ static int place_cb(void *ud, const struct kvt_header *h, void **dst)
             }
     }
     Py_XDECREF(seq);
-    Py_XDECREF(list);
     int rc = 0;
     if (PyErr_Occurred()) {
         c->py_error = true;
