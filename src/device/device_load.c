@@ -86,7 +86,7 @@ static int load_slot(struct dev_load *l, struct kvt_rstream *rs, const struct ds
     return 0;
 }
 
-/* Share @p w: its own stream over its slots (read-ahead stays inside the share). */
+/* Share @p sh: its own stream over its slots (read-ahead stays inside the share). */
 static int run_share(struct dev_load *l, struct share *sh)
 {
     size_t n = sh->end - sh->first;
