@@ -787,7 +787,10 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  *
  * Threads: a device may be used from several threads; its loads, saves and copies take turns
  * (a load may start helper threads of its own, kvt_mem_opts permitting). Close it from one
- * thread once nothing uses it. Device addresses are uint64_t
+ * thread once nothing uses it. CUDA copies run on a stream of their own that waits for work
+ * queued before on the legacy default stream; work on other streams that writes what a save
+ * reads, or uses what a restore overwrites, must be finished first (torch: hand tensors over
+ * with __dlpack__(stream=1), as the Python package does). Device addresses are uint64_t
  * (CUdeviceptr for CUDA; host pointers for the stand-in).
  */
 typedef struct kvt_device kvt_device;

@@ -131,7 +131,7 @@ static int dest_addr(struct dplace *c, PyObject *o, size_t k, uint64_t need, uin
                      "%.80s", k, Py_TYPE(o)->tp_name);
         return -1;
     }
-    PyObject *cap = PyObject_CallMethod(o, "__dlpack__", NULL);
+    PyObject *cap = kvtpy_dlpack(o);
     if (!cap)
         return -1;
     DLManagedTensor *m = PyCapsule_IsValid(cap, "dltensor") ?

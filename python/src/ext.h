@@ -58,6 +58,9 @@ PyObject *kvtpy_tensor_new(const struct kvt_tensor *t);
  * Returns 0, or -1 with a Python exception set.
  */
 int kvtpy_tensor_import(PyObject *o, int as_dtype, const char *what, struct kvt_tensor *out);
+/* @p o.__dlpack__(): for CUDA memory with stream=1 (ready on the legacy default stream, which
+ * the library's copies wait for). New reference, or NULL with an exception. */
+PyObject *kvtpy_dlpack(PyObject *o);
 /* Whether interpreter finalization has begun (callbacks then leak instead of taking the GIL). */
 bool kvtpy_finalizing(void);
 

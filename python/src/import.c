@@ -246,9 +246,29 @@ static int wrap_dl(struct hold *h, const DLTensor *t, int dtype, struct kvt_tens
     return rc ? (kvtpy_raise(rc), -1) : 0;
 }
 
+PyObject *kvtpy_dlpack(PyObject *o)
+{
+    PyObject *dev = PyObject_HasAttrString(o, "__dlpack_device__") ?
+                        PyObject_CallMethod(o, "__dlpack_device__", NULL) : NULL;
+    long type = dev && PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) >= 1 ?
+                    PyLong_AsLong(PyTuple_GET_ITEM(dev, 0)) : KVTPY_DL_CPU;
+    Py_XDECREF(dev);
+    PyErr_Clear(); /* no device query: host memory, exported as such below */
+    if (type != KVTPY_DL_CUDA)
+        return PyObject_CallMethod(o, "__dlpack__", NULL);
+    /* ready on the legacy default stream, which the library's copies wait for */
+    PyObject *args = PyTuple_New(0), *kw = Py_BuildValue("{s:i}", "stream", 1);
+    PyObject *f = PyObject_GetAttrString(o, "__dlpack__");
+    PyObject *cap = args && kw && f ? PyObject_Call(f, args, kw) : NULL;
+    Py_XDECREF(args);
+    Py_XDECREF(kw);
+    Py_XDECREF(f);
+    return cap;
+}
+
 static int import_dlpack(PyObject *o, int as_dtype, const char *what, struct kvt_tensor *out)
 {
-    PyObject *cap = PyObject_CallMethod(o, "__dlpack__", NULL);
+    PyObject *cap = kvtpy_dlpack(o);
     if (!cap)
         return -1;
     if (!PyCapsule_IsValid(cap, "dltensor")) {

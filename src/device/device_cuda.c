@@ -185,7 +185,10 @@ static int setup(struct cuda_dev *c, int ordinal, kvt_device *d)
     CU(c, c->api.DeviceGet(&c->dev, ordinal), "cuDeviceGet");
     CU(c, c->api.PrimaryCtxRetain(&c->ctx, c->dev), "cuDevicePrimaryCtxRetain");
     CU(c, c->api.CtxSetCurrent(c->ctx), "cuCtxSetCurrent");
-    CU(c, c->api.StreamCreate(&c->stream, 1 /* non-blocking */), "cuStreamCreate");
+    /* a blocking stream: its copies wait for work queued before on the legacy default stream
+     * (torch's, unless told otherwise), so a save reads finished tensors and a restore does
+     * not overtake the work of memory's previous user */
+    CU(c, c->api.StreamCreate(&c->stream, 0 /* CU_STREAM_DEFAULT */), "cuStreamCreate");
     for (unsigned k = 0; k < KVT_DEVICE_MAX_SLOTS; k++)
         CU(c, c->api.EventCreate(&c->ev[k], 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
     char name[96] = "";
