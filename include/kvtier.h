@@ -829,6 +829,10 @@ KVT_API int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n
  */
 KVT_API int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes,
                                 kvt_release_fn release, void *ud, kvt_buf **out);
+/** The device whose memory @p b wraps (setting *@p addr), or NULL for host memory. */
+KVT_API kvt_device *kvt_buf_device(const kvt_buf *b, uint64_t *addr);
+/** The CUDA ordinal of @p d; -1 for the host stand-in. */
+KVT_API int kvt_device_ordinal(const kvt_device *d);
 
 /** As kvt_place_fn, for device memory: set @p dst[k] to the device address of slot k (0:
  * only check it). */

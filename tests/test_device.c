@@ -375,6 +375,15 @@ static void test_device_entries_refused(void **state)
     uint64_t addr;
     assert_int_equal(kvt_device_alloc(d, 4 * 8 * 16 * 2, &addr), 0);
     kvt_buf *b = device_buf(d, addr, 4 * 8 * 16 * 2);
+    uint64_t where = 0;
+    assert_ptr_equal(kvt_buf_device(b, &where), d);
+    assert_int_equal(where, addr);
+    assert_int_equal(kvt_device_ordinal(d), -1);
+    struct kvt_tensor host[KVT_MAX_CACHE_TENSORS];
+    assert_int_equal(kvt_cache_state(e->caches[0], host), 2);
+    assert_null(kvt_buf_device(host[0].buf, &where)); /* host memory */
+    kvt_tensor_release(&host[0]);
+    kvt_tensor_release(&host[1]);
     struct kvt_tensor t[2];
     const int64_t shape[4] = {1, 4, 8, 16};
     assert_int_equal(kvt_tensor_init(&t[0], b, 0, KVT_FLOAT16, 4, shape), 0);

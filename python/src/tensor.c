@@ -40,11 +40,27 @@ static void tensor_dealloc(KvtTensor *self)
 static char *data_of(const KvtTensor *self)
 {
     char *base = kvt_buf_data(self->t.buf);
+    uint64_t addr;
+    if (!base && kvt_buf_device(self->t.buf, &addr))
+        base = (char *)(uintptr_t)addr; /* device memory: an address on the device */
     return base ? base + self->t.offset : NULL;
+}
+
+/* The CUDA ordinal of the device memory @p self lies in, or -1 for host memory (the
+ * stand-in's "device memory" is host memory). */
+static int cuda_ordinal_of(const KvtTensor *self)
+{
+    kvt_device *d = kvt_buf_device(self->t.buf, NULL);
+    return d ? kvt_device_ordinal(d) : -1;
 }
 
 static int tensor_getbuffer(KvtTensor *self, Py_buffer *view, int flags)
 {
+    if (cuda_ordinal_of(self) >= 0) {
+        PyErr_SetString(PyExc_BufferError, "this kvtier tensor is in CUDA memory: use torch()");
+        view->obj = NULL;
+        return -1;
+    }
     if (flags & PyBUF_WRITABLE) {
         PyErr_SetString(PyExc_BufferError,
                         "kvtier tensors are read-only (the bytes may be shared): copy them first");
@@ -145,6 +161,9 @@ static PyObject *make_capsule(KvtTensor *self, bool signed_ints)
     /* data points at element 0 and byte_offset stays 0: older consumers ignore byte_offset */
     mt->m.dl_tensor.data = data_of(self);
     mt->m.dl_tensor.device = (DLDevice){KVTPY_DL_CPU, 0};
+    int ordinal = cuda_ordinal_of(self);
+    if (ordinal >= 0)
+        mt->m.dl_tensor.device = (DLDevice){KVTPY_DL_CUDA, ordinal};
     mt->m.dl_tensor.ndim = self->t.rank;
     mt->m.dl_tensor.shape = mt->shape;
     mt->m.dl_tensor.strides = mt->strides;
@@ -163,9 +182,10 @@ static PyObject *tensor_dlpack(KvtTensor *self, PyObject *args, PyObject *kw)
     PyObject *stream = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O", kwlist, &stream))
         return NULL;
-    if (stream != Py_None) {
+    /* CUDA memory: no copy of the library's is pending on it, on any stream */
+    if (stream != Py_None && cuda_ordinal_of(self) < 0) {
         PyErr_SetString(PyExc_ValueError,
-                        "kvtier tensors live in host memory: stream must be None");
+                        "this kvtier tensor lives in host memory: stream must be None");
         return NULL;
     }
     return make_capsule(self, false);
@@ -173,8 +193,10 @@ static PyObject *tensor_dlpack(KvtTensor *self, PyObject *args, PyObject *kw)
 
 static PyObject *tensor_dlpack_device(KvtTensor *self, PyObject *unused)
 {
-    (void)self, (void)unused;
-    return Py_BuildValue("(ii)", KVTPY_DL_CPU, 0);
+    (void)unused;
+    int ordinal = cuda_ordinal_of(self);
+    return ordinal >= 0 ? Py_BuildValue("(ii)", KVTPY_DL_CUDA, ordinal)
+                        : Py_BuildValue("(ii)", KVTPY_DL_CPU, 0);
 }
 
 static PyObject *tensor_capsule(KvtTensor *self, PyObject *args)

@@ -95,7 +95,10 @@ def test_cuda_unavailable_is_clear():
 @pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
 def test_cuda_save_from_and_restore_into(tmp_path):
     e = entry(n=4000, device="cuda")
-    want = slot_bytes(e)
+    want = slot_bytes(entry(n=4000))  # the same values, built in host memory
+    k = e.caches[0].torch()[0]
+    assert k.is_cuda and torch.equal(k, entry(n=4000).caches[0].torch()[0].cuda())
+    assert slot_bytes(e) == want
     kvtier.save(tmp_path / "c.mlxkv", e)
     assert slot_bytes(kvtier.load(tmp_path / "c.mlxkv")) == want
     dev = kvtier.Device.cuda(0)

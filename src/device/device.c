@@ -55,6 +55,7 @@ int kvt_device_open_cuda(int ordinal, const struct kvt_device_opts *o, kvt_devic
     kvt_device *d = device_new(o);
     if (!d)
         return kvt_fail(-ENOMEM, "out of memory");
+    d->ordinal = ordinal;
     return opened(d, kvt_device_cuda_open(ordinal, d), out);
 }
 
@@ -66,6 +67,7 @@ int kvt_device_open_host(const struct kvt_device_opts *o, kvt_device **out)
     kvt_device *d = device_new(o);
     if (!d)
         return kvt_fail(-ENOMEM, "out of memory");
+    d->ordinal = -1;
     return opened(d, kvt_device_host_open(o, d), out);
 }
 
@@ -79,6 +81,11 @@ void kvt_device_close(kvt_device *d)
             d->ops->host_free(d, d->slot[k]);
     d->ops->close(d);
     device_free(d);
+}
+
+int kvt_device_ordinal(const kvt_device *d)
+{
+    return d ? d->ordinal : -1;
 }
 
 const char *kvt_device_name(const kvt_device *d)

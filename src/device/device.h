@@ -34,6 +34,7 @@ struct kvt_device_ops {
 struct kvt_device {
     const struct kvt_device_ops *ops;
     char name[128];
+    int ordinal;    /* CUDA ordinal; -1 for the stand-in */
     size_t chunk;   /* bytes per staging slot */
     unsigned depth; /* staging slots */
     void *impl;

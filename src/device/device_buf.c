@@ -79,3 +79,13 @@ int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes, kvt_release_
     struct kvt_buf_ext x = {read_out, d, addr};
     return kvt_buf_wrap_ext(&x, bytes, release, ud, out);
 }
+
+kvt_device *kvt_buf_device(const kvt_buf *b, uint64_t *addr)
+{
+    const struct kvt_buf_ext *x = kvt_buf_ext_of(b);
+    if (!x || x->read_out != read_out)
+        return NULL;
+    if (addr)
+        *addr = x->addr;
+    return x->ctx;
+}
