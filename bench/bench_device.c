@@ -44,35 +44,45 @@ static uint64_t parse_size(const char *s)
     }
 }
 
+/* One K or V tensor of layer @p l ([1, 8, n, 128] bfloat16), however the caller makes it. */
+typedef int (*make_fn)(void *ud, int l, int w, const int64_t *shape, struct kvt_tensor *t);
+
 /* An entry of about @p bytes: LAYERS kv caches of [1, 8, n, 128] bfloat16. */
-static struct kvt_entry *build(uint64_t bytes)
+static struct kvt_entry *build_entry(uint64_t bytes, make_fn make, void *ud)
 {
     size_t per_token = (size_t)LAYERS * 2 * 8 * 128 * 2;
     size_t n = (size_t)(bytes / per_token);
     int32_t *tok = malloc(n * sizeof(*tok));
     kvt_cache *c[LAYERS];
-    uint64_t rng = 42;
+    struct kvt_entry *e = NULL;
     for (size_t i = 0; i < n; i++)
         tok[i] = (int32_t)(i % 32000);
     for (int l = 0; l < LAYERS; l++) {
         const int64_t shape[4] = {1, 8, (int64_t)n, 128};
         struct kvt_tensor t[2];
-        for (int w = 0; w < 2; w++) {
-            if (kvt_tensor_zeros(&t[w], KVT_BFLOAT16, 4, shape))
+        for (int w = 0; w < 2; w++)
+            if (make(ud, l, w, shape, &t[w]))
                 return NULL;
-            bench_fill(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &rng);
-        }
         struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
         if (kvt_cache_from_state(&info, t, 2, &c[l]))
             return NULL;
         kvt_tensor_release(&t[0]);
         kvt_tensor_release(&t[1]);
     }
-    struct kvt_entry *e;
     if (kvt_entry_new(tok, n, c, LAYERS, "", &e))
-        return NULL;
+        e = NULL;
     free(tok);
     return e;
+}
+
+/* Random host tensors. */
+static int make_host(void *ud, int l, int w, const int64_t *shape, struct kvt_tensor *t)
+{
+    (void)l, (void)w;
+    if (kvt_tensor_zeros(t, KVT_BFLOAT16, 4, shape))
+        return -1;
+    bench_fill(kvt_buf_data(t->buf), kvt_tensor_nbytes(t), ud);
+    return 0;
 }
 
 struct dev_mem {
@@ -162,37 +172,17 @@ static void no_release(void *ud, void *data)
     (void)data;
 }
 
-/* The restored device memory of @p m as an entry of LAYERS kv caches (wrapped, not copied). */
-static struct kvt_entry *device_entry(kvt_device *d, const struct dev_mem *m, uint64_t bytes)
+/* The restored device memory of a struct dev_mem, wrapped (not copied). */
+static int make_device(void *ud, int l, int w, const int64_t *shape, struct kvt_tensor *t)
 {
-    size_t per_token = (size_t)LAYERS * 2 * 8 * 128 * 2;
-    size_t n = (size_t)(bytes / per_token);
-    int32_t *tok = malloc(n * sizeof(*tok));
-    kvt_cache *c[LAYERS];
-    struct kvt_entry *e = NULL;
-    for (size_t i = 0; i < n; i++)
-        tok[i] = (int32_t)(i % 32000);
-    for (int l = 0; l < LAYERS; l++) {
-        const int64_t shape[4] = {1, 8, (int64_t)n, 128};
-        struct kvt_tensor t[2];
-        for (int w = 0; w < 2; w++) {
-            kvt_buf *b;
-            if (kvt_buf_wrap_device(d, m->addr[2 * l + w], n * 8 * 128 * 2, no_release, NULL,
-                                    &b) ||
-                kvt_tensor_init(&t[w], b, 0, KVT_BFLOAT16, 4, shape))
-                return NULL;
-            kvt_buf_unref(b);
-        }
-        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
-        if (kvt_cache_from_state(&info, t, 2, &c[l]))
-            return NULL;
-        kvt_tensor_release(&t[0]);
-        kvt_tensor_release(&t[1]);
-    }
-    if (kvt_entry_new(tok, n, c, LAYERS, "", &e))
-        e = NULL;
-    free(tok);
-    return e;
+    const struct dev_mem *m = ud;
+    size_t bytes = (size_t)(shape[0] * shape[1] * shape[2] * shape[3]) * 2;
+    kvt_buf *b;
+    if (kvt_buf_wrap_device(m->d, m->addr[2 * l + w], bytes, no_release, NULL, &b))
+        return -1;
+    int rc = kvt_tensor_init(t, b, 0, KVT_BFLOAT16, 4, shape);
+    kvt_buf_unref(b);
+    return rc;
 }
 
 /* kvt_file_save() of an entry in device memory: durable, like the raw write it is held to. */
@@ -224,7 +214,7 @@ static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uin
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/bench-device-save.mlxkv", dir);
-    struct kvt_entry *e = device_entry(d, m, file);
+    struct kvt_entry *e = build_entry(file, make_device, (void *)m);
     if (!e)
         return fprintf(stderr, "device entry: %s\n", kvt_last_error()), -1;
     double k[MAX_REPEAT], wr[MAX_REPEAT], cp[MAX_REPEAT], lim[MAX_REPEAT];
@@ -251,7 +241,8 @@ static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uin
 
 static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
 {
-    struct kvt_entry *e = build(bytes);
+    uint64_t rng = 42;
+    struct kvt_entry *e = build_entry(bytes, make_host, &rng);
     char path[4096];
     snprintf(path, sizeof(path), "%s/bench-device.mlxkv", dir);
     uint64_t file;

@@ -190,17 +190,7 @@ static PyObject *dfinish(struct dplace *c, int rc, struct kvt_header *h)
         if (c->dl[k] && c->dl[k]->deleter)
             c->dl[k]->deleter(c->dl[k]);
     free(c->dl);
-    if (c->py_error) {
-        kvt_header_free(h);
-        return NULL;
-    }
-    if (rc < 0)
-        return kvtpy_raise(rc);
-    if (!h)
-        Py_RETURN_NONE; /* a store miss */
-    PyObject *d = kvtpy_header_dict(h);
-    kvt_header_free(h);
-    return d;
+    return kvtpy_placed_result(rc, h, c->py_error);
 }
 
 static KvtDevice *device_arg(PyObject *o)

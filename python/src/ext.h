@@ -109,6 +109,10 @@ PyObject *kvtpy_store_restore_into(kvt_store *s, const struct kvt_hit *hit, PyOb
  * @p place itself; a sequence of exactly *@p n_slots items, or NULL with an exception. */
 PyObject *kvtpy_place_seq(PyObject *place, const struct kvt_header *h, size_t *n_slots);
 
+/* The result of a restore into placed memory: the header dict, None on a store miss, or NULL
+ * with the exception (the placement's own when @p py_error). Frees @p h. */
+PyObject *kvtpy_placed_result(int rc, struct kvt_header *h, bool py_error);
+
 /* Devices (device.c): the Device type, restores into device memory, and the process's CUDA
  * device of @p ordinal (opened at first use; NULL with an exception). */
 extern PyTypeObject KvtDevice_Type;

@@ -134,10 +134,9 @@ static void release_dests(struct place_ctx *c)
     free(c->dests);
 }
 
-static PyObject *finish(struct place_ctx *c, int rc, struct kvt_header *h)
+PyObject *kvtpy_placed_result(int rc, struct kvt_header *h, bool py_error)
 {
-    release_dests(c);
-    if (c->py_error) {
+    if (py_error) {
         kvt_header_free(h);
         return NULL; /* the exception raised in place() */
     }
@@ -148,6 +147,12 @@ static PyObject *finish(struct place_ctx *c, int rc, struct kvt_header *h)
     PyObject *d = kvtpy_header_dict(h);
     kvt_header_free(h);
     return d;
+}
+
+static PyObject *finish(struct place_ctx *c, int rc, struct kvt_header *h)
+{
+    release_dests(c);
+    return kvtpy_placed_result(rc, h, c->py_error);
 }
 
 static PyObject *py_file_load_into(PyObject *self, PyObject *args, PyObject *kw)
