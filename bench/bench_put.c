@@ -94,13 +94,12 @@ static double median_put(const char *base, size_t n)
         fprintf(stderr, "bench_put: cannot fill %s: %s\n", ns, kvt_last_error());
         goto out;
     }
-    struct kvt_store_opts o = {
-        .model_id = "bench/model",
-        .config_fingerprint = "fp-bench",
-        .tokenizer_hash = "tk-bench",
-        .max_bytes = UINT64_MAX / 2, /* no eviction: the put alone is measured */
-        .tmp_grace_ms = 60000,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = "bench/model";
+    o.config_fingerprint = "fp-bench";
+    o.tokenizer_hash = "tk-bench";
+    o.max_bytes = UINT64_MAX / 2; /* no eviction: the put alone is measured */
     kvt_store *s;
     double t0 = now_us();
     if (kvt_store_open(dir, &o, &s) != 0) {

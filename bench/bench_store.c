@@ -294,10 +294,11 @@ static void part_open(const char *base)
            "header)\n",
            OPEN_ENTRIES, header_ms, header_ms * 1e3 / OPEN_ENTRIES);
 
-    struct kvt_store_opts o = {.model_id = "bench/model",
-                               .config_fingerprint = "fp-bench",
-                               .tokenizer_hash = "tk-bench",
-                               .tmp_grace_ms = -1};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = "bench/model";
+    o.config_fingerprint = "fp-bench";
+    o.tokenizer_hash = "tk-bench";
     for (int cold = 0; cold < 2; cold++) {
         double t[OPEN_RUNS];
         uint64_t entries = 0;

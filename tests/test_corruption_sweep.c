@@ -457,10 +457,12 @@ static void test_hostile_headers(void **state)
             fail_msg("%s: verify returned %d (%s)", h->name, rc, kvt_last_error());
 
         /* a store scan acts by category: corrupt files go, the others stay (skipped) */
-        struct kvt_store_opts o = {.model_id = SYNTH_MODEL,
-                                   .config_fingerprint = SYNTH_FP,
-                                   .tokenizer_hash = SYNTH_TOK,
-                                   .tmp_grace_ms = 0};
+        struct kvt_store_opts o;
+        kvt_store_opts_init(&o);
+        o.model_id = SYNTH_MODEL;
+        o.config_fingerprint = SYNTH_FP;
+        o.tokenizer_hash = SYNTH_TOK;
+        o.tmp_grace_ms = 0;
         kvt_store *st;
         assert_int_equal(kvt_store_open(sdir, &o, &st), 0);
         struct kvt_store_stats ss;
@@ -517,7 +519,10 @@ static void test_wrong_arguments(void **state)
     assert_false(access(missing, F_OK) == 0);
 
     kvt_store *s = (kvt_store *)1;
-    struct kvt_store_opts o = {.model_id = SYNTH_MODEL, .config_fingerprint = SYNTH_FP};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = SYNTH_MODEL;
+    o.config_fingerprint = SYNTH_FP;
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL); /* no tokenizer hash */
     assert_null(s);
     o.tokenizer_hash = SYNTH_TOK;

@@ -167,12 +167,13 @@ static int count_fds(void)
 
 static struct kvt_store_opts store_opts(void)
 {
-    return (struct kvt_store_opts){
-        .model_id = SYNTH_MODEL,
-        .config_fingerprint = SYNTH_FP,
-        .tokenizer_hash = SYNTH_TOK,
-        .tmp_grace_ms = 0,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = SYNTH_MODEL;
+    o.config_fingerprint = SYNTH_FP;
+    o.tokenizer_hash = SYNTH_TOK;
+    o.tmp_grace_ms = 0;
+    return o;
 }
 
 static kvt_store *open_clean(const char *dir)

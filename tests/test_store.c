@@ -105,15 +105,15 @@ static void log_fn(void *ud, int level, const char *msg)
 static kvt_store *open_ex(const char *dir, uint64_t max_bytes, struct logcap *lc,
                           void (*tweak)(struct kvt_store_opts *))
 {
-    struct kvt_store_opts o = {
-        .model_id = MODEL,
-        .config_fingerprint = FP,
-        .tokenizer_hash = TOK,
-        .max_bytes = max_bytes,
-        .tmp_grace_ms = -1,
-        .log = lc ? log_fn : NULL,
-        .log_ud = lc,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = MODEL;
+    o.config_fingerprint = FP;
+    o.tokenizer_hash = TOK;
+    if (max_bytes) /* 0: the default cap */
+        o.max_bytes = max_bytes;
+    o.log = lc ? log_fn : NULL;
+    o.log_ud = lc;
     if (tweak)
         tweak(&o);
     kvt_store *s;
@@ -273,12 +273,29 @@ static void test_layout(void **state)
     kvt_store_close(s);
 
     /* A fingerprint that is not one directory name is refused. */
-    struct kvt_store_opts o = {
-        .model_id = MODEL, .config_fingerprint = "a/b", .tokenizer_hash = TOK};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = MODEL;
+    o.config_fingerprint = "a/b";
+    o.tokenizer_hash = TOK;
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
     assert_null(s);
     o.config_fingerprint = "..";
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    /* Values are literal after kvt_store_opts_init(): the unusable ones are refused. */
+    o.config_fingerprint = FP;
+    o.max_bytes = 0;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    kvt_store_opts_init(&o);
+    o.model_id = MODEL;
+    o.config_fingerprint = FP;
+    o.tokenizer_hash = TOK;
+    o.max_header_bytes = 0;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    o.max_header_bytes = 1 << 20;
+    o.tmp_grace_ms = -1;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    assert_null(s);
     free(root);
     rm_rf(dir);
     free(dir);
@@ -636,15 +653,14 @@ static void golden_scan(bool quarantine)
     assert_int_equal(write_file(readme, "hi", 2), 0);
 
     struct logcap lc = {0};
-    struct kvt_store_opts o = {
-        .model_id = "golden/model",
-        .config_fingerprint = "fp-golden",
-        .tokenizer_hash = "tk-golden",
-        .quarantine = quarantine,
-        .tmp_grace_ms = -1,
-        .log = log_fn,
-        .log_ud = &lc,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = "golden/model";
+    o.config_fingerprint = "fp-golden";
+    o.tokenizer_hash = "tk-golden";
+    o.quarantine = quarantine;
+    o.log = log_fn;
+    o.log_ud = &lc;
     kvt_store *s;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_store_stats st;
@@ -780,10 +796,11 @@ static void test_synthesized_damage(void **state)
     char *pa = path_of(s, a, 3, ""), *pb = path_of(s, b, 3, ""), *pc = path_of(s, c, 3, "");
     kvt_store_close(s);
 
-    struct kvt_store_opts o = {.model_id = "test/other-model",
-                               .config_fingerprint = FP,
-                               .tokenizer_hash = TOK,
-                               .tmp_grace_ms = -1};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = "test/other-model";
+    o.config_fingerprint = FP;
+    o.tokenizer_hash = TOK;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(d, 3, "", true);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);

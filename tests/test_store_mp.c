@@ -59,13 +59,15 @@ static bool same_entry(const struct kvt_entry *e)
 
 static kvt_store *open_store(const char *dir, uint64_t cap, int64_t grace_ms)
 {
-    struct kvt_store_opts o = {
-        .model_id = MODEL,
-        .config_fingerprint = FP,
-        .tokenizer_hash = TOKH,
-        .max_bytes = cap,
-        .tmp_grace_ms = grace_ms,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = MODEL;
+    o.config_fingerprint = FP;
+    o.tokenizer_hash = TOKH;
+    if (cap)
+        o.max_bytes = cap;
+    if (grace_ms >= 0)
+        o.tmp_grace_ms = grace_ms;
     kvt_store *s;
     if (kvt_store_open(dir, &o, &s))
         fail_msg("kvt_store_open: %s", kvt_last_error());
@@ -222,8 +224,12 @@ static void test_inflight_tmp_survives(void **state)
         close(ready[0]);
         close(go[1]);
         struct hold h = {ready[1], go[0], 0};
-        struct kvt_store_opts o = {
-            .model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOKH, .tmp_grace_ms = 0};
+        struct kvt_store_opts o;
+        kvt_store_opts_init(&o);
+        o.model_id = MODEL;
+        o.config_fingerprint = FP;
+        o.tokenizer_hash = TOKH;
+        o.tmp_grace_ms = 0;
         kvt_store *s;
         if (kvt_store_open(dir, &o, &s))
             _exit(2);

@@ -91,6 +91,10 @@ static int check_open_args(const char *dir, const struct kvt_store_opts *o)
                         "kvt_store_open: config_fingerprint \"%s\" is not a directory "
                         "name",
                         o->config_fingerprint);
+    if (o->max_bytes == 0 || o->max_header_bytes == 0 || o->tmp_grace_ms < 0)
+        return kvt_fail(-EINVAL,
+                        "kvt_store_open: max_bytes and max_header_bytes must be positive and "
+                        "tmp_grace_ms not negative (start from kvt_store_opts_init())");
     return o->mem ? kvt_mem_configure(o->mem) : 0;
 }
 
@@ -116,13 +120,13 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     if (!s->root || !s->model_id || !s->fingerprint || !s->tokenizer_hash ||
         kvt_index_new(&s->ix) < 0)
         goto out_free;
-    s->max_bytes = o->max_bytes ? o->max_bytes : DEFAULT_MAX_BYTES;
+    s->max_bytes = o->max_bytes;
     s->n_layers = o->n_layers;
     s->max_header_bytes = o->max_header_bytes;
     s->no_verify = o->no_verify;
     s->quarantine = o->quarantine;
     s->read_only = o->read_only;
-    s->tmp_grace_ms = o->tmp_grace_ms < 0 ? DEFAULT_TMP_GRACE_MS : o->tmp_grace_ms;
+    s->tmp_grace_ms = o->tmp_grace_ms;
     s->log = o->log;
     s->log_ud = o->log_ud;
 
