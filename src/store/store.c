@@ -562,12 +562,17 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     w.meta.config_fingerprint = s->fingerprint;
     w.meta.tokenizer_hash = s->tokenizer_hash;
     w.meta.ns = ns;
-    uint64_t planned;
-    rc = kvt_file_plan_size(&w, &planned);
+    /* planned once: the size checked here is the file the save writes */
+    struct kvt_save_opts so = {.run_exclusive = run_exclusive, .engine = engine};
+    struct kvt_save_plan *plan;
+    rc = kvt_save_plan_new(&w, &so, &plan);
     if (rc < 0)
         return put_failed(s, rc, NULL);
-    if (planned > s->max_bytes)
+    uint64_t planned = kvt_save_plan_bytes(plan);
+    if (planned > s->max_bytes) {
+        kvt_save_plan_free(plan);
         return too_large(s, planned);
+    }
 
     /* Count other processes' files before this one evicts (STORE.md §12.4): directories whose
      * mtime moved since this process last saw it are listed again, not the unchanged ones. */
@@ -576,20 +581,10 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     struct kvt_sdir *d = NULL;
     char *path = NULL;
     rc = new_entry_path(s, ns, &d, &path);
-    if (rc < 0)
-        return put_failed(s, rc, NULL);
-    struct kvt_save_opts so = {
-        .max_file_bytes = s->max_bytes,
-        .run_exclusive = run_exclusive,
-        .engine = engine,
-    };
     uint64_t bytes = 0;
-    rc = kvt_file_save(path, &w, &so, &bytes);
-    if (rc == KVT_E_TOO_LARGE) {
-        put_failed(s, rc, path);
-        free(path);
-        return too_large(s, planned);
-    }
+    if (rc == 0)
+        rc = kvt_file_save_planned(path, plan, &bytes);
+    kvt_save_plan_free(plan);
     if (rc < 0) {
         put_failed(s, rc, path);
         free(path);
