@@ -48,6 +48,14 @@ int run_cli(const char *args, bool with_stderr, char **out);
 int run_capture(const char *cmd, char **out);
 /** printf into a malloc'd string. */
 char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** A new tensor of @p dtype, rank @p rank and @p shape, filled from the xs64 stream @p rng. */
+void synth_random_tensor(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape,
+                         uint64_t *rng);
+/** A kv cache of @p rows rows: [1, @p heads, rows, @p dim] @p dtype keys, then values, filled
+ * from @p rng and appended to a new cache (so it has restore capacity, as after a prefill). */
+kvt_cache *synth_random_kv(int dtype, int64_t heads, int64_t rows, int64_t dim, uint64_t *rng);
+/** Whether caches @p a and @p b hold the same state tensors (count, size and bytes). */
+bool synth_same_state(const kvt_cache *a, const kvt_cache *b);
 /** A library-owned entry of two [1, 4, n, 96] float16 kv layers and an ssm layer, random bytes
  * from @p seed, with the given identity (ns ""). */
 struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed, const char *model,
