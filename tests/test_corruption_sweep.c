@@ -180,7 +180,7 @@ static void check_failed(const char *fmt, ...)
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
         if (!(cond))                                                                               \
-            check_failed(__VA_ARGS__);                                                         \
+            check_failed(__VA_ARGS__);                                                             \
     } while (0)
 
 static unsigned worker_count(void)
@@ -590,10 +590,7 @@ static void test_hostile_headers(void **state)
 
         /* a store scan acts by category: corrupt files go, the others stay (skipped) */
         struct kvt_store_opts o;
-        kvt_store_opts_init(&o);
-        o.model_id = SYNTH_MODEL;
-        o.config_fingerprint = SYNTH_FP;
-        o.tokenizer_hash = SYNTH_TOK;
+        store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
         o.tmp_grace_ms = 0;
         kvt_store *st;
         assert_int_equal(kvt_store_open(sdir, &o, &st), 0);

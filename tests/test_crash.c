@@ -273,10 +273,7 @@ static void test_kill_loop(void **state)
         c.tmp_seen += for_each_file(root, ".tmp", NULL, NULL); /* kills that hit a write */
 
         struct kvt_store_opts o;
-        kvt_store_opts_init(&o);
-        o.model_id = SYNTH_MODEL;
-        o.config_fingerprint = SYNTH_FP;
-        o.tokenizer_hash = SYNTH_TOK;
+        store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
         o.tmp_grace_ms = 0;
         kvt_store *s;
         if (kvt_store_open(dir, &o, &s) != 0)
@@ -369,10 +366,7 @@ static void test_two_writers(void **state)
     for (int w = 0; w < 2; w++)
         read_acks(ack[w], &ids, &n_ids, &cap_ids);
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = SYNTH_MODEL;
-    o.config_fingerprint = SYNTH_FP;
-    o.tokenizer_hash = SYNTH_TOK;
+    store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
     o.tmp_grace_ms = 0;
     kvt_store *s;
     if (kvt_store_open(dir, &o, &s) != 0)

@@ -173,10 +173,7 @@ static void test_store_restore_to_device(void **state)
     size_t total;
     uint8_t *want = synth_entry_bytes(e, &total);
     struct kvt_store_opts so;
-    kvt_store_opts_init(&so);
-    so.model_id = MODEL;
-    so.config_fingerprint = FP;
-    so.tokenizer_hash = TOK;
+    store_opts_for(&so, MODEL, FP, TOK);
     kvt_store *s;
     assert_int_equal(kvt_store_open(test_dir, &so, &s), 0);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);

@@ -168,10 +168,7 @@ static int count_fds(void)
 static struct kvt_store_opts store_opts(void)
 {
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = SYNTH_MODEL;
-    o.config_fingerprint = SYNTH_FP;
-    o.tokenizer_hash = SYNTH_TOK;
+    store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
     o.tmp_grace_ms = 0;
     return o;
 }

@@ -178,10 +178,7 @@ static void test_load_into_failures(void **state)
 static kvt_store *open_store(void)
 {
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = MODEL;
-    o.config_fingerprint = FP;
-    o.tokenizer_hash = TOK;
+    store_opts_for(&o, MODEL, FP, TOK);
     kvt_store *s;
     assert_int_equal(kvt_store_open(test_dir, &o, &s), 0);
     return s;

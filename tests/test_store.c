@@ -86,10 +86,7 @@ static kvt_store *open_ex(const char *dir, uint64_t max_bytes, struct logcap *lc
                           void (*tweak)(struct kvt_store_opts *))
 {
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = MODEL;
-    o.config_fingerprint = FP;
-    o.tokenizer_hash = TOK;
+    store_opts_for(&o, MODEL, FP, TOK);
     if (max_bytes) /* 0: the default cap */
         o.max_bytes = max_bytes;
     o.log = lc ? log_fn : NULL;
@@ -254,10 +251,7 @@ static void test_layout(void **state)
 
     /* A fingerprint that is not one directory name is refused. */
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = MODEL;
-    o.config_fingerprint = "a/b";
-    o.tokenizer_hash = TOK;
+    store_opts_for(&o, MODEL, "a/b", TOK);
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
     assert_null(s);
     o.config_fingerprint = "..";
@@ -266,10 +260,7 @@ static void test_layout(void **state)
     o.config_fingerprint = FP;
     o.max_bytes = 0;
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
-    kvt_store_opts_init(&o);
-    o.model_id = MODEL;
-    o.config_fingerprint = FP;
-    o.tokenizer_hash = TOK;
+    store_opts_for(&o, MODEL, FP, TOK);
     o.max_header_bytes = 0;
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
     o.max_header_bytes = 1 << 20;
@@ -634,10 +625,7 @@ static void golden_scan(bool quarantine)
 
     struct logcap lc = {0};
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = "golden/model";
-    o.config_fingerprint = "fp-golden";
-    o.tokenizer_hash = "tk-golden";
+    store_opts_for(&o, "golden/model", "fp-golden", "tk-golden");
     o.quarantine = quarantine;
     o.log = log_fn;
     o.log_ud = &lc;
@@ -777,10 +765,7 @@ static void test_synthesized_damage(void **state)
     kvt_store_close(s);
 
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = "test/other-model";
-    o.config_fingerprint = FP;
-    o.tokenizer_hash = TOK;
+    store_opts_for(&o, "test/other-model", FP, TOK);
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(d, 3, "", true);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);

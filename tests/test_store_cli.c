@@ -46,10 +46,7 @@ static void put(const char *dir, const char *model, const char *fp, const int32_
                 bool trimmable, const char *ns)
 {
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = model;
-    o.config_fingerprint = fp;
-    o.tokenizer_hash = "tk-test";
+    store_opts_for(&o, model, fp, "tk-test");
     kvt_store *s;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(tok, n, trimmable);
@@ -306,10 +303,7 @@ static void test_gc(void **state)
 
     /* A cap: each identity evicted to it, oldest first; the newer format file stays. */
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = "test/model";
-    o.config_fingerprint = "fp-test";
-    o.tokenizer_hash = "tk-test";
+    store_opts_for(&o, "test/model", "fp-test", "tk-test");
     o.read_only = true;
     kvt_store *s;
     assert_int_equal(kvt_store_open(f.dir, &o, &s), 0);

@@ -46,10 +46,7 @@ static bool same_entry(const struct kvt_entry *e)
 static kvt_store *open_store(const char *dir, uint64_t cap, int64_t grace_ms)
 {
     struct kvt_store_opts o;
-    kvt_store_opts_init(&o);
-    o.model_id = MODEL;
-    o.config_fingerprint = FP;
-    o.tokenizer_hash = TOKH;
+    store_opts_for(&o, MODEL, FP, TOKH);
     if (cap)
         o.max_bytes = cap;
     if (grace_ms >= 0)
@@ -211,10 +208,7 @@ static void test_inflight_tmp_survives(void **state)
         close(go[1]);
         struct hold h = {ready[1], go[0], 0};
         struct kvt_store_opts o;
-        kvt_store_opts_init(&o);
-        o.model_id = MODEL;
-        o.config_fingerprint = FP;
-        o.tokenizer_hash = TOKH;
+        store_opts_for(&o, MODEL, FP, TOKH);
         o.tmp_grace_ms = 0;
         kvt_store *s;
         if (kvt_store_open(dir, &o, &s))

@@ -38,8 +38,8 @@ struct save_job {
     uint64_t file_size;
     uint64_t file_end; /* bytes written so far reach this file offset */
     int fd;
-    size_t step;            /* next step: 0 = plan (unless planned) + first tensor, ... */
-    size_t steps;           /* n_views + 1 once planned */
+    size_t step;  /* next step: 0 = plan (unless planned) + first tensor, ... */
+    size_t steps; /* n_views + 1 once planned */
     bool planned;
     struct kvt_sbuf json;   /* the header as planned, its hashes patched in once written */
     size_t *hash_at;        /* where views[k]'s slot hash is in json */

@@ -359,8 +359,7 @@ static int reap(struct kvt_rstream *s, bool wait)
 
 /* The O_DIRECT descriptor (when @p direct) and the queue of a fast stream; without either,
  * the stream reads in place through the page cache ("buffered"). */
-static void open_direct(struct kvt_rstream *s, int fd, const struct kvt_stream_opts *o,
-                        bool direct)
+static void open_direct(struct kvt_rstream *s, int fd, const struct kvt_stream_opts *o, bool direct)
 {
     if (direct) {
         int dfd = kvt_io()->reopen(fd, O_RDONLY | O_DIRECT);

@@ -296,6 +296,14 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total)
     return out;
 }
 
+void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok)
+{
+    kvt_store_opts_init(o);
+    o->model_id = model;
+    o->config_fingerprint = fp;
+    o->tokenizer_hash = tok;
+}
+
 void set_mem(bool no_hugepages, bool no_parallel)
 {
     struct kvt_mem_opts m;

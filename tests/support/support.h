@@ -66,6 +66,9 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total);
  * (a corruption the slot's hash must catch). */
 void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t mask);
 
+/** kvt_store_opts_init(@p o) and the identity @p model, @p fp, @p tok. */
+void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok);
+
 /** kvt_mem_configure() with these switches and every other setting at its default. */
 void set_mem(bool no_hugepages, bool no_parallel);
 
