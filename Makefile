@@ -164,9 +164,21 @@ python: $(STATIC)
 test-python: python
 	@scripts/run-pytest.sh $(PYTHON) $(PY_OUT)
 
-# Suites that run threads, for the ThreadSanitizer build (SANITIZE=thread).
-THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $(BUILD)/tests/test_cache_clone $(BUILD)/tests/test_store_mp% $(BUILD)/tests/test_store $(BUILD)/tests/test_stream $(BUILD)/tests/test_restore_helper $(BUILD)/tests/test_format_roundtrip $(BUILD)/tests/test_device $(BUILD)/tests/test_load_into,$(TEST_BIN))
-test-threads: $(THREAD_TESTS) $(PROG_BIN)
+# The ThreadSanitizer build (SANITIZE=thread) runs every suite whose processes start threads
+# (the library's I/O, helper and tier threads, the suites' own, the CLI and programs they run),
+# which is every suite but these:
+#  - test_cache test_format_header test_hash test_header_tokens test_io_fault test_store_index
+#    start no thread;
+#  - test_crash: its kill -9 loop kills each writer within 60 ms of its start, before an
+#    instrumented writer has opened its store, so under TSan it would check nothing (and its
+#    two-writer round fails for want of a single acknowledged put). The writer's threads run
+#    under TSan in test_store_mp (the store_stress processes) and test_ioerr.
+THREAD_FREE := test_cache test_format_header test_hash test_header_tokens test_io_fault \
+               test_store_index test_crash
+# The llama.cpp suite runs too: llama.cpp's prebuilt libraries are not instrumented, so TSan
+# sees none of their accesses (nor their synchronisation), only kvtier's and the suite's.
+THREAD_TESTS ?= $(filter-out $(THREAD_FREE:%=$(BUILD)/tests/%),$(TEST_BIN)) $(LLAMA_TEST_BIN)
+test-threads: tests
 	@scripts/run-tests.sh $(BUILD) $(THREAD_TESTS)
 
 # Fuzzing. `make fuzz` builds the libFuzzer targets with clang into $(FUZZ_BUILD)/fuzz/
