@@ -4,8 +4,8 @@
  * For each size, an entry of that many bytes (32 layers of K and V, bfloat16) is saved, then
  * per repetition, in alternating order:
  *   - kvt_file_load_to_device() of the file, page cache cold and warm;
- *   - the raw read of the same bytes (O_DIRECT, several reads in flight; tools/bench_raw.c),
- *     cold, and a buffered read of the cached file, warm;
+ *   - the raw read of the same bytes (O_DIRECT, several reads in flight;
+ *     bench/harness/bench_raw.c), cold, and a buffered read of the cached file, warm;
  *   - a copy of the same bytes from page-locked host memory to the device, in 16 MiB pieces
  *     on one stream (the bus's limit);
  *   - kvt_file_save() (durable) of the restored device memory, wrapped as an entry, against a

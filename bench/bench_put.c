@@ -18,24 +18,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kvtier.h"
 
 #define PUTS 201
 #define WARMUP 20
 #define TOKENS 16
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* A small ssm entry whose tokens are @p id's own (distinct entries, no supersession). */
 static struct kvt_entry *small_entry(uint32_t id)
@@ -94,26 +82,25 @@ static double median_put(const char *base, size_t n)
         fprintf(stderr, "bench_put: cannot fill %s: %s\n", ns, kvt_last_error());
         goto out;
     }
-    struct kvt_store_opts o = {
-        .model_id = "bench/model",
-        .config_fingerprint = "fp-bench",
-        .tokenizer_hash = "tk-bench",
-        .max_bytes = UINT64_MAX / 2, /* no eviction: the put alone is measured */
-        .tmp_grace_ms = 60000,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = "bench/model";
+    o.config_fingerprint = "fp-bench";
+    o.tokenizer_hash = "tk-bench";
+    o.max_bytes = UINT64_MAX / 2; /* no eviction: the put alone is measured */
     kvt_store *s;
-    double t0 = now_us();
+    double t0 = bench_now();
     if (kvt_store_open(dir, &o, &s) != 0) {
         fprintf(stderr, "bench_put: open: %s\n", kvt_last_error());
         goto out;
     }
-    double open_ms = (now_us() - t0) / 1e3;
+    double open_ms = (bench_now() - t0) * 1e3;
     static double t[PUTS + WARMUP];
     for (int i = 0; i < PUTS + WARMUP; i++) { /* the first puts warm the staging up */
         struct kvt_entry *e = small_entry((uint32_t)(n + 1000 + (size_t)i));
-        double a = now_us();
+        double a = bench_now();
         int rc = e ? kvt_store_put(s, e, NULL, NULL) : -ENOMEM;
-        t[i] = now_us() - a;
+        t[i] = (bench_now() - a) * 1e6;
         kvt_entry_free(e);
         if (rc) {
             fprintf(stderr, "bench_put: put: %s\n", kvt_last_error());
@@ -125,8 +112,7 @@ static double median_put(const char *base, size_t n)
     kvt_store_get_stats(s, &st);
     kvt_store_close(s);
     double *m = t + WARMUP;
-    qsort(m, PUTS, sizeof(*m), cmp_double);
-    med = m[PUTS / 2];
+    med = bench_median(m, PUTS); /* sorts m */
     printf("%7zu entries (open %.0f ms, %llu after the puts): put median %.1f us, p10 %.1f, "
            "p90 %.1f\n",
            n, open_ms, (unsigned long long)st.entries, med, m[PUTS / 10], m[PUTS * 9 / 10]);

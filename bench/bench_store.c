@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kvtier.h"
 #include "store/index.h"
 
@@ -44,25 +45,6 @@ static uint64_t next(void)
 static size_t rnd(size_t n)
 {
     return (size_t)(next() % n);
-}
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof(*v), cmp_double);
-    return v[n / 2];
 }
 
 static int32_t fresh_token(void)
@@ -129,10 +111,10 @@ static double bench_find(int workload, size_t entries, const int32_t *prompt, si
     struct kvt_index *ix;
     if (kvt_index_new(&ix))
         return -1;
-    double t0 = now_us();
+    double t0 = bench_now();
     int rc = workload == 0 ? build_conversations(ix, prompt, bounds, nb, entries, buf)
                            : build_cuts(ix, prompt, entries, buf);
-    *build_s = (now_us() - t0) / 1e6;
+    *build_s = bench_now() - t0;
     if (rc) {
         fprintf(stderr, "bench_store: index build failed: %d\n", rc);
         kvt_index_free(ix);
@@ -143,15 +125,15 @@ static double bench_find(int workload, size_t entries, const int32_t *prompt, si
     for (int i = 0; i < 20; i++)
         kvt_index_find(ix, "", prompt, PROMPT_LEN, &plen);
     for (int i = 0; i < FIND_RUNS; i++) {
-        double a = now_us();
+        double a = bench_now();
         struct kvt_rec *r = kvt_index_find(ix, "", prompt, PROMPT_LEN, &plen);
-        t[i] = now_us() - a;
+        t[i] = (bench_now() - a) * 1e6;
         if (!r)
             plen = 0;
     }
     *plen_out = plen;
     kvt_index_free(ix);
-    return median(t, FIND_RUNS);
+    return bench_median(t, FIND_RUNS);
 }
 
 static void part_find(void)
@@ -242,7 +224,7 @@ static void part_open(const char *base)
     static int32_t tok[OPEN_TOKENS];
     char **paths = calloc(OPEN_ENTRIES, sizeof(*paths));
     uint64_t total = 0;
-    double t0 = now_us();
+    double t0 = bench_now();
     for (size_t i = 0; i < OPEN_ENTRIES; i++) {
         for (size_t k = 0; k < OPEN_TOKENS; k++) /* a shared 4k prefix, then its own */
             tok[k] = (int32_t)(k < 4096 ? k * 7 % 150000 : rnd(150000));
@@ -273,31 +255,32 @@ static void part_open(const char *base)
         }
         total += bytes;
     }
-    double write_s = (now_us() - t0) / 1e6;
+    double write_s = bench_now() - t0;
     printf("open: %d entries of %d tokens, %.1f MB on disk (written in %.2f s)\n", OPEN_ENTRIES,
            OPEN_TOKENS, (double)total / 1e6, write_s);
 
     /* The format layer's share: reading and validating every header on one thread. */
     double hr[OPEN_RUNS];
     for (int r = 0; r < OPEN_RUNS; r++) {
-        double h0 = now_us();
+        double h0 = bench_now();
         for (size_t i = 0; i < OPEN_ENTRIES; i++) {
             struct kvt_header *h = NULL;
             if (kvt_file_read_header(paths[i], NULL, &h) == 0)
                 kvt_header_free(h);
         }
-        hr[r] = (now_us() - h0) / 1e3;
+        hr[r] = (bench_now() - h0) * 1e3;
     }
-    double header_ms = median(hr, OPEN_RUNS);
+    double header_ms = bench_median(hr, OPEN_RUNS);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     printf("  kvt_file_read_header alone, one thread, all %d files: median %.1f ms (%.1f us per "
            "header)\n",
            OPEN_ENTRIES, header_ms, header_ms * 1e3 / OPEN_ENTRIES);
 
-    struct kvt_store_opts o = {.model_id = "bench/model",
-                               .config_fingerprint = "fp-bench",
-                               .tokenizer_hash = "tk-bench",
-                               .tmp_grace_ms = -1};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = "bench/model";
+    o.config_fingerprint = "fp-bench";
+    o.tokenizer_hash = "tk-bench";
     for (int cold = 0; cold < 2; cold++) {
         double t[OPEN_RUNS];
         uint64_t entries = 0;
@@ -306,9 +289,9 @@ static void part_open(const char *base)
                 for (size_t i = 0; i < OPEN_ENTRIES; i++)
                     drop_cache(paths[i]);
             kvt_store *s;
-            double a = now_us();
+            double a = bench_now();
             int rc = kvt_store_open(dir, &o, &s);
-            t[r] = (now_us() - a) / 1e3;
+            t[r] = (bench_now() - a) * 1e3;
             if (rc) {
                 fprintf(stderr, "bench_store: open: %s\n", kvt_last_error());
                 break;
@@ -318,7 +301,7 @@ static void part_open(const char *base)
             entries = st.entries;
             kvt_store_close(s);
         }
-        double med = median(t, OPEN_RUNS);
+        double med = bench_median(t, OPEN_RUNS);
         printf("  %s page cache: median open %.1f ms for %llu entries (%.1f us per entry; "
                "open / 1 s target %.2f)\n",
                cold ? "cold" : "warm", med, (unsigned long long)entries, med * 1e3 / OPEN_ENTRIES,

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kvtier.h"
 
 #define PERIOD_NS 5000000LL
@@ -305,18 +306,6 @@ static bool flushed(kvt_pcache *pc, int entries)
            st.pending_spills == 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* One pair of runs: decode while the writer flushes every entry, then the same number of
  * steps with write-behind off. Returns the flush time; *on and *off get the latencies. */
 static double run_pair(bool control, const char *dir, struct kvt_entry **src, int entries,
@@ -451,7 +440,7 @@ int main(int argc, char **argv)
     }
     double med[8];
     for (int k = 0; k < 8; k++)
-        med[k] = median(m[k], repeat);
+        med[k] = bench_median(m[k], (size_t)repeat);
     printf("medians (us): write-behind on p50 %.0f p99 %.0f; off p50 %.0f p99 %.0f; gated steps "
            "p99 %.0f, max %.0f\n",
            med[0], med[1], med[2], med[3], med[6], med[7]);

@@ -508,19 +508,24 @@ KVT_API int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt
  */
 typedef struct kvt_store kvt_store;
 
+/*
+ * Store options (STORE.md §1). Start from kvt_store_opts_init(), which sets every default;
+ * after that every value is literal (0 means 0). A zero max_bytes or max_header_bytes and a
+ * negative tmp_grace_ms are no usable values: kvt_store_open() refuses them (-EINVAL).
+ */
 struct kvt_store_opts {
     const char *model_id;           /* required */
     const char *config_fingerprint; /* required: the directory key */
     const char *tokenizer_hash;     /* required */
-    uint64_t max_bytes;             /* byte cap; 0 = 32 GiB */
+    uint64_t max_bytes;             /* byte cap; default 32 GiB */
     size_t n_layers;                /* donor-layer count checked on restore; 0 = not checked */
     bool no_verify;                 /* skip tensor hash checks on restore */
     bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
-    size_t max_header_bytes;        /* 0 = 64 MiB */
+    size_t max_header_bytes;        /* default 64 MiB */
     int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; default
-                                       60000 (also < 0). It covers the instant between a
-                                       writer's create and lock: 0 (reap at once) is safe
-                                       only with no other live writer */
+                                       60000. It covers the instant between a writer's
+                                       create and lock: 0 (reap at once) is safe only with
+                                       no other live writer */
     bool read_only; /* inspect only: no directory creation, reaping, removal, eviction, LRU
                        bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
     kvt_log_fn log; /* one call at a time, on the calling thread or a scan worker thread */
@@ -558,9 +563,8 @@ struct kvt_store_record {
 };
 
 /**
- * Fill @p o with the defaults (STORE.md §1): every field literal (max_bytes 32 GiB,
- * max_header_bytes 64 MiB, tmp_grace_ms 60000), the identity fields NULL. A zero cap or header
- * limit also means the default, being no usable value; a zero grace means none.
+ * Fill @p o with the defaults (STORE.md §1): max_bytes 32 GiB, max_header_bytes 64 MiB,
+ * tmp_grace_ms 60000, the identity fields NULL, every other field 0 / false / NULL.
  */
 KVT_API void kvt_store_opts_init(struct kvt_store_opts *o);
 
@@ -599,7 +603,11 @@ struct kvt_check_opts {
 KVT_API int kvt_store_check(const char *dir, const struct kvt_store_opts *so,
                             const struct kvt_check_opts *co);
 
-/** Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap. */
+/**
+ * Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap.
+ * @return 0, -EINVAL (a missing identity field, a bad fingerprint or an unusable value, see
+ * struct kvt_store_opts), -errno or KVT_E_* of the directory.
+ */
 KVT_API int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out);
 KVT_API void kvt_store_close(kvt_store *s);
 /** Longest usable prefix (STORE.md §7); index only. @return 0 (a miss is prefix_len 0). */
@@ -680,8 +688,10 @@ struct kvt_pcache_opts {
     uint64_t ram_max_bytes;         /* RAM tier cap; default 8e9. 0 = caches nothing, and
                                        is an error (-EINVAL) together with a cold tier */
     const char *cold_dir;           /* NULL = no cold tier (default) */
-    struct kvt_store_opts cold;     /* store options when cold_dir is set; model_id,
-                                       config_fingerprint and tokenizer_hash are required */
+    struct kvt_store_opts cold;     /* store options when cold_dir is set, initialised by
+                                       kvt_pcache_opts_init() with kvt_store_opts_init();
+                                       model_id, config_fingerprint and tokenizer_hash are
+                                       required */
     int64_t spill_queue_max_bytes;  /* soft cap of the write-behind queue; default 2 GiB;
                                        0 = only the newest item and the one in flight;
                                        < 0 = -EINVAL */
@@ -705,7 +715,8 @@ struct kvt_pcache_opts {
     void *log_ud;
 };
 
-/** Fill @p o with the defaults of TIER.md §8 (no cold tier). */
+/** Fill @p o with the defaults of TIER.md §8 (no cold tier; `cold` as kvt_store_opts_init()
+ * leaves it). */
 KVT_API void kvt_pcache_opts_init(struct kvt_pcache_opts *o);
 
 /** A taken prefix: owned caches trimmed to entry->n_tokens tokens. */

@@ -579,10 +579,8 @@ static void test_ssm(void **state)
     struct kvt_tensor conv, rec, st[2];
     uint64_t rng = 5;
     for (int round = 0; round < 3; round++) {
-        assert_int_equal(kvt_tensor_zeros(&conv, KVT_BFLOAT16, 3, cs), 0);
-        assert_int_equal(kvt_tensor_zeros(&rec, KVT_FLOAT32, 4, rs), 0);
-        fill_random(kvt_buf_data(conv.buf), kvt_tensor_nbytes(&conv), &rng);
-        fill_random(kvt_buf_data(rec.buf), kvt_tensor_nbytes(&rec), &rng);
+        synth_random_tensor(&conv, KVT_BFLOAT16, 3, cs, &rng);
+        synth_random_tensor(&rec, KVT_FLOAT32, 4, rs, &rng);
         assert_int_equal(kvt_cache_ssm_update(c, &conv, &rec, 5 + round), 0);
         assert_int_equal(kvt_cache_state(c, st), 2);
         assert_int_equal(kvt_tensor_hash(&st[0]), kvt_tensor_hash(&conv));
@@ -889,11 +887,9 @@ static void test_from_state_roundtrip(void **state)
     assert_int_equal(kvt_cache_new(&p, &c), 0);
     int64_t cs[3] = {1, 3, 8}, rs[4] = {1, 2, 4, 4};
     struct kvt_tensor conv, rec;
-    assert_int_equal(kvt_tensor_zeros(&conv, KVT_FLOAT16, 3, cs), 0);
-    assert_int_equal(kvt_tensor_zeros(&rec, KVT_FLOAT32, 4, rs), 0);
     uint64_t rng = 3;
-    fill_random(kvt_buf_data(conv.buf), kvt_tensor_nbytes(&conv), &rng);
-    fill_random(kvt_buf_data(rec.buf), kvt_tensor_nbytes(&rec), &rng);
+    synth_random_tensor(&conv, KVT_FLOAT16, 3, cs, &rng);
+    synth_random_tensor(&rec, KVT_FLOAT32, 4, rs, &rng);
     assert_int_equal(kvt_cache_ssm_update(c, &conv, &rec, 12), 0);
     kvt_tensor_release(&conv);
     kvt_tensor_release(&rec);

@@ -286,10 +286,8 @@ static void test_ssm_clone(void **state)
     int64_t cs[3] = {1, 3, 16}, rs[4] = {1, 2, 4, 8};
     struct kvt_tensor conv, rec;
     uint64_t rng = 11;
-    assert_int_equal(kvt_tensor_zeros(&conv, KVT_BFLOAT16, 3, cs), 0);
-    assert_int_equal(kvt_tensor_zeros(&rec, KVT_FLOAT32, 4, rs), 0);
-    fill_random(kvt_buf_data(conv.buf), kvt_tensor_nbytes(&conv), &rng);
-    fill_random(kvt_buf_data(rec.buf), kvt_tensor_nbytes(&rec), &rng);
+    synth_random_tensor(&conv, KVT_BFLOAT16, 3, cs, &rng);
+    synth_random_tensor(&rec, KVT_FLOAT32, 4, rs, &rng);
     assert_int_equal(kvt_cache_ssm_update(d, &conv, &rec, 4), 0);
     const void *p0 = data_of(d, 0);
     assert_int_equal(kvt_cache_clone(d, &k), 0);

@@ -18,6 +18,9 @@
  * without hash checks). Under the address,undefined build the sweep also shows that no such
  * input makes a load read out of bounds.
  *
+ * Both sweeps deal their cases round-robin to one worker process per CPU (up to 8), each
+ * damaging and loading its own copy of the file; the counts printed are the sums.
+ *
  * Hostile headers: crafted files whose header hash is right but whose content is not (huge
  * headerLen, overlapping or misaligned slots, huge shapes, overflowing products, wrong tensor
  * counts, duplicate keys, invalid UTF-8, trailing junk, ...) must fail load and verify with the
@@ -29,10 +32,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "io/io.h"
@@ -141,9 +146,99 @@ static bool slot_at(uint64_t off, size_t *ci, int *sj)
     return false;
 }
 
+/* ---- the sweeps' workers ---------------------------------------------------------------- */
+
+/*
+ * The flips and truncations are independent cases, each one load of the damaged file: they
+ * are dealt round-robin to one worker process per CPU (at most MAX_WORKERS), each with its
+ * own copy of the file, and the parent sums what they counted. A worker that finds a broken
+ * expectation prints it and exits 1; the parent fails the test. With one CPU the cases run
+ * in the test process itself.
+ */
+#define MAX_WORKERS 8
+#define N_COUNTS 12
+
+static bool in_worker;
+
+static void check_failed(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void check_failed(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (in_worker) {
+        fprintf(stderr, "worker %d: %s\n", (int)getpid(), msg);
+        _exit(1);
+    }
+    fail_msg("%s", msg);
+    abort(); /* not reached */
+}
+
+/* An expectation of one case: fails the test, from a worker or the test process. */
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            check_failed(__VA_ARGS__);                                                             \
+    } while (0)
+
+static unsigned worker_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_WORKERS ? MAX_WORKERS : (unsigned)n;
+}
+
+/*
+ * Run @p fn(k, n, counts) for k in [0, n) on n = worker_count() workers, each loading its own
+ * copy of the intact file (the global path names it there), and add their counts into
+ * @p sum (N_COUNTS longs).
+ */
+static void in_workers(void (*fn)(unsigned k, unsigned n, long *counts), long *sum)
+{
+    unsigned n = worker_count();
+    if (n == 1) {
+        fn(0, 1, sum);
+        return;
+    }
+    pid_t pid[MAX_WORKERS];
+    int rd[MAX_WORKERS];
+    for (unsigned k = 0; k < n; k++) {
+        int p[2];
+        assert_int_equal(pipe(p), 0);
+        fflush(NULL);
+        pid[k] = fork();
+        assert_true(pid[k] >= 0);
+        if (pid[k] == 0) {
+            close(p[0]);
+            in_worker = true;
+            path = strf("%s/worker%u.mlxkv", dir, k);
+            CHECK(write_file(path, img, img_len) == 0, "cannot write %s", path);
+            long c[N_COUNTS] = {0};
+            fn(k, n, c);
+            unlink(path);
+            _exit(write(p[1], c, sizeof(c)) == (ssize_t)sizeof(c) ? 0 : 1);
+        }
+        close(p[1]);
+        rd[k] = p[0];
+    }
+    bool ok = true;
+    for (unsigned k = 0; k < n; k++) {
+        long c[N_COUNTS];
+        ok &= read(rd[k], c, sizeof(c)) == (ssize_t)sizeof(c);
+        close(rd[k]);
+        int st;
+        ok &= waitpid(pid[k], &st, 0) == pid[k] && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        for (int i = 0; ok && i < N_COUNTS; i++)
+            sum[i] += c[i];
+    }
+    if (!ok)
+        fail_msg("a sweep worker failed (its message is above)");
+}
+
 static void put_byte(int fd, uint64_t off, uint8_t v)
 {
-    assert_int_equal(pwrite(fd, &v, 1, (off_t)off), 1);
+    CHECK(pwrite(fd, &v, 1, (off_t)off) == 1, "write at %llu failed", (unsigned long long)off);
 }
 
 /* Without hash checks, the flipped slot must hold exactly the file's (flipped) bytes. */
@@ -151,34 +246,39 @@ static void check_unverified(uint64_t off)
 {
     size_t ci = 0;
     int sj = 0;
-    assert_true(slot_at(off, &ci, &sj));
+    CHECK(slot_at(off, &ci, &sj), "offset %llu is in no slot", (unsigned long long)off);
     struct kvt_expect x = {.no_verify = true, .keep_cache = true};
     struct kvt_entry *e = NULL;
     int rc = kvt_file_load(path, &x, &e, NULL);
-    if (rc != 0)
-        fail_msg("offset %llu: load without hash checks: %s", (unsigned long long)off,
-                 kvt_last_error());
+    CHECK(rc == 0, "offset %llu: load without hash checks: %s", (unsigned long long)off,
+          kvt_last_error());
     const struct kvt_slot *s = &hdr->caches[ci].slots[sj];
     struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
     int nt = kvt_cache_state(e->caches[ci], t);
-    assert_int_equal(nt, hdr->caches[ci].n_slots);
-    assert_int_equal(kvt_tensor_nbytes(&t[sj]), s->bytes);
+    CHECK(nt == hdr->caches[ci].n_slots, "offset %llu: %d tensors", (unsigned long long)off, nt);
+    CHECK(kvt_tensor_nbytes(&t[sj]) == s->bytes, "offset %llu: tensor size",
+          (unsigned long long)off);
     uint8_t *got = malloc(s->bytes);
-    assert_non_null(got);
+    CHECK(got != NULL, "out of memory");
     kvt_tensor_copy_out(&t[sj], got);
     uint64_t a = (uint64_t)hdr->data_start + s->off;
-    assert_int_equal(got[off - a], img[off] ^ (uint8_t)(1u << (off % 8)));
+    CHECK(got[off - a] == (img[off] ^ (uint8_t)(1u << (off % 8))),
+          "offset %llu: the flipped byte came back as %u", (unsigned long long)off, got[off - a]);
     got[off - a] = img[off];
-    assert_memory_equal(got, img + a, s->bytes);
+    CHECK(memcmp(got, img + a, s->bytes) == 0, "offset %llu: other bytes of the tensor differ",
+          (unsigned long long)off);
     free(got);
     for (int k = 0; k < nt; k++)
         kvt_tensor_release(&t[k]);
     kvt_entry_free(e);
 }
 
+/* The flip sweep's counts (N_COUNTS longs). */
 struct flip_counts {
     long loads, failed, identical, unverified, by_code[4]; /* corrupt, format, unsupported, other */
+    long unread_runs, unread_single, spare[2];
 };
+_Static_assert(sizeof(struct flip_counts) == N_COUNTS * sizeof(long), "counts");
 
 /* Load the (damaged) file with hash checks; @p protected_ says whether it must fail. */
 static void expect_load(bool protected_, uint64_t off, struct flip_counts *c)
@@ -189,25 +289,96 @@ static void expect_load(bool protected_, uint64_t off, struct flip_counts *c)
     c->loads++;
     if (rc != 0) {
         c->failed++;
-        assert_null(e);
+        CHECK(e == NULL, "flip at %llu: a failed load returned an entry", (unsigned long long)off);
         c->by_code[rc == KVT_E_CORRUPT       ? 0
                    : rc == KVT_E_FORMAT      ? 1
                    : rc == KVT_E_UNSUPPORTED ? 2
                                              : 3]++;
-        if (!protected_)
-            fail_msg("flip at %llu (does not matter) failed the load: %s", (unsigned long long)off,
-                     kvt_last_error());
-        if (rc != KVT_E_CORRUPT && rc != KVT_E_FORMAT && rc != KVT_E_UNSUPPORTED)
-            fail_msg("flip at %llu: unexpected error %d: %s", (unsigned long long)off, rc,
-                     kvt_last_error());
+        CHECK(protected_, "flip at %llu (does not matter) failed the load: %s",
+              (unsigned long long)off, kvt_last_error());
+        CHECK(rc == KVT_E_CORRUPT || rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED,
+              "flip at %llu: unexpected error %d: %s", (unsigned long long)off, rc,
+              kvt_last_error());
         return;
     }
-    if (protected_)
-        fail_msg("flip at %llu (protected) loaded", (unsigned long long)off);
-    if (!synth_same_caches(e, ref))
-        fail_msg("flip at %llu loaded different tensors", (unsigned long long)off);
+    CHECK(!protected_, "flip at %llu (protected) loaded", (unsigned long long)off);
+    CHECK(synth_same_caches(e, ref), "flip at %llu loaded different tensors",
+          (unsigned long long)off);
     c->identical++;
     kvt_entry_free(e);
+}
+
+/*
+ * A run [off, end) of bytes no load reads: all of it flipped at once must load identically
+ * without any of it being read, and every UNREAD_STRIDE-th byte of it on its own.
+ */
+static void flip_unread_run(int fd, uint64_t off, uint64_t end, struct flip_counts *c)
+{
+    struct kvt_expect on = {.keep_cache = true};
+    struct kvt_entry *e = NULL;
+    uint8_t *junk = malloc(end - off);
+    CHECK(junk != NULL, "out of memory");
+    for (uint64_t i = off; i < end; i++)
+        junk[i - off] = img[i] ^ (uint8_t)(1u << (i % 8));
+    CHECK(pwrite(fd, junk, end - off, (off_t)off) == (ssize_t)(end - off), "write failed");
+    CHECK(recorded_load(&on, &e) == 0, "unread run at %llu: load failed: %s",
+          (unsigned long long)off, kvt_last_error());
+    c->loads++;
+    c->identical++;
+    CHECK(synth_same_caches(e, ref), "unread run at %llu: different tensors",
+          (unsigned long long)off);
+    kvt_entry_free(e);
+    for (uint64_t i = off; i < end; i++)
+        CHECK(!read_map[i], "a load read byte %llu only after it was damaged",
+              (unsigned long long)i);
+    CHECK(pwrite(fd, img + off, end - off, (off_t)off) == (ssize_t)(end - off), "write failed");
+    for (uint64_t i = off + (off % UNREAD_STRIDE ? UNREAD_STRIDE - off % UNREAD_STRIDE : 0);
+         i < end; i += UNREAD_STRIDE) {
+        put_byte(fd, i, junk[i - off]);
+        expect_load(false, i, c);
+        put_byte(fd, i, img[i]);
+        c->unread_single++;
+    }
+    free(junk);
+    c->unread_runs++;
+}
+
+/* A byte a load reads, flipped (every bit of it in the prefix, one bit elsewhere). */
+static void flip_read_byte(int fd, uint64_t off, struct flip_counts *c)
+{
+    int bits = off < PREFIX ? 8 : 1;
+    for (int b = 0; b < bits; b++) {
+        uint8_t mask = (uint8_t)(1u << (off < PREFIX ? b : (int)(off % 8)));
+        put_byte(fd, off, img[off] ^ mask);
+        expect_load(is_protected(off), off, c);
+        if (off >= hdr->data_start && is_protected(off)) {
+            check_unverified(off);
+            c->unverified++;
+        }
+    }
+    put_byte(fd, off, img[off]);
+}
+
+/* Worker @p k of @p n: every n-th case of the flip sweep (a read byte, or an unread run). */
+static void flip_cases(unsigned k, unsigned n, long *counts)
+{
+    struct flip_counts *c = (struct flip_counts *)counts;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0, "cannot open %s", path);
+    uint64_t cases = 0;
+    for (uint64_t off = 0; off < img_len; off++, cases++) {
+        uint64_t end = off + 1;
+        while (!read_map[off] && end < img_len && !read_map[end])
+            end++;
+        if (cases % n == k) {
+            if (read_map[off])
+                flip_read_byte(fd, off, c);
+            else
+                flip_unread_run(fd, off, end, c);
+        }
+        off = end - 1;
+    }
+    close(fd);
 }
 
 static void test_every_byte_flipped(void **state)
@@ -228,101 +399,62 @@ static void test_every_byte_flipped(void **state)
             fail_msg("the load never reads protected byte %llu", (unsigned long long)off);
     }
 
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    assert_true(fd >= 0);
     struct flip_counts c = {0};
-    long unread_runs = 0, unread_single = 0;
-    for (uint64_t off = 0; off < img_len; off++) {
-        if (!read_map[off]) {
-            /* a run of bytes no load reads: all of it flipped at once */
-            uint64_t end = off;
-            while (end < img_len && !read_map[end])
-                end++;
-            uint8_t *junk = malloc(end - off);
-            assert_non_null(junk);
-            for (uint64_t i = off; i < end; i++)
-                junk[i - off] = img[i] ^ (uint8_t)(1u << (i % 8));
-            assert_int_equal(pwrite(fd, junk, end - off, (off_t)off), (ssize_t)(end - off));
-            assert_int_equal(recorded_load(&on, &e), 0);
-            c.loads++;
-            c.identical++;
-            assert_true(synth_same_caches(e, ref));
-            kvt_entry_free(e);
-            for (uint64_t i = off; i < end; i++)
-                if (read_map[i])
-                    fail_msg("a load read byte %llu only after it was damaged",
-                             (unsigned long long)i);
-            assert_int_equal(pwrite(fd, img + off, end - off, (off_t)off), (ssize_t)(end - off));
-            /* and every UNREAD_STRIDE-th byte of it on its own */
-            for (uint64_t i = off + (off % UNREAD_STRIDE ? UNREAD_STRIDE - off % UNREAD_STRIDE : 0);
-                 i < end; i += UNREAD_STRIDE) {
-                put_byte(fd, i, junk[i - off]);
-                expect_load(false, i, &c);
-                put_byte(fd, i, img[i]);
-                unread_single++;
-            }
-            free(junk);
-            unread_runs++;
-            off = end - 1;
-            continue;
-        }
-        int bits = off < PREFIX ? 8 : 1;
-        for (int b = 0; b < bits; b++) {
-            uint8_t mask = (uint8_t)(1u << (off < PREFIX ? b : (int)(off % 8)));
-            put_byte(fd, off, img[off] ^ mask);
-            expect_load(is_protected(off), off, &c);
-            if (off >= hdr->data_start && is_protected(off)) {
-                check_unverified(off);
-                c.unverified++;
-            }
-        }
-        put_byte(fd, off, img[off]);
-    }
-    close(fd);
+    in_workers(flip_cases, (long *)&c);
     free(read_map);
     read_map = NULL;
     print_message("sweep: %zu-byte file, %ld bytes read by a load, each flipped: %ld loads, "
                   "%ld failed (%ld corrupt, %ld format, %ld unsupported, %ld other), %ld "
                   "identical; %ld tensor flips exact without hash checks; %ld unread runs "
-                  "flipped whole, %ld unread bytes flipped alone\n",
+                  "flipped whole, %ld unread bytes flipped alone (%u workers)\n",
                   img_len, n_read, c.loads, c.failed, c.by_code[0], c.by_code[1], c.by_code[2],
-                  c.by_code[3], c.identical, c.unverified, unread_runs, unread_single);
+                  c.by_code[3], c.identical, c.unverified, c.unread_runs, c.unread_single,
+                  worker_count());
     assert_int_equal(c.by_code[3], 0);
-    assert_true(c.identical > 0 && c.failed > 0 && c.unverified > 0 && unread_runs > 0);
+    assert_true(c.identical > 0 && c.failed > 0 && c.unverified > 0 && c.unread_runs > 0);
+}
+
+/* Worker @p k of @p n: every n-th truncation length, from the longest down. */
+static void truncation_cases(unsigned k, unsigned n, long *counts)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0, "cannot open %s", path);
+    struct kvt_expect on = {.keep_cache = true};
+    struct kvt_expect off = {.keep_cache = true, .no_verify = true};
+    for (size_t len = img_len; len-- > 0;) {
+        if ((img_len - 1 - len) % n != k)
+            continue;
+        CHECK(ftruncate(fd, (off_t)len) == 0, "ftruncate to %zu failed", len);
+        for (int v = 0; v < (len % UNVERIFIED_STRIDE ? 1 : 2); v++) {
+            struct kvt_entry *e = NULL;
+            int rc = kvt_file_load(path, v ? &off : &on, &e, NULL);
+            counts[0]++;
+            CHECK(rc == KVT_E_CORRUPT, "truncated to %zu bytes: load returned %d (%s)", len, rc,
+                  kvt_last_error());
+            CHECK(e == NULL, "truncated to %zu bytes: a failed load returned an entry", len);
+        }
+        if (len % 4096 == 0) {
+            struct kvt_expect x = {.keep_cache = true};
+            CHECK(kvt_file_verify(path, &x) == KVT_E_CORRUPT, "truncated to %zu bytes: verify",
+                  len);
+        }
+    }
+    /* back to the intact file */
+    CHECK(pwrite(fd, img, img_len, 0) == (ssize_t)img_len, "rewrite failed");
+    close(fd);
 }
 
 static void test_every_truncation(void **state)
 {
     (void)state;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    assert_true(fd >= 0);
-    struct kvt_expect on = {.keep_cache = true};
-    struct kvt_expect off = {.keep_cache = true, .no_verify = true};
-    long loads = 0;
-    for (size_t len = img_len; len-- > 0;) {
-        assert_int_equal(ftruncate(fd, (off_t)len), 0);
-        for (int v = 0; v < (len % UNVERIFIED_STRIDE ? 1 : 2); v++) {
-            struct kvt_entry *e = NULL;
-            int rc = kvt_file_load(path, v ? &off : &on, &e, NULL);
-            loads++;
-            if (rc != KVT_E_CORRUPT)
-                fail_msg("truncated to %zu bytes: load returned %d (%s)", len, rc,
-                         kvt_last_error());
-            assert_null(e);
-        }
-        if (len % 4096 == 0) {
-            struct kvt_expect x = {.keep_cache = true};
-            assert_int_equal(kvt_file_verify(path, &x), KVT_E_CORRUPT);
-        }
-    }
-    /* back to the intact file */
-    assert_int_equal(pwrite(fd, img, img_len, 0), (ssize_t)img_len);
-    close(fd);
+    long counts[N_COUNTS] = {0};
+    in_workers(truncation_cases, counts);
     struct kvt_entry *e = NULL;
     assert_int_equal(kvt_file_load(path, NULL, &e, NULL), 0);
     assert_true(synth_same_caches(e, ref));
     kvt_entry_free(e);
-    print_message("sweep: %zu truncation lengths, %ld loads, all corrupt\n", img_len, loads);
+    print_message("sweep: %zu truncation lengths, %ld loads, all corrupt (%u workers)\n", img_len,
+                  counts[0], worker_count());
 }
 
 /* ---- hostile headers ------------------------------------------------------------------- */
@@ -457,10 +589,9 @@ static void test_hostile_headers(void **state)
             fail_msg("%s: verify returned %d (%s)", h->name, rc, kvt_last_error());
 
         /* a store scan acts by category: corrupt files go, the others stay (skipped) */
-        struct kvt_store_opts o = {.model_id = SYNTH_MODEL,
-                                   .config_fingerprint = SYNTH_FP,
-                                   .tokenizer_hash = SYNTH_TOK,
-                                   .tmp_grace_ms = 0};
+        struct kvt_store_opts o;
+        store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
+        o.tmp_grace_ms = 0;
         kvt_store *st;
         assert_int_equal(kvt_store_open(sdir, &o, &st), 0);
         struct kvt_store_stats ss;
@@ -517,7 +648,10 @@ static void test_wrong_arguments(void **state)
     assert_false(access(missing, F_OK) == 0);
 
     kvt_store *s = (kvt_store *)1;
-    struct kvt_store_opts o = {.model_id = SYNTH_MODEL, .config_fingerprint = SYNTH_FP};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = SYNTH_MODEL;
+    o.config_fingerprint = SYNTH_FP;
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL); /* no tokenizer hash */
     assert_null(s);
     o.tokenizer_hash = SYNTH_TOK;

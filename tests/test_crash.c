@@ -272,12 +272,9 @@ static void test_kill_loop(void **state)
         for_each_file(root, ".mlxkv", verify_file, &c);
         c.tmp_seen += for_each_file(root, ".tmp", NULL, NULL); /* kills that hit a write */
 
-        struct kvt_store_opts o = {
-            .model_id = SYNTH_MODEL,
-            .config_fingerprint = SYNTH_FP,
-            .tokenizer_hash = SYNTH_TOK,
-            .tmp_grace_ms = 0,
-        };
+        struct kvt_store_opts o;
+        store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
+        o.tmp_grace_ms = 0;
         kvt_store *s;
         if (kvt_store_open(dir, &o, &s) != 0)
             fail_msg("reopen after kill %ld: %s", k, kvt_last_error());
@@ -368,12 +365,9 @@ static void test_two_writers(void **state)
     size_t n_ids = 0, cap_ids = 0;
     for (int w = 0; w < 2; w++)
         read_acks(ack[w], &ids, &n_ids, &cap_ids);
-    struct kvt_store_opts o = {
-        .model_id = SYNTH_MODEL,
-        .config_fingerprint = SYNTH_FP,
-        .tokenizer_hash = SYNTH_TOK,
-        .tmp_grace_ms = 0,
-    };
+    struct kvt_store_opts o;
+    store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
+    o.tmp_grace_ms = 0;
     kvt_store *s;
     if (kvt_store_open(dir, &o, &s) != 0)
         fail_msg("reopen: %s", kvt_last_error());

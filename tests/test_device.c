@@ -213,7 +213,8 @@ static void test_store_restore_to_device(void **state)
     struct kvt_entry *e = synth_random_entry(tok, 300, 11, MODEL, FP, TOK);
     size_t total;
     uint8_t *want = synth_entry_bytes(e, &total);
-    struct kvt_store_opts so = {.model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOK};
+    struct kvt_store_opts so;
+    store_opts_for(&so, MODEL, FP, TOK);
     kvt_store *s;
     assert_int_equal(kvt_store_open(test_dir, &so, &s), 0);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);

@@ -38,19 +38,8 @@ static struct kvt_entry *make_entry(int n_layers, int64_t heads, int64_t tokens,
     int32_t *tok = calloc((size_t)tokens, sizeof(*tok));
     for (int64_t i = 0; i < tokens; i++)
         tok[i] = (int32_t)(xs64(&rng) % 50000);
-    for (int l = 0; l < n_layers; l++) {
-        struct kvt_cache_info p = {.kind = KVT_KIND_KV};
-        assert_int_equal(kvt_cache_new(&p, &caches[l]), 0);
-        int64_t shape[4] = {1, heads, tokens, 8};
-        struct kvt_tensor kv[2];
-        for (int k = 0; k < 2; k++) {
-            assert_int_equal(kvt_tensor_zeros(&kv[k], KVT_BFLOAT16, 4, shape), 0);
-            fill_random(kvt_buf_data(kv[k].buf), kvt_tensor_nbytes(&kv[k]), &rng);
-        }
-        assert_int_equal(kvt_cache_append(caches[l], kv, 2), 0);
-        kvt_tensor_release(&kv[0]);
-        kvt_tensor_release(&kv[1]);
-    }
+    for (int l = 0; l < n_layers; l++)
+        caches[l] = synth_random_kv(KVT_BFLOAT16, heads, tokens, 8, &rng);
     if (empty_last)
         assert_int_equal(kvt_cache_trim(caches[n_layers - 1], tokens), 0);
     struct kvt_entry *e;

@@ -27,13 +27,6 @@ struct geom {
     int dtype;
 };
 
-static void random_tensor(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape,
-                          uint64_t *rng)
-{
-    assert_int_equal(kvt_tensor_zeros(t, dtype, rank, shape), 0);
-    fill_random(kvt_buf_data(t->buf), kvt_tensor_nbytes(t), rng);
-}
-
 /* Append @p rows random rows of @p kind's tensors (FORMAT.md §5 shapes). */
 static void append_rows(kvt_cache *c, const struct geom *g, int64_t rows, uint64_t *rng)
 {
@@ -75,7 +68,7 @@ static void append_rows(kvt_cache *c, const struct geom *g, int64_t rows, uint64
     struct kvt_tensor t[6];
     for (int k = 0; k < n; k++) {
         int64_t shape[4] = {1, g->heads, rows, last[k]};
-        random_tensor(&t[k], dt[k], 4, shape, rng);
+        synth_random_tensor(&t[k], dt[k], 4, shape, rng);
     }
     int rc = kvt_cache_append(c, t, n);
     if (rc)
@@ -100,8 +93,8 @@ static kvt_cache *make_cache(int kind, const struct geom *g, uint64_t *rng)
     if (kind == KVT_KIND_SSM) {
         struct kvt_tensor conv, rec;
         int64_t cs[3] = {1, 3, g->heads * g->head_dim}, rs[4] = {1, g->heads, 8, 16};
-        random_tensor(&conv, g->dtype, 3, cs, rng);
-        random_tensor(&rec, KVT_FLOAT32, 4, rs, rng);
+        synth_random_tensor(&conv, g->dtype, 3, cs, rng);
+        synth_random_tensor(&rec, KVT_FLOAT32, 4, rs, rng);
         assert_int_equal(kvt_cache_ssm_update(c, &conv, &rec, g->tokens), 0);
         kvt_tensor_release(&conv);
         kvt_tensor_release(&rec);

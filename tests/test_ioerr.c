@@ -167,12 +167,10 @@ static int count_fds(void)
 
 static struct kvt_store_opts store_opts(void)
 {
-    return (struct kvt_store_opts){
-        .model_id = SYNTH_MODEL,
-        .config_fingerprint = SYNTH_FP,
-        .tokenizer_hash = SYNTH_TOK,
-        .tmp_grace_ms = 0,
-    };
+    struct kvt_store_opts o;
+    store_opts_for(&o, SYNTH_MODEL, SYNTH_FP, SYNTH_TOK);
+    o.tmp_grace_ms = 0;
+    return o;
 }
 
 static kvt_store *open_clean(const char *dir)

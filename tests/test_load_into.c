@@ -177,7 +177,8 @@ static void test_load_into_failures(void **state)
 
 static kvt_store *open_store(void)
 {
-    struct kvt_store_opts o = {.model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOK};
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, FP, TOK);
     kvt_store *s;
     assert_int_equal(kvt_store_open(test_dir, &o, &s), 0);
     return s;

@@ -45,26 +45,6 @@ static struct kvt_entry *synth(const int32_t *tok, size_t n, const char *ns, boo
     return e;
 }
 
-static void assert_same_state(const kvt_cache *a, const kvt_cache *b)
-{
-    struct kvt_tensor ta[KVT_MAX_CACHE_TENSORS], tb[KVT_MAX_CACHE_TENSORS];
-    int na = kvt_cache_state(a, ta), nb = kvt_cache_state(b, tb);
-    assert_true(na > 0);
-    assert_int_equal(na, nb);
-    for (int i = 0; i < na; i++) {
-        size_t bytes = kvt_tensor_nbytes(&ta[i]);
-        assert_int_equal(bytes, kvt_tensor_nbytes(&tb[i]));
-        uint8_t *x = malloc(bytes + 1), *y = malloc(bytes + 1);
-        kvt_tensor_copy_out(&ta[i], x);
-        kvt_tensor_copy_out(&tb[i], y);
-        assert_memory_equal(x, y, bytes);
-        free(x);
-        free(y);
-        kvt_tensor_release(&ta[i]);
-        kvt_tensor_release(&tb[i]);
-    }
-}
-
 /* The restored entry is exactly the synthetic entry of these tokens. */
 static void assert_entry_is(const struct kvt_entry *e, const int32_t *tok, size_t n, const char *ns,
                             bool trimmable)
@@ -77,7 +57,7 @@ static void assert_entry_is(const struct kvt_entry *e, const int32_t *tok, size_
     struct kvt_entry *want = synth(tok, n, ns, trimmable);
     assert_int_equal(e->n_caches, want->n_caches);
     for (size_t i = 0; i < e->n_caches; i++)
-        assert_same_state(e->caches[i], want->caches[i]);
+        assert_true(synth_same_state(e->caches[i], want->caches[i]));
     kvt_entry_free(want);
 }
 
@@ -105,15 +85,12 @@ static void log_fn(void *ud, int level, const char *msg)
 static kvt_store *open_ex(const char *dir, uint64_t max_bytes, struct logcap *lc,
                           void (*tweak)(struct kvt_store_opts *))
 {
-    struct kvt_store_opts o = {
-        .model_id = MODEL,
-        .config_fingerprint = FP,
-        .tokenizer_hash = TOK,
-        .max_bytes = max_bytes,
-        .tmp_grace_ms = -1,
-        .log = lc ? log_fn : NULL,
-        .log_ud = lc,
-    };
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, FP, TOK);
+    if (max_bytes) /* 0: the default cap */
+        o.max_bytes = max_bytes;
+    o.log = lc ? log_fn : NULL;
+    o.log_ud = lc;
     if (tweak)
         tweak(&o);
     kvt_store *s;
@@ -273,12 +250,23 @@ static void test_layout(void **state)
     kvt_store_close(s);
 
     /* A fingerprint that is not one directory name is refused. */
-    struct kvt_store_opts o = {
-        .model_id = MODEL, .config_fingerprint = "a/b", .tokenizer_hash = TOK};
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, "a/b", TOK);
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
     assert_null(s);
     o.config_fingerprint = "..";
     assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    /* Values are literal after kvt_store_opts_init(): the unusable ones are refused. */
+    o.config_fingerprint = FP;
+    o.max_bytes = 0;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    store_opts_for(&o, MODEL, FP, TOK);
+    o.max_header_bytes = 0;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    o.max_header_bytes = 1 << 20;
+    o.tmp_grace_ms = -1;
+    assert_int_equal(kvt_store_open(dir, &o, &s), -EINVAL);
+    assert_null(s);
     free(root);
     rm_rf(dir);
     free(dir);
@@ -636,15 +624,11 @@ static void golden_scan(bool quarantine)
     assert_int_equal(write_file(readme, "hi", 2), 0);
 
     struct logcap lc = {0};
-    struct kvt_store_opts o = {
-        .model_id = "golden/model",
-        .config_fingerprint = "fp-golden",
-        .tokenizer_hash = "tk-golden",
-        .quarantine = quarantine,
-        .tmp_grace_ms = -1,
-        .log = log_fn,
-        .log_ud = &lc,
-    };
+    struct kvt_store_opts o;
+    store_opts_for(&o, "golden/model", "fp-golden", "tk-golden");
+    o.quarantine = quarantine;
+    o.log = log_fn;
+    o.log_ud = &lc;
     kvt_store *s;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_store_stats st;
@@ -780,10 +764,8 @@ static void test_synthesized_damage(void **state)
     char *pa = path_of(s, a, 3, ""), *pb = path_of(s, b, 3, ""), *pc = path_of(s, c, 3, "");
     kvt_store_close(s);
 
-    struct kvt_store_opts o = {.model_id = "test/other-model",
-                               .config_fingerprint = FP,
-                               .tokenizer_hash = TOK,
-                               .tmp_grace_ms = -1};
+    struct kvt_store_opts o;
+    store_opts_for(&o, "test/other-model", FP, TOK);
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(d, 3, "", true);
     assert_int_equal(kvt_store_put(s, e, NULL, NULL), 0);

@@ -45,10 +45,8 @@ static struct kvt_entry *synth(const int32_t *tok, size_t n, bool trimmable)
 static void put(const char *dir, const char *model, const char *fp, const int32_t *tok, size_t n,
                 bool trimmable, const char *ns)
 {
-    struct kvt_store_opts o = {.model_id = model,
-                               .config_fingerprint = fp,
-                               .tokenizer_hash = "tk-test",
-                               .tmp_grace_ms = -1};
+    struct kvt_store_opts o;
+    store_opts_for(&o, model, fp, "tk-test");
     kvt_store *s;
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     struct kvt_entry *e = synth(tok, n, trimmable);
@@ -304,10 +302,9 @@ static void test_gc(void **state)
     assert_int_equal(count_tree(f.fp_dir), files - 2);
 
     /* A cap: each identity evicted to it, oldest first; the newer format file stays. */
-    struct kvt_store_opts o = {.model_id = "test/model",
-                               .config_fingerprint = "fp-test",
-                               .tokenizer_hash = "tk-test",
-                               .read_only = true};
+    struct kvt_store_opts o;
+    store_opts_for(&o, "test/model", "fp-test", "tk-test");
+    o.read_only = true;
     kvt_store *s;
     assert_int_equal(kvt_store_open(f.dir, &o, &s), 0);
     struct kvt_store_stats st;

@@ -37,35 +37,20 @@ static bool same_entry(const struct kvt_entry *e)
 {
     struct kvt_entry *want = synth(e->tokens, e->n_tokens, e->n_caches == 1);
     bool same = want->n_caches == e->n_caches;
-    for (size_t i = 0; same && i < e->n_caches; i++) {
-        struct kvt_tensor a[KVT_MAX_CACHE_TENSORS], b[KVT_MAX_CACHE_TENSORS];
-        int na = kvt_cache_state(e->caches[i], a), nb = kvt_cache_state(want->caches[i], b);
-        same = na > 0 && na == nb;
-        for (int k = 0; k < na && k < nb; k++) {
-            size_t bytes = kvt_tensor_nbytes(&a[k]);
-            uint8_t *x = malloc(bytes + 1), *y = malloc(bytes + 1);
-            kvt_tensor_copy_out(&a[k], x);
-            kvt_tensor_copy_out(&b[k], y);
-            same = same && bytes == kvt_tensor_nbytes(&b[k]) && !memcmp(x, y, bytes);
-            free(x);
-            free(y);
-            kvt_tensor_release(&a[k]);
-            kvt_tensor_release(&b[k]);
-        }
-    }
+    for (size_t i = 0; same && i < e->n_caches; i++)
+        same = synth_same_state(e->caches[i], want->caches[i]);
     kvt_entry_free(want);
     return same;
 }
 
 static kvt_store *open_store(const char *dir, uint64_t cap, int64_t grace_ms)
 {
-    struct kvt_store_opts o = {
-        .model_id = MODEL,
-        .config_fingerprint = FP,
-        .tokenizer_hash = TOKH,
-        .max_bytes = cap,
-        .tmp_grace_ms = grace_ms,
-    };
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, FP, TOKH);
+    if (cap)
+        o.max_bytes = cap;
+    if (grace_ms >= 0)
+        o.tmp_grace_ms = grace_ms;
     kvt_store *s;
     if (kvt_store_open(dir, &o, &s))
         fail_msg("kvt_store_open: %s", kvt_last_error());
@@ -222,8 +207,9 @@ static void test_inflight_tmp_survives(void **state)
         close(ready[0]);
         close(go[1]);
         struct hold h = {ready[1], go[0], 0};
-        struct kvt_store_opts o = {
-            .model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOKH, .tmp_grace_ms = 0};
+        struct kvt_store_opts o;
+        store_opts_for(&o, MODEL, FP, TOKH);
+        o.tmp_grace_ms = 0;
         kvt_store *s;
         if (kvt_store_open(dir, &o, &s))
             _exit(2);

@@ -118,29 +118,12 @@ static kvt_pcache *open_pc(const struct kvt_pcache_opts *o)
     return pc;
 }
 
-static kvt_cache *kv_layer(int64_t rows, uint64_t *rng)
-{
-    struct kvt_cache_info p = {.kind = KVT_KIND_KV};
-    kvt_cache *c;
-    assert_int_equal(kvt_cache_new(&p, &c), 0);
-    struct kvt_tensor t[2];
-    int64_t shape[4] = {1, HEADS, rows, HEAD_DIM};
-    for (int k = 0; k < 2; k++) {
-        assert_int_equal(kvt_tensor_zeros(&t[k], KVT_FLOAT16, 4, shape), 0);
-        fill_random((uint8_t *)kvt_buf_data(t[k].buf) + t[k].offset, kvt_tensor_nbytes(&t[k]), rng);
-    }
-    assert_int_equal(kvt_cache_append(c, t, 2), 0);
-    kvt_tensor_release(&t[0]);
-    kvt_tensor_release(&t[1]);
-    return c;
-}
-
 static struct kvt_entry *make_entry(const int32_t *tok, size_t n, const char *ns, uint64_t seed)
 {
     uint64_t rng = seed;
     kvt_cache *caches[LAYERS];
     for (int i = 0; i < LAYERS; i++)
-        caches[i] = kv_layer((int64_t)n, &rng);
+        caches[i] = synth_random_kv(KVT_FLOAT16, HEADS, (int64_t)n, HEAD_DIM, &rng);
     struct kvt_entry *e;
     assert_int_equal(kvt_entry_new(tok, n, caches, LAYERS, ns, &e), 0);
     return e;

@@ -262,14 +262,15 @@ static int resolve(const struct args *a, struct target **out, size_t *n_out)
 static int open_store(const struct target *t, const struct identity *id, const struct args *a,
                       bool read_only, kvt_store **s)
 {
-    struct kvt_store_opts o = {
-        .model_id = id->model_id,
-        .config_fingerprint = t->fp,
-        .tokenizer_hash = id->tokenizer_hash,
-        .max_bytes = a->have_max ? a->max_bytes : UINT64_MAX,
-        .tmp_grace_ms = a->tmp_grace_ms,
-        .read_only = read_only,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = id->model_id;
+    o.config_fingerprint = t->fp;
+    o.tokenizer_hash = id->tokenizer_hash;
+    o.max_bytes = a->have_max ? a->max_bytes : UINT64_MAX;
+    if (a->tmp_grace_ms >= 0) /* given */
+        o.tmp_grace_ms = a->tmp_grace_ms;
+    o.read_only = read_only;
     int rc = kvt_store_open(t->parent, &o, s);
     if (rc < 0)
         cli_error(t->path, rc);
@@ -647,7 +648,8 @@ static void gc_target(struct gc_run *g, const struct target *t)
     kvt_store_opts_init(&so);
     so.config_fingerprint = t->fp;
     so.max_bytes = UINT64_MAX;
-    so.tmp_grace_ms = a->tmp_grace_ms;
+    if (a->tmp_grace_ms >= 0) /* given */
+        so.tmp_grace_ms = a->tmp_grace_ms;
     struct kvt_check_opts co = {.repair = !a->dry_run,
                                 .files = true,
                                 .remove_skipped = a->remove_skipped,

@@ -59,9 +59,9 @@ int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kv
     po.cold.model_id = kl->id.model_id;
     po.cold.config_fingerprint = kl->id.fingerprint;
     po.cold.tokenizer_hash = kl->id.tokenizer_hash;
-    po.cold.max_bytes = o->disk_max_bytes;
+    if (o->disk_max_bytes) /* 0: the default cap */
+        po.cold.max_bytes = o->disk_max_bytes;
     po.cold.n_layers = kl->id.shape.n_layer;
-    po.cold.tmp_grace_ms = -1;
     po.demote_idle_ms = o->demote_idle_ms;
     po.background_cpus = o->background_cpus;
     po.log = o->log;

@@ -82,7 +82,8 @@ static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
             &queue, &write_behind, &demote, &debounce, &flush_timeout, &o.background_cpus))
         return NULL;
     o.ram_max_bytes = ram;
-    o.cold.max_bytes = max_bytes;
+    if (max_bytes) /* 0: the default cap */
+        o.cold.max_bytes = max_bytes;
     o.cold.n_layers = n_layers > 0 ? (size_t)n_layers : 0;
     o.cold.no_verify = no_verify;
     o.spill_queue_max_bytes = queue;

@@ -61,7 +61,8 @@ static PyObject *py_store_open(PyObject *mod, PyObject *args, PyObject *kw)
                              "max_bytes", "n_layers", "no_verify",          "quarantine",
                              "read_only", NULL};
     const char *dir;
-    struct kvt_store_opts o = {0};
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
     unsigned long long max_bytes = 0;
     Py_ssize_t n_layers = 0;
     int no_verify = 0, quarantine = 0, read_only = 0;
@@ -69,10 +70,10 @@ static PyObject *py_store_open(PyObject *mod, PyObject *args, PyObject *kw)
                                      &o.config_fingerprint, &o.tokenizer_hash, &max_bytes,
                                      &n_layers, &no_verify, &quarantine, &read_only))
         return NULL;
-    o.max_bytes = max_bytes;
+    if (max_bytes) /* 0: the default cap */
+        o.max_bytes = max_bytes;
     o.n_layers = n_layers > 0 ? (size_t)n_layers : 0;
     o.no_verify = no_verify, o.quarantine = quarantine, o.read_only = read_only;
-    o.tmp_grace_ms = -1;
     kvt_store *s;
     int rc;
     Py_BEGIN_ALLOW_THREADS /* recovery reads every header */

@@ -38,9 +38,17 @@ struct save_job {
     uint64_t file_size;
     uint64_t file_end; /* bytes written so far reach this file offset */
     int fd;
-    size_t step;            /* next step: 0 = plan + open + first tensor, ... */
-    size_t steps;           /* n_views + 1 once planned */
+    size_t step;  /* next step: 0 = plan (unless planned) + first tensor, ... */
+    size_t steps; /* n_views + 1 once planned */
+    bool planned;
+    struct kvt_sbuf json;   /* the header as planned, its hashes patched in once written */
+    size_t *hash_at;        /* where views[k]'s slot hash is in json */
     struct kvt_wstream *ws; /* the tensor bytes go through it */
+};
+
+/* A save job planned ahead of its path (kvt_save_plan_new()). */
+struct kvt_save_plan {
+    struct save_job j;
 };
 
 static int64_t now_ms(void)
@@ -61,20 +69,21 @@ static void job_free(struct save_job *j)
     job_release_views(j);
     free(j->views);
     free(j->slot_of);
+    free(j->hash_at);
+    kvt_sbuf_free(&j->json);
     free(j->h.caches);
     free(j->tmp_path);
     free(j->dir_path);
     kvt_wstream_free(j->ws);
 }
 
-/* Serialize the current header, checking it has the planned length when @p planned != 0. */
-static int render_header(const struct save_job *j, struct kvt_sbuf *json, size_t planned)
+/* Serialize the planned header once, noting where each slot's hash goes (patched in once the
+ * tensors are written: nothing else in it changes, and a hash is always 16 hex digits). */
+static int render_header(struct save_job *j)
 {
-    if (kvt_header_to_json(&j->h, json) < 0)
+    j->hash_at = calloc(j->n_views ? j->n_views : 1, sizeof(*j->hash_at));
+    if (!j->hash_at || kvt_header_to_json_at(&j->h, &j->json, j->hash_at) < 0)
         return kvt_fail(-ENOMEM, "%s: out of memory serializing the header", j->path);
-    if (planned && json->len != planned)
-        return kvt_fail(KVT_E_STATE, "%s: header length drift: planned %zu, got %zu", j->path,
-                        planned, json->len);
     return 0;
 }
 
@@ -151,10 +160,8 @@ static int plan(struct save_job *j)
             return rc;
     }
 
-    struct kvt_sbuf json = {0};
-    int rc = render_header(j, &json, 0);
-    size_t len = json.len;
-    kvt_sbuf_free(&json);
+    int rc = render_header(j);
+    size_t len = j->json.len;
     if (rc)
         return rc;
     if (len > KVT_DEFAULT_MAX_HEADER)
@@ -174,6 +181,7 @@ static int plan(struct save_job *j)
                         "%s: entry not stored: %" PRIu64 " bytes exceeds the %" PRIu64 "-byte cap",
                         j->path, j->file_size, j->opts.max_file_bytes);
     j->steps = j->n_views + 1;
+    j->planned = true;
     return 0;
 }
 
@@ -321,24 +329,20 @@ static int seal(struct save_job *j)
  */
 static int complete(struct save_job *j)
 {
-    struct kvt_sbuf json = {0};
+    struct kvt_sbuf *json = &j->json;
     uint64_t at = 0;
     int rc = kvt_wstream_finish(j->ws, &at);
-    if (rc < 0) {
-        rc = kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at, kvt_strerror(rc));
-        goto out;
-    }
+    if (rc < 0)
+        return kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at,
+                        kvt_strerror(rc));
     if (kvt_wstream_end(j->ws) > j->file_end)
         j->file_end = kvt_wstream_end(j->ws);
-    rc = render_header(j, &json, j->h.header_len);
-    if (rc)
-        goto out;
+    for (size_t k = 0; k < j->n_views; k++)
+        kvt_json_hex64(json->data + j->hash_at[k], j->slot_of[k]->hash);
     uint8_t *head = calloc(1, j->h.data_start);
-    if (!head) {
-        rc = kvt_fail(-ENOMEM, "%s: out of memory for the header", j->path);
-        goto out;
-    }
-    uint64_t hh = kvt_wyhash(0, json.data, json.len);
+    if (!head)
+        return kvt_fail(-ENOMEM, "%s: out of memory for the header", j->path);
+    uint64_t hh = kvt_wyhash(0, json->data, json->len);
     memcpy(head, KVT_MAGIC, KVT_MAGIC_LEN);
     for (int b = 0; b < 4; b++) {
         head[10 + b] = (uint8_t)(j->h.header_len >> (8 * b));
@@ -346,19 +350,17 @@ static int complete(struct save_job *j)
     }
     for (int b = 0; b < 8; b++)
         head[18 + b] = (uint8_t)(hh >> (8 * b));
-    memcpy(head + KVT_PREFIX_LEN, json.data, json.len);
+    memcpy(head + KVT_PREFIX_LEN, json->data, json->len);
     rc = write_at(j, head, j->h.data_start, 0);
     free(head);
     if (rc)
-        goto out;
+        return rc;
     if (j->file_end < j->file_size) {
         /* the last tensor is empty: extend the file to F (FORMAT.md §6) */
         rc = kvt_io()->ftruncate(j->fd, j->file_size);
         if (rc < 0)
             rc = kvt_fail(rc, "%s: ftruncate: %s", j->tmp_path, kvt_strerror(rc));
     }
-out:
-    kvt_sbuf_free(&json);
     return rc;
 }
 
@@ -401,7 +403,7 @@ static int save_step(void *arg)
     struct save_job *j = arg;
     int rc;
     if (j->step == 0) {
-        rc = plan(j);
+        rc = j->planned ? 0 : plan(j);
         if (!rc && j->n_views > 0)
             rc = write_tensor(j, 0);
     } else if (j->step < j->steps - 1) {
@@ -425,6 +427,63 @@ static void abort_job(struct save_job *j)
     }
 }
 
+/* The job's path, .tmp path and directory for @p path. */
+static int set_paths(struct save_job *j, const char *path)
+{
+    size_t plen = strlen(path);
+    const char *slash = strrchr(path, '/');
+    j->path = path;
+    j->tmp_path = malloc(plen + 5);
+    j->dir_path = !slash          ? strdup(".")
+                  : slash == path ? strdup("/")
+                                  : strndup(path, (size_t)(slash - path));
+    if (!j->tmp_path || !j->dir_path)
+        return kvt_fail(-ENOMEM, "%s: out of memory", path);
+    memcpy(j->tmp_path, path, plen);
+    memcpy(j->tmp_path + plen, ".tmp", 5);
+    return 0;
+}
+
+/* Run step @p step of @p j inside the engine's exclusion; a refusal becomes KVT_E_REFUSED. */
+static int gated_step(struct save_job *j, size_t step)
+{
+    kvt_clear_error();
+    int rc = j->opts.run_exclusive(j->opts.engine, save_step, j);
+    if (rc != 0 && j->step == step) {
+        /* refused without running the step */
+        int code = rc < 0 ? rc : KVT_E_REFUSED;
+        if (!kvt_last_error()[0])
+            kvt_fail(code, "%s: the engine refused write step %zu", j->path, step + 1);
+        return code;
+    }
+    if (rc > 0)
+        return kvt_fail(KVT_E_REFUSED, "%s: write step %zu failed (%d)", j->path, step + 1, rc);
+    return rc;
+}
+
+/* Write, publish (or remove) the file of job @p j, its paths set. */
+static int run_job(struct save_job *j, uint64_t *out_bytes)
+{
+    /* Creating the .tmp and the stream (its staging memory) needs no engine memory: it runs
+     * before the gated steps, outside the engine's exclusion. */
+    int rc = open_tmp(j);
+    while (rc == 0 && (j->step == 0 || j->step < j->steps)) {
+        size_t step = j->step;
+        if (step == 1 && (rc = reserve(j)) != 0)
+            break;
+        if (step > 0 && step < j->steps - 1)
+            kvt_wstream_room(j->ws, (size_t)kvt_tensor_nbytes(&j->views[step])); /* errors: below */
+        rc = j->opts.run_exclusive ? gated_step(j, step) : save_step(j);
+    }
+    if (rc == 0)
+        rc = publish(j);
+    if (rc == 0 && out_bytes)
+        *out_bytes = j->file_size;
+    if (rc != 0)
+        abort_job(j);
+    return rc;
+}
+
 int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_save_opts *o,
                   uint64_t *out_bytes)
 {
@@ -435,53 +494,51 @@ int kvt_file_save(const char *path, const struct kvt_entry *e, const struct kvt_
     struct save_job j = {.path = path, .e = e, .fd = -1};
     if (o)
         j.opts = *o;
-    size_t plen = strlen(path);
-    const char *slash = strrchr(path, '/');
-    j.tmp_path = malloc(plen + 5);
-    j.dir_path = !slash          ? strdup(".")
-                 : slash == path ? strdup("/")
-                                 : strndup(path, (size_t)(slash - path));
-    if (!j.tmp_path || !j.dir_path) {
-        job_free(&j);
-        return kvt_fail(-ENOMEM, "%s: out of memory", path);
-    }
-    memcpy(j.tmp_path, path, plen);
-    memcpy(j.tmp_path + plen, ".tmp", 5);
-
-    /* Creating the .tmp and the stream (its staging memory) needs no engine memory: it runs
-     * before the gated steps, outside the engine's exclusion. */
-    int rc = open_tmp(&j);
-    while (rc == 0 && (j.step == 0 || j.step < j.steps)) {
-        size_t step = j.step;
-        if (step == 1 && (rc = reserve(&j)) != 0)
-            break;
-        if (step > 0 && step < j.steps - 1)
-            kvt_wstream_room(j.ws, (size_t)kvt_tensor_nbytes(&j.views[step])); /* errors: below */
-        if (j.opts.run_exclusive) {
-            kvt_clear_error();
-            rc = j.opts.run_exclusive(j.opts.engine, save_step, &j);
-            if (rc != 0 && j.step == step) {
-                /* refused without running the step */
-                int code = rc < 0 ? rc : KVT_E_REFUSED;
-                if (!kvt_last_error()[0])
-                    kvt_fail(code, "%s: the engine refused write step %zu", path, step + 1);
-                rc = code;
-            } else if (rc > 0) {
-                rc = kvt_fail(KVT_E_REFUSED, "%s: write step %zu failed (%d)", path, step + 1, rc);
-            }
-        } else {
-            rc = save_step(&j);
-        }
-    }
+    int rc = set_paths(&j, path);
     if (rc == 0)
-        rc = publish(&j);
-
-    if (rc == 0 && out_bytes)
-        *out_bytes = j.file_size;
-    if (rc != 0)
-        abort_job(&j);
+        rc = run_job(&j, out_bytes);
     job_free(&j);
     return rc;
+}
+
+int kvt_save_plan_new(const struct kvt_entry *e, const struct kvt_save_opts *o,
+                      struct kvt_save_plan **out)
+{
+    *out = NULL;
+    struct kvt_save_plan *p = calloc(1, sizeof(*p));
+    if (!p)
+        return kvt_fail(-ENOMEM, "entry: out of memory planning the write");
+    p->j = (struct save_job){.path = "entry", .e = e, .fd = -1};
+    if (o)
+        p->j.opts = *o;
+    int rc = plan(&p->j);
+    if (rc) {
+        kvt_save_plan_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+uint64_t kvt_save_plan_bytes(const struct kvt_save_plan *p)
+{
+    return p->j.file_size;
+}
+
+int kvt_file_save_planned(const char *path, struct kvt_save_plan *p, uint64_t *out_bytes)
+{
+    if (out_bytes)
+        *out_bytes = 0;
+    int rc = set_paths(&p->j, path);
+    return rc ? rc : run_job(&p->j, out_bytes);
+}
+
+void kvt_save_plan_free(struct kvt_save_plan *p)
+{
+    if (!p)
+        return;
+    job_free(&p->j);
+    free(p);
 }
 
 int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes)
@@ -491,10 +548,10 @@ int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes)
     *out_bytes = 0;
     if (!e)
         return kvt_fail(-EINVAL, "kvt_file_plan_size: no entry");
-    struct save_job j = {.path = "entry", .e = e, .fd = -1};
-    int rc = plan(&j);
+    struct kvt_save_plan *p;
+    int rc = kvt_save_plan_new(e, NULL, &p);
     if (rc == 0)
-        *out_bytes = j.file_size;
-    job_free(&j);
+        *out_bytes = kvt_save_plan_bytes(p);
+    kvt_save_plan_free(p);
     return rc;
 }

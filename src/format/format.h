@@ -59,6 +59,30 @@ void kvt_json_put_string(struct kvt_sbuf *b, const char *s);
  * strings valid UTF-8 (checked by kvt_header_check_writable()). @return 0 or -ENOMEM.
  */
 int kvt_header_to_json(const struct kvt_header *h, struct kvt_sbuf *out);
+/** kvt_header_to_json(), and @p hash_at (one per slot, all caches' slots in header order)
+ * receives where each slot's 16 hex hash digits are in @p out, to patch them in place. */
+int kvt_header_to_json_at(const struct kvt_header *h, struct kvt_sbuf *out, size_t *hash_at);
+/** The 16 lowercase hex digits of @p v, as the header writes a hash. */
+void kvt_json_hex64(char out[16], uint64_t v);
+
+/* ---- writer (file_save.c) ---- */
+
+/**
+ * A save planned ahead of its path: the entry's state views taken, slots laid out, the header
+ * rendered and the file sized once; kvt_file_save_planned() then writes it without planning
+ * again (its first write step only writes). @p e and the memory its metadata points to must
+ * stay valid until kvt_save_plan_free(); @p o as kvt_file_save() takes it (may be NULL).
+ * Messages name the entry "entry". @return 0 or what kvt_file_plan_size() returns.
+ */
+struct kvt_save_plan;
+int kvt_save_plan_new(const struct kvt_entry *e, const struct kvt_save_opts *o,
+                      struct kvt_save_plan **out);
+/** The bytes of the planned file. */
+uint64_t kvt_save_plan_bytes(const struct kvt_save_plan *p);
+/** kvt_file_save() of plan @p p to @p path (at most once per plan); frees nothing. */
+int kvt_file_save_planned(const char *path, struct kvt_save_plan *p, uint64_t *out_bytes);
+/** Release the plan (its state views). Accepts NULL. */
+void kvt_save_plan_free(struct kvt_save_plan *p);
 
 /**
  * The checks a writer applies to a header it built: metadata is valid UTF-8, tokens are in

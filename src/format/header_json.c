@@ -109,9 +109,16 @@ static void put_meta(struct kvt_sbuf *b, const char *key, const char *value)
     kvt_json_put_string(b, value);
 }
 
-static void put_slot(struct kvt_sbuf *b, const struct kvt_slot *s)
+void kvt_json_hex64(char out[16], uint64_t v)
 {
     static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++)
+        out[i] = hex[(v >> (60 - 4 * i)) & 15];
+}
+
+/* One slot; *@p hash_at (may be NULL) receives where its hash's 16 hex digits are in @p b. */
+static void put_slot(struct kvt_sbuf *b, const struct kvt_slot *s, size_t *hash_at)
+{
     kvt_sbuf_puts(b, "{\"off\":");
     kvt_sbuf_put_u64(b, s->off);
     kvt_sbuf_puts(b, ",\"bytes\":");
@@ -125,14 +132,15 @@ static void put_slot(struct kvt_sbuf *b, const struct kvt_slot *s)
     kvt_sbuf_puts(b, "],\"dtype\":");
     kvt_sbuf_put_u64(b, (uint64_t)s->dtype);
     char h[16];
-    for (int i = 0; i < 16; i++)
-        h[i] = hex[(s->hash >> (60 - 4 * i)) & 15];
+    kvt_json_hex64(h, s->hash);
     kvt_sbuf_puts(b, ",\"hash\":\"");
+    if (hash_at)
+        *hash_at = b->len;
     kvt_sbuf_put(b, h, 16);
     kvt_sbuf_puts(b, "\"}");
 }
 
-static void put_cache(struct kvt_sbuf *b, const struct kvt_cache_header *c)
+static void put_cache(struct kvt_sbuf *b, const struct kvt_cache_header *c, size_t *hash_at)
 {
     kvt_sbuf_puts(b, "{\"kind\":");
     kvt_json_put_string(b, kvt_kind_name(c->info.kind));
@@ -148,12 +156,17 @@ static void put_cache(struct kvt_sbuf *b, const struct kvt_cache_header *c)
     for (int j = 0; j < c->n_slots; j++) {
         if (j)
             kvt_sbuf_put(b, ",", 1);
-        put_slot(b, &c->slots[j]);
+        put_slot(b, &c->slots[j], hash_at ? &hash_at[j] : NULL);
     }
     kvt_sbuf_puts(b, "]}");
 }
 
 int kvt_header_to_json(const struct kvt_header *h, struct kvt_sbuf *out)
+{
+    return kvt_header_to_json_at(h, out, NULL);
+}
+
+int kvt_header_to_json_at(const struct kvt_header *h, struct kvt_sbuf *out, size_t *hash_at)
 {
     struct kvt_sbuf *b = out;
     kvt_sbuf_puts(b, "{\"formatVersion\":");
@@ -177,7 +190,9 @@ int kvt_header_to_json(const struct kvt_header *h, struct kvt_sbuf *out)
     for (size_t i = 0; i < h->n_caches; i++) {
         if (i)
             kvt_sbuf_put(b, ",", 1);
-        put_cache(b, &h->caches[i]);
+        put_cache(b, &h->caches[i], hash_at);
+        if (hash_at)
+            hash_at += h->caches[i].n_slots;
     }
     kvt_sbuf_puts(b, "]}");
     return b->oom ? -ENOMEM : 0;

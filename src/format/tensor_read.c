@@ -10,7 +10,8 @@
  * A load whose slots are all in the page cache has no device to wait for: the copy out of
  * the cache, the first touch of the fresh destination pages and the hash are all CPU work,
  * so kvt_tensor_read_all() spreads whole slots over several cores instead (each slot's hash
- * runs in order on the thread that copies it).
+ * runs in order on the thread that copies it). Which way a load goes is kvt_read_choose()'s
+ * call (io/read_way.c), the same that the read stream takes at open.
  */
 #include "format/format.h"
 
@@ -20,10 +21,9 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "mem/par.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/mem.h"
+#include "mem/par.h"
 
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 {
@@ -36,10 +36,7 @@ static int read_err(const struct kvt_tensor_reader *r, int rc, uint64_t off)
     return kvt_fail(rc, "%s: read at offset %" PRIu64 ": %s", r->name, off, kvt_strerror(rc));
 }
 
-/* Loads of at least this many bytes, all in the page cache, are copied slot by slot on up to
- * PAR_THREADS cores, in pieces that are hashed while they are in L2. */
-#define PAR_MIN ((uint64_t)8 << 20)
-#define PAR_THREADS 4u
+/* A parallel load copies each slot in pieces of this size, hashed while they are in L2. */
 #define PAR_PIECE ((size_t)256 << 10)
 
 static int hash_err(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t got)
@@ -276,34 +273,32 @@ static bool load_slot(void *ud, size_t o)
     return j->rc == 0;
 }
 
-/* The cores a load of @p n slots holding @p bytes may use: 1 unless every slot that has
- * bytes has a destination and is in the page cache. */
-static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n, uint64_t bytes)
+/* The cores a load of @p n slots may copy on: kvt_read_choose() over one range per slot with
+ * its destination; 1 unless it picks the parallel copy out of the page cache. */
+static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n)
 {
-    if (!r->dst || n < 2 || bytes < PAR_MIN || !kvt_stream_fast_ok() || !kvt_mem_parallel())
+    if (!r->dst || n < 2)
         return 1;
-    unsigned t = kvt_par_cpus();
-    if (t < 2)
+    struct kvt_range *rg = malloc(n * sizeof(*rg));
+    if (!rg)
         return 1;
     for (size_t i = 0, o = 0; i < r->h->n_caches; i++)
         for (int j = 0; j < r->h->caches[i].n_slots; j++, o++) {
             const struct kvt_slot *s = &r->h->caches[i].slots[j];
-            if (s->bytes > 0 &&
-                (!r->dst[o].dst || !kvt_stream_cached(r->fd, kvt_slot_abs(r->h, s), s->bytes)))
-                return 1;
+            rg[o] = (struct kvt_range){kvt_slot_abs(r->h, s), s->bytes, r->dst[o].dst, NULL};
         }
-    return t < PAR_THREADS ? t : PAR_THREADS;
+    struct kvt_read_way way = kvt_read_choose(r->fd, rg, n, NULL, true);
+    free(rg);
+    return way.path == KVT_READ_PARALLEL ? way.threads : 1;
 }
 
 int kvt_tensor_read_all(struct kvt_tensor_reader *r)
 {
     const struct kvt_header *h = r->h;
     size_t n = 0;
-    uint64_t bytes = 0;
     for (size_t i = 0; i < h->n_caches; i++)
-        for (int j = 0; j < h->caches[i].n_slots; j++, n++)
-            bytes += h->caches[i].slots[j].bytes;
-    unsigned threads = par_threads(r, n, bytes);
+        n += (size_t)h->caches[i].n_slots;
+    unsigned threads = par_threads(r, n);
     struct slot_job *job = threads > 1 ? calloc(n, sizeof(*job)) : NULL;
     int rc = 0;
     if (!job) { /* one slot after the other through the read-ahead stream */

@@ -58,6 +58,41 @@ bool kvt_stream_fast_ok(void);
  * cachestat(2), Linux 6.5+; false where it cannot be asked). */
 bool kvt_stream_cached(int fd, uint64_t off, uint64_t len);
 
+/* ---- choosing how to read (read_way.c) ---------------------------------------------------- */
+
+/* Destinations at least this large get the prefault helper. */
+#define KVT_PREFAULT_MIN ((size_t)256 << 10)
+
+/** Where range @p r's bytes will be written (its destination, or its copy target), or NULL. */
+static inline void *kvt_range_target(const struct kvt_range *r)
+{
+    return r->dst ? r->dst : r->copy_to;
+}
+
+enum kvt_read_path {
+    KVT_READ_PLAIN,    /* pread one piece after the other */
+    KVT_READ_RING,     /* the read-ahead ring (direct or through the page cache) */
+    KVT_READ_PARALLEL, /* whole ranges copied out of the page cache on several cores */
+};
+
+struct kvt_read_way {
+    enum kvt_read_path path;
+    bool direct;      /* ring: read with O_DIRECT (where the file system takes it) */
+    bool helper;      /* ring: fault destinations in on the prefault helper thread */
+    unsigned threads; /* parallel: the cores to copy on (1 otherwise) */
+};
+
+/**
+ * How to read @p n ranges of @p fd (ascending, valid) with stream options @p o (NULL: the
+ * defaults): the one place that picks between the plain path, the read-ahead ring (and on it
+ * O_DIRECT and the prefault helper) and a parallel copy out of the page cache, from the bytes
+ * asked for, their destinations, what the page cache holds, the options, the process's
+ * memory settings and the io backend. @p parallel: the caller can copy whole ranges on
+ * several cores (kvt_rstream_open() cannot, so it never gets KVT_READ_PARALLEL).
+ */
+struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
+                                    const struct kvt_stream_opts *o, bool parallel);
+
 /* ---- reading ------------------------------------------------------------------------------ */
 
 struct kvt_rstream;

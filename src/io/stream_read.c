@@ -12,9 +12,10 @@
  * the destination when consumed, which beats reading the device again. Without O_DIRECT every
  * chunk is read that way, and the kernel's own readahead keeps the device busy.
  *
- * Destination pages are faulted in on a helper thread (prefault.h) ahead of the reads and
- * copies (known destinations as soon as the stream plans them); a copy that catches up with
- * the helper populates its piece first instead of faulting page by page.
+ * Destination pages are faulted in on a helper thread (mem/restore_helper.h) ahead of the
+ * reads and copies (known destinations as soon as the stream plans them); a copy that catches
+ * up with the helper populates its piece first instead of faulting page by page. Whether the
+ * stream reads plainly, directly and with the helper is kvt_read_choose()'s call (read_way.c).
  */
 #include "io/stream.h"
 
@@ -23,8 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdatomic.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -32,20 +31,16 @@
 #include "io/io.h"
 #include "mem/restore_helper.h"
 #include "mem/staging.h"
-#include "mem/mem.h"
 
 #define BLK ((uint64_t)4096)
 #define DEFAULT_CHUNK ((size_t)2 << 20)
 #define DEFAULT_DEPTH 8u
 #define MAX_CHUNK ((size_t)64 << 20)
-/* Streams smaller than this are read with plain calls: threads and rings would cost more. */
-#define FAST_MIN ((uint64_t)1 << 20)
 /* Staged bytes are copied and hashed in pieces of this size. */
 #define CACHE_PIECE ((size_t)256 << 10)
 /* In-place pieces at least this large are read straight into their destination. */
 #define SMALL_PIECE ((size_t)64 << 10)
-/* Destinations at least this large get the prefault helper, this far ahead of the reads. */
-#define PREFAULT_MIN ((size_t)256 << 10)
+/* Destinations get the prefault helper this far ahead of the reads. */
 #define PREFAULT_AHEAD ((uint64_t)64 << 20)
 
 /* A chunk read into place spans at most this many ranges (the row blocks of a capacity
@@ -97,44 +92,6 @@ struct kvt_rstream {
     uint64_t err_at;
     char engine[24];
 };
-
-bool kvt_stream_fast_ok(void)
-{
-    return kvt_io()->fast;
-}
-
-/* cachestat(2) came with Linux 6.5; older C library headers do not name it yet. */
-#if !defined(__NR_cachestat) &&                                                                    \
-    (defined(__x86_64__) || defined(__aarch64__) || (defined(__riscv) && __riscv_xlen == 64))
-#define __NR_cachestat 451
-#endif
-
-bool kvt_stream_cached(int fd, uint64_t off, uint64_t len)
-{
-#ifdef __NR_cachestat
-    struct {
-        uint64_t off, len;
-    } range = {off, len};
-    struct {
-        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-    } cs;
-    static atomic_int works = 1;
-    if (!works)
-        return false;
-    if (syscall(__NR_cachestat, fd, &range, &cs, 0) != 0) {
-        if (errno == ENOSYS || errno == EPERM)
-            works = 0;
-        return false;
-    }
-    uint64_t pages = (off + len + BLK - 1) / BLK - off / BLK;
-    return cs.nr_cache >= pages;
-#else
-    (void)fd;
-    (void)off;
-    (void)len;
-    return false;
-#endif
-}
 
 static uint64_t range_end(const struct kvt_range *r)
 {
@@ -259,12 +216,6 @@ static bool plan_next(struct kvt_rstream *s, struct chunk *c)
     return true;
 }
 
-/* Where range @p r's bytes will be written (its destination, or its copy target), or NULL. */
-static void *fault_target(const struct kvt_range *r)
-{
-    return r->dst ? r->dst : r->copy_to;
-}
-
 /*
  * Queue the destinations of the ranges up to PREFAULT_AHEAD bytes past the planning cursor
  * for prefaulting: the pages of a direct read must be there when it is submitted.
@@ -277,31 +228,10 @@ static void prefault_ahead(struct kvt_rstream *s)
     horizon = horizon > UINT64_MAX - PREFAULT_AHEAD ? UINT64_MAX : horizon + PREFAULT_AHEAD;
     for (; s->pf_ri < s->n && s->r[s->pf_ri].off < horizon; s->pf_ri++) {
         const struct kvt_range *r = &s->r[s->pf_ri];
-        void *to = fault_target(r);
-        if (to && r->len >= PREFAULT_MIN && !kvt_restore_helper_add(s->pf, to, r->len))
+        void *to = kvt_range_target(r);
+        if (to && r->len >= KVT_PREFAULT_MIN && !kvt_restore_helper_add(s->pf, to, r->len))
             return; /* the helper's queue is full: try again after the next chunk */
     }
-}
-
-/*
- * Whether the stream wants the prefault helper: some destination page is not resident yet,
- * or no range has a destination (later reads may bring destinations of their own). With
- * every destination resident the consumer hashes what it consumes itself: on two cores,
- * waking a helper for each piece cost 3-5 % of a cold restore that needed no faulting.
- */
-static bool prefault_wanted(const struct kvt_rstream *s)
-{
-    bool any = false;
-    for (size_t i = 0; i < s->n; i++) {
-        const struct kvt_range *r = &s->r[i];
-        void *to = fault_target(r);
-        if (!to || r->len < PREFAULT_MIN)
-            continue;
-        if (kvt_restore_helper_wanted(to, (size_t)r->len))
-            return true;
-        any = true;
-    }
-    return !any;
 }
 
 static int submit_chunk(struct kvt_rstream *s, unsigned k)
@@ -427,11 +357,11 @@ static int reap(struct kvt_rstream *s, bool wait)
     return 0;
 }
 
-/* The O_DIRECT descriptor and the queue of a fast stream; without either, the stream reads
- * in place through the page cache ("buffered"). */
-static void open_direct(struct kvt_rstream *s, int fd, const struct kvt_stream_opts *o)
+/* The O_DIRECT descriptor (when @p direct) and the queue of a fast stream; without either,
+ * the stream reads in place through the page cache ("buffered"). */
+static void open_direct(struct kvt_rstream *s, int fd, const struct kvt_stream_opts *o, bool direct)
 {
-    if (kvt_mem_direct() && !o->no_direct) {
+    if (direct) {
         int dfd = kvt_io()->reopen(fd, O_RDONLY | O_DIRECT);
         s->dfd = dfd < 0 ? -1 : dfd;
     }
@@ -474,7 +404,8 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     if (n)
         memcpy(s->r, r, n * sizeof(*r));
     snprintf(s->engine, sizeof(s->engine), "plain");
-    s->fast = kvt_stream_fast_ok() && total >= FAST_MIN;
+    struct kvt_read_way way = kvt_read_choose(fd, r, n, o, false);
+    s->fast = way.path != KVT_READ_PLAIN;
     if (!s->fast) {
         *out = s;
         return 0;
@@ -493,8 +424,8 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
         kvt_rstream_close(s);
         return -ENOMEM;
     }
-    open_direct(s, fd, o);
-    if (kvt_mem_helper() && !o->no_prefault && prefault_wanted(s))
+    open_direct(s, fd, o, way.direct);
+    if (way.helper)
         s->pf = kvt_restore_helper_start();
     top_up(s);
     *out = s;
@@ -514,7 +445,7 @@ static bool range_has_dst(const struct kvt_rstream *s)
     uint64_t pos = s->pos;
     for (; ri < s->n && pos >= s->r[ri].len; ri++)
         pos = 0;
-    return ri < s->n && fault_target(&s->r[ri]);
+    return ri < s->n && kvt_range_target(&s->r[ri]);
 }
 
 /*
@@ -649,7 +580,7 @@ static int read_run(struct kvt_rstream *s, uint8_t *d, size_t len, kvt_piece_fn 
     if (s->err)
         return 0;
     /* destinations the stream did not know ahead: prefault them now */
-    pf_now = s->pf && d && !range_has_dst(s) && len >= PREFAULT_MIN;
+    pf_now = s->pf && d && !range_has_dst(s) && len >= KVT_PREFAULT_MIN;
     if (pf_now)
         kvt_restore_helper_add(s->pf, d, len);
     while (len > 0 && !s->err) {

@@ -15,8 +15,6 @@
 #include "store/layout.h"
 #include "store/store.h"
 
-#define DEFAULT_TMP_GRACE_MS 60000
-
 struct check {
     const struct kvt_store_opts *so;
     const struct kvt_check_opts *co;
@@ -168,7 +166,10 @@ int kvt_store_check(const char *dir, const struct kvt_store_opts *so,
     if (!dir || !so || !co || !so->config_fingerprint ||
         !kvt_layout_valid_name(so->config_fingerprint))
         return kvt_fail(-EINVAL, "kvt_store_check: no directory, options or fingerprint");
-    struct check c = {so, co, so->tmp_grace_ms < 0 ? DEFAULT_TMP_GRACE_MS : so->tmp_grace_ms};
+    if (so->tmp_grace_ms < 0)
+        return kvt_fail(-EINVAL, "kvt_store_check: tmp_grace_ms %lld is negative",
+                        (long long)so->tmp_grace_ms);
+    struct check c = {so, co, so->tmp_grace_ms};
     int rc = 0;
     if (co->files) {
         char *root = kvt_path_join(dir, so->config_fingerprint);

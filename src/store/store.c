@@ -91,6 +91,10 @@ static int check_open_args(const char *dir, const struct kvt_store_opts *o)
                         "kvt_store_open: config_fingerprint \"%s\" is not a directory "
                         "name",
                         o->config_fingerprint);
+    if (o->max_bytes == 0 || o->max_header_bytes == 0 || o->tmp_grace_ms < 0)
+        return kvt_fail(-EINVAL,
+                        "kvt_store_open: max_bytes and max_header_bytes must be positive and "
+                        "tmp_grace_ms not negative (start from kvt_store_opts_init())");
     return o->mem ? kvt_mem_configure(o->mem) : 0;
 }
 
@@ -116,13 +120,13 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     if (!s->root || !s->model_id || !s->fingerprint || !s->tokenizer_hash ||
         kvt_index_new(&s->ix) < 0)
         goto out_free;
-    s->max_bytes = o->max_bytes ? o->max_bytes : DEFAULT_MAX_BYTES;
+    s->max_bytes = o->max_bytes;
     s->n_layers = o->n_layers;
     s->max_header_bytes = o->max_header_bytes;
     s->no_verify = o->no_verify;
     s->quarantine = o->quarantine;
     s->read_only = o->read_only;
-    s->tmp_grace_ms = o->tmp_grace_ms < 0 ? DEFAULT_TMP_GRACE_MS : o->tmp_grace_ms;
+    s->tmp_grace_ms = o->tmp_grace_ms;
     s->log = o->log;
     s->log_ud = o->log_ud;
 
@@ -558,12 +562,17 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     w.meta.config_fingerprint = s->fingerprint;
     w.meta.tokenizer_hash = s->tokenizer_hash;
     w.meta.ns = ns;
-    uint64_t planned;
-    rc = kvt_file_plan_size(&w, &planned);
+    /* planned once: the size checked here is the file the save writes */
+    struct kvt_save_opts so = {.run_exclusive = run_exclusive, .engine = engine};
+    struct kvt_save_plan *plan;
+    rc = kvt_save_plan_new(&w, &so, &plan);
     if (rc < 0)
         return put_failed(s, rc, NULL);
-    if (planned > s->max_bytes)
+    uint64_t planned = kvt_save_plan_bytes(plan);
+    if (planned > s->max_bytes) {
+        kvt_save_plan_free(plan);
         return too_large(s, planned);
+    }
 
     /* Count other processes' files before this one evicts (STORE.md §12.4): directories whose
      * mtime moved since this process last saw it are listed again, not the unchanged ones. */
@@ -572,20 +581,10 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     struct kvt_sdir *d = NULL;
     char *path = NULL;
     rc = new_entry_path(s, ns, &d, &path);
-    if (rc < 0)
-        return put_failed(s, rc, NULL);
-    struct kvt_save_opts so = {
-        .max_file_bytes = s->max_bytes,
-        .run_exclusive = run_exclusive,
-        .engine = engine,
-    };
     uint64_t bytes = 0;
-    rc = kvt_file_save(path, &w, &so, &bytes);
-    if (rc == KVT_E_TOO_LARGE) {
-        put_failed(s, rc, path);
-        free(path);
-        return too_large(s, planned);
-    }
+    if (rc == 0)
+        rc = kvt_file_save_planned(path, plan, &bytes);
+    kvt_save_plan_free(plan);
     if (rc < 0) {
         put_failed(s, rc, path);
         free(path);

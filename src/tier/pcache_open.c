@@ -41,15 +41,19 @@ void kvt_pcache_opts_init(struct kvt_pcache_opts *o)
     o->snapshot_debounce_ms = 1000;
     o->snapshot_busy_retry_ms = 5000;
     o->flush_timeout_ms = 120000;
-    o->cold.tmp_grace_ms = -1;
+    kvt_store_opts_init(&o->cold);
 }
 
+/* Whether a cold-tier option differs from what kvt_pcache_opts_init() set. */
 static bool cold_opts_set(const struct kvt_pcache_opts *o)
 {
     const struct kvt_store_opts *c = &o->cold;
-    return c->model_id || c->config_fingerprint || c->tokenizer_hash || c->max_bytes ||
-           c->n_layers || c->no_verify || c->quarantine || c->max_header_bytes ||
-           c->tmp_grace_ms != -1 || o->demote_idle_ms != 300000 || o->background_cpus;
+    struct kvt_store_opts d;
+    kvt_store_opts_init(&d);
+    return c->model_id || c->config_fingerprint || c->tokenizer_hash ||
+           c->max_bytes != d.max_bytes || c->n_layers || c->no_verify || c->quarantine ||
+           c->max_header_bytes != d.max_header_bytes || c->tmp_grace_ms != d.tmp_grace_ms ||
+           o->demote_idle_ms != 300000 || o->background_cpus;
 }
 
 static int check_opts(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)

@@ -70,12 +70,12 @@ int main(int argc, char **argv)
         perror(argv[2]);
         return 1;
     }
-    struct kvt_store_opts o = {
-        .model_id = SYNTH_MODEL,
-        .config_fingerprint = SYNTH_FP,
-        .tokenizer_hash = SYNTH_TOK,
-        .tmp_grace_ms = argc >= 5 ? strtoll(argv[4], NULL, 10) : 0,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = SYNTH_MODEL;
+    o.config_fingerprint = SYNTH_FP;
+    o.tokenizer_hash = SYNTH_TOK;
+    o.tmp_grace_ms = argc >= 5 ? strtoll(argv[4], NULL, 10) : 0;
     kvt_store *s;
     int rc = kvt_store_open(argv[1], &o, &s);
     if (rc) {

@@ -111,14 +111,15 @@ static int slow_exclusive(void *engine, kvt_step_fn step, void *arg)
 
 static int open_store(const char *dir, uint64_t cap, kvt_store **s)
 {
-    struct kvt_store_opts o = {
-        .model_id = MODEL,
-        .config_fingerprint = FP,
-        .tokenizer_hash = TOKH,
-        .max_bytes = cap,
-        .tmp_grace_ms = 200, /* covers create-to-lock even on a loaded machine */
-        .log = on_log,
-    };
+    struct kvt_store_opts o;
+    kvt_store_opts_init(&o);
+    o.model_id = MODEL;
+    o.config_fingerprint = FP;
+    o.tokenizer_hash = TOKH;
+    if (cap)
+        o.max_bytes = cap;
+    o.tmp_grace_ms = 200; /* covers create-to-lock even on a loaded machine */
+    o.log = on_log;
     int rc = kvt_store_open(dir, &o, s);
     if (rc)
         fprintf(stderr, "store_stress: open: %s\n", kvt_last_error());

@@ -202,6 +202,49 @@ int run_capture(const char *cmd, char **out)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 /* A kv layer of [1, 4, n, 96] float16 rows and an ssm layer, random bytes from @p seed. */
+void synth_random_tensor(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape,
+                         uint64_t *rng)
+{
+    assert_int_equal(kvt_tensor_zeros(t, dtype, rank, shape), 0);
+    fill_random((uint8_t *)kvt_buf_data(t->buf) + t->offset, kvt_tensor_nbytes(t), rng);
+}
+
+kvt_cache *synth_random_kv(int dtype, int64_t heads, int64_t rows, int64_t dim, uint64_t *rng)
+{
+    struct kvt_cache_info p = {.kind = KVT_KIND_KV};
+    kvt_cache *c;
+    assert_int_equal(kvt_cache_new(&p, &c), 0);
+    const int64_t shape[4] = {1, heads, rows, dim};
+    struct kvt_tensor t[2];
+    for (int k = 0; k < 2; k++)
+        synth_random_tensor(&t[k], dtype, 4, shape, rng);
+    assert_int_equal(kvt_cache_append(c, t, 2), 0);
+    kvt_tensor_release(&t[0]);
+    kvt_tensor_release(&t[1]);
+    return c;
+}
+
+bool synth_same_state(const kvt_cache *a, const kvt_cache *b)
+{
+    struct kvt_tensor ta[KVT_MAX_CACHE_TENSORS], tb[KVT_MAX_CACHE_TENSORS];
+    int na = kvt_cache_state(a, ta), nb = kvt_cache_state(b, tb);
+    bool same = na > 0 && na == nb;
+    for (int i = 0; i < na && i < nb; i++) {
+        size_t bytes = kvt_tensor_nbytes(&ta[i]);
+        uint8_t *x = malloc(bytes + 1), *y = malloc(bytes + 1);
+        kvt_tensor_copy_out(&ta[i], x);
+        kvt_tensor_copy_out(&tb[i], y);
+        same = same && bytes == kvt_tensor_nbytes(&tb[i]) && !memcmp(x, y, bytes);
+        free(x);
+        free(y);
+    }
+    for (int i = 0; i < na; i++)
+        kvt_tensor_release(&ta[i]);
+    for (int i = 0; i < nb; i++)
+        kvt_tensor_release(&tb[i]);
+    return same;
+}
+
 struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed, const char *model,
                                      const char *fp, const char *tok_hash)
 {
@@ -209,10 +252,8 @@ struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed
     for (int l = 0; l < 2; l++) {
         const int64_t shape[4] = {1, 4, (int64_t)n, 96};
         struct kvt_tensor t[2];
-        for (int w = 0; w < 2; w++) {
-            assert_int_equal(kvt_tensor_zeros(&t[w], KVT_FLOAT16, 4, shape), 0);
-            fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
-        }
+        for (int w = 0; w < 2; w++)
+            synth_random_tensor(&t[w], KVT_FLOAT16, 4, shape, &seed);
         struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = (int64_t)n};
         assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[l]), 0);
         kvt_tensor_release(&t[0]);
@@ -220,10 +261,8 @@ struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed
     }
     const int64_t conv[3] = {1, 3, 64}, rec[4] = {1, 8, 16, 4};
     struct kvt_tensor t[2];
-    assert_int_equal(kvt_tensor_zeros(&t[0], KVT_FLOAT32, 3, conv), 0);
-    assert_int_equal(kvt_tensor_zeros(&t[1], KVT_FLOAT32, 4, rec), 0);
-    for (int w = 0; w < 2; w++)
-        fill_random(kvt_buf_data(t[w].buf), kvt_tensor_nbytes(&t[w]), &seed);
+    synth_random_tensor(&t[0], KVT_FLOAT32, 3, conv, &seed);
+    synth_random_tensor(&t[1], KVT_FLOAT32, 4, rec, &seed);
     struct kvt_cache_info info = {.kind = KVT_KIND_SSM, .offset = (int64_t)n};
     assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[2]), 0);
     kvt_tensor_release(&t[0]);
@@ -255,6 +294,14 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total)
     }
     *total = at;
     return out;
+}
+
+void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok)
+{
+    kvt_store_opts_init(o);
+    o->model_id = model;
+    o->config_fingerprint = fp;
+    o->tokenizer_hash = tok;
 }
 
 void set_mem(bool no_hugepages, bool no_parallel)

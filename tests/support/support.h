@@ -48,6 +48,14 @@ int run_cli(const char *args, bool with_stderr, char **out);
 int run_capture(const char *cmd, char **out);
 /** printf into a malloc'd string. */
 char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** A new tensor of @p dtype, rank @p rank and @p shape, filled from the xs64 stream @p rng. */
+void synth_random_tensor(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape,
+                         uint64_t *rng);
+/** A kv cache of @p rows rows: [1, @p heads, rows, @p dim] @p dtype keys, then values, filled
+ * from @p rng and appended to a new cache (so it has restore capacity, as after a prefill). */
+kvt_cache *synth_random_kv(int dtype, int64_t heads, int64_t rows, int64_t dim, uint64_t *rng);
+/** Whether caches @p a and @p b hold the same state tensors (count, size and bytes). */
+bool synth_same_state(const kvt_cache *a, const kvt_cache *b);
 /** A library-owned entry of two [1, 4, n, 96] float16 kv layers and an ssm layer, random bytes
  * from @p seed, with the given identity (ns ""). */
 struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed, const char *model,
@@ -57,6 +65,9 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total);
 /** XOR byte @p at of slot @p sj of cache @p ci of the file at @p path with @p mask, in place
  * (a corruption the slot's hash must catch). */
 void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t mask);
+
+/** kvt_store_opts_init(@p o) and the identity @p model, @p fp, @p tok. */
+void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok);
 
 /** kvt_mem_configure() with these switches and every other setting at its default. */
 void set_mem(bool no_hugepages, bool no_parallel);

@@ -1,7 +1,7 @@
 /*
  * `kvtier-llama bench`: kvtier as the prompt cache of a live llama.cpp context holding an
  * 8k-token prefill of the demo model, against limits measured in the same run on the same
- * directory (tools/bench_raw.c, the baselines `kvtier bench` uses):
+ * directory (bench/harness/bench_raw.c, the baselines `kvtier bench` uses):
  *   restore: kvt_llama_load() from a cold file into the context, against a raw read of the
  *            same file's bytes (O_DIRECT, several reads in flight) plus
  *            llama_state_seq_set_data() of the same state from memory;

@@ -25,6 +25,28 @@ double bench_now(void);
 /* Median of @p n values (sorts @p v in place); 0 when n == 0. */
 double bench_median(double *v, size_t n);
 
+/* ---- the `kvtier bench` run (bench_run.c) ------------------------------------------------ */
+
+#define BENCH_MAX_SIZES 32
+
+struct bench_opts {
+    const char *dir;
+    uint64_t sizes[BENCH_MAX_SIZES];
+    size_t n_sizes;
+    int repeat;
+    const char *json_path; /* "-" = stdout */
+    const char *plot_path;
+    bool peers;
+    const char *python;
+    const char *peer_script;
+};
+
+/*
+ * Measure every size of @p o and print the report (table, and JSON / plot when asked).
+ * Messages go to stderr. @return 0, or -1 when a measurement or an output failed.
+ */
+int bench_run(const struct bench_opts *o);
+
 /* ---- raw limits (bench_raw.c) ----------------------------------------------------------- */
 
 /* How the raw reads and writes reach the device: "io_uring" or "threads". */

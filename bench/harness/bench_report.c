@@ -13,7 +13,29 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "cli.h"
+
+/* @p s as a JSON string literal (quotes included), escaped as the CLI's JSON is. */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\b': fputs("\\b", f); break;
+        case '\f': fputs("\\f", f); break;
+        default:
+            if (*p < 0x20)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
 
 #define MIB (1024.0 * 1024.0)
 /* The targets hold for entries at least this large (PERFORMANCE.md). */
@@ -337,7 +359,7 @@ static void json_summary(FILE *f, const struct bench_row *r, const struct bench_
     fprintf(f, "\"raw_read_direct\": %s", r->direct_read ? "true" : "false");
     if (s->has_peer) {
         fprintf(f, ", \"peer\": {\"name\": \"numpy\", \"version\": ");
-        cli_json_string(f, r->peer.version);
+        json_string(f, r->peer.version);
         fprintf(f, ", ");
         json_num(f, "save_gbps", s->peer_save_gbps, true);
         json_num(f, "load_cold_gbps", s->peer_cold_gbps, true);
@@ -375,7 +397,7 @@ void bench_print_json(FILE *f, const struct bench_run_info *ri, const struct ben
     fprintf(f,
             "{\"tool\": \"kvtier bench\", \"version\": \"%d.%d.%d\", \"dir\": ", KVT_VERSION_MAJOR,
             KVT_VERSION_MINOR, KVT_VERSION_PATCH);
-    cli_json_string(f, ri->dir);
+    json_string(f, ri->dir);
     fprintf(f, ", \"raw_engine\": \"%s\", \"repeat\": %d, \"cpus\": %ld, \"wall_s\": %.1f, ",
             bench_raw_engine(), ri->repeat, sysconf(_SC_NPROCESSORS_ONLN), ri->wall_s);
     fprintf(f,
