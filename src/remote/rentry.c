@@ -106,9 +106,13 @@ static int run(const struct xfer *x)
     }
     if (rc == KVT_R_ERR)
         return kvt_fail(-ELOOP, "redis: too many redirections for %s", key);
-    if (rc < 0 && n) {
-        kvt_rnode_fail(n);
-        x->rc->stale = x->rc->cluster;
+    if (rc < 0 && n) { /* out of step: reconnect, at once when the server itself is fine */
+        bool protocol = rc == KVT_E_CORRUPT || rc == -EPROTO;
+        if (protocol)
+            kvt_rnode_close(n);
+        else
+            kvt_rnode_fail(n);
+        x->rc->stale = x->rc->cluster && !protocol;
     }
     return rc;
 }

@@ -79,15 +79,13 @@ static int wait_ping(struct redis_srv *s)
     return -1;
 }
 
-static void exec_server(const struct redis_srv *s)
+/* The command line is built before fork: the child of a threaded process only execs. */
+static char *server_cmd(const struct redis_srv *s)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    char *cmd = strf("exec redis-server --bind 127.0.0.1 --port %d --save '' --appendonly no "
-                     "--dir '%s' --logfile '%s/redis-%d.log' --unixsocket '%s' "
-                     "--unixsocketperm 700 --protected-mode no %s",
-                     s->port, s->dir, s->dir, s->port, s->sock, s->extra);
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
+    return strf("exec redis-server --bind 127.0.0.1 --port %d --save '' --appendonly no "
+                "--dir '%s' --logfile '%s/redis-%d.log' --unixsocket '%s' "
+                "--unixsocketperm 700 --protected-mode no %s",
+                s->port, s->dir, s->dir, s->port, s->sock, s->extra);
 }
 
 int redis_start(struct redis_srv *s, const char *dir, int port, const char *extra)
@@ -102,11 +100,16 @@ int redis_start(struct redis_srv *s, const char *dir, int port, const char *extr
     snprintf(s->sock, sizeof(s->sock), "%s/redis-%d.sock", s->dir, port);
     if (extra != s->extra)
         snprintf(s->extra, sizeof(s->extra), "%s", extra ? extra : "");
+    char *cmd = server_cmd(s);
     pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    free(cmd);
     if (pid < 0)
         return -1;
-    if (pid == 0)
-        exec_server(s);
     s->pid = pid;
     return wait_ping(s);
 }
