@@ -161,7 +161,7 @@ test-python: python
 	@scripts/run-pytest.sh $(PYTHON) $(PY_OUT)
 
 # Suites that run threads, for the ThreadSanitizer build (SANITIZE=thread).
-THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $(BUILD)/tests/test_cache_clone $(BUILD)/tests/test_store_mp% $(BUILD)/tests/test_store $(BUILD)/tests/test_stream $(BUILD)/tests/test_restore_helper $(BUILD)/tests/test_format_roundtrip $(BUILD)/tests/test_device $(BUILD)/tests/test_load_into,$(TEST_BIN))
+THREAD_TESTS ?= $(filter $(BUILD)/tests/test_tier% $(BUILD)/tests/test_tensor% $(BUILD)/tests/test_cache_clone $(BUILD)/tests/test_store_mp% $(BUILD)/tests/test_store $(BUILD)/tests/test_stream $(BUILD)/tests/test_restore_helper $(BUILD)/tests/test_format_roundtrip $(BUILD)/tests/test_device $(BUILD)/tests/test_load_into $(BUILD)/tests/test_remote%,$(TEST_BIN))
 test-threads: $(THREAD_TESTS) $(PROG_BIN)
 	@scripts/run-tests.sh $(BUILD) $(THREAD_TESTS)
 

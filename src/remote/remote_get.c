@@ -76,8 +76,12 @@ static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc)
         r->st.errors++;
     }
     pthread_mutex_unlock(&r->mu);
-    if (rc == 0 || (rc < 0 && rc > -1000 && rc != -ENOMEM))
-        return; /* success, or a connection fault: the entry itself may be fine */
+    if (rc == 0 || (rc < 0 && rc > -1000 && rc != -ENOMEM)) {
+        if (rc < 0) /* a connection fault: the entry itself may be fine */
+            kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s unreachable: %s", rec->uuid,
+                            kvt_last_error());
+        return;
+    }
     kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s (%zu tokens) dropped: %s", rec->uuid,
                     rec->n_tokens, rc == KVT_R_NIL ? "a chunk is missing" : kvt_last_error());
     pthread_mutex_lock(&r->get_mu);

@@ -76,9 +76,13 @@ static int pass(const struct xfer *x, struct kvt_rnode *n, bool ask, struct kvt_
         while (sent < x->e->n_chunks && sent - got < WINDOW) {
             int rc = send_req(x, io->fd, sent++, ask);
             if (rc < 0)
-                return rc;
+                return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket",
+                                n->port, strerror(-rc));
         }
         int rc = recv_reply(x, io, got++, ask);
+        if (rc < 0 && rc > -1000)
+            return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket", n->port,
+                            strerror(-rc));
         if (rc < 0)
             return rc;
         if (rc != KVT_R_OK && result == KVT_R_OK)

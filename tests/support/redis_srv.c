@@ -148,7 +148,7 @@ int redis_cluster_start(struct redis_cluster *c, const char *dir, int masters, i
     for (int i = 0; i < c->n; i++) {
         char *extra = strf("--cluster-enabled yes --cluster-config-file nodes-%d.conf "
                            "--cluster-node-timeout 1000 --cluster-require-full-coverage no "
-                           "--cluster-replica-validity-factor 0",
+                           "--cluster-replica-validity-factor 0 --repl-diskless-sync-delay 0",
                            i);
         int rc = redis_start(&c->node[i], dir, 0, extra);
         free(extra);
@@ -178,10 +178,13 @@ int redis_cluster_wait_ok(struct redis_cluster *c, int ms)
         for (int i = 0; ok && i < c->n; i++) {
             if (c->node[i].pid <= 0)
                 continue;
-            char *out = NULL;
+            char *out = NULL, *repl = NULL;
             redis_cli(&c->node[i], "CLUSTER INFO", &out);
-            ok = out && strstr(out, "cluster_state:ok");
+            redis_cli(&c->node[i], "INFO replication", &repl); /* replicas: synced */
+            ok = out && strstr(out, "cluster_state:ok") && repl &&
+                 (!strstr(repl, "role:slave") || strstr(repl, "master_link_status:up"));
             free(out);
+            free(repl);
         }
         if (ok)
             return 0;

@@ -42,7 +42,8 @@ struct redis_cluster {
 };
 int redis_cluster_start(struct redis_cluster *c, const char *dir, int masters, int replicas);
 void redis_cluster_stop(struct redis_cluster *c);
-/** Wait until every live node reports cluster_state:ok (up to @p ms). 0 or -1. */
+/** Wait until every live node reports cluster_state:ok and every live replica is in sync with
+ * its master (up to @p ms). 0 or -1. */
 int redis_cluster_wait_ok(struct redis_cluster *c, int ms);
 /** The node (index) that is master for @p slot now, or -1. */
 int redis_cluster_master_of(struct redis_cluster *c, unsigned slot);
