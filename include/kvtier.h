@@ -813,10 +813,12 @@ struct kvt_remote_opts {
     uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB:
                                       oldest entries are deleted to stay below it */
     uint64_t max_entry_bytes;      /* larger records are ignored; default 64 GiB */
-    uint64_t chunk_bytes;          /* value size of the chunks written; default 4 MiB */
+    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */
     int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
     bool no_verify;                /* skip tensor hash checks on restore (not advised) */
-    const char *scratch_dir;       /* where entries are staged as files; default "/tmp" */
+    const char *scratch_dir;       /* where entries are staged as files during a transfer
+                                      (one entry's bytes at a time per thread); NULL =
+                                      "/dev/shm" when present, else "/tmp" */
     kvt_log_fn log;
     void *log_ud;
 };

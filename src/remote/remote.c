@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "common/error.h"
@@ -25,9 +26,15 @@ void kvt_remote_opts_init(struct kvt_remote_opts *o)
     o->poll_ms = 500;
     o->max_bytes = (uint64_t)8 << 30;
     o->max_entry_bytes = (uint64_t)64 << 30;
-    o->chunk_bytes = (uint64_t)4 << 20;
+    o->chunk_bytes = (uint64_t)1 << 20;
     o->queue_max_bytes = (int64_t)2 << 30;
-    o->scratch_dir = "/tmp";
+}
+
+/* Staging in memory (tmpfs) when the machine has one: entries cross it at memory speed. */
+static const char *default_scratch(void)
+{
+    struct stat st;
+    return stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
 }
 
 void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
@@ -117,7 +124,7 @@ static int copy_opts(struct kvt_remote *r, const struct kvt_remote_opts *o)
     r->model = strdup(o->model_id);
     r->fp = strdup(o->config_fingerprint);
     r->tok = strdup(o->tokenizer_hash);
-    r->scratch = strdup(o->scratch_dir ? o->scratch_dir : "/tmp");
+    r->scratch = strdup(o->scratch_dir ? o->scratch_dir : default_scratch());
     if (!r->model || !r->fp || !r->tok || !r->scratch)
         return kvt_fail(-ENOMEM, "remote: out of memory");
     r->poll_ms = o->poll_ms;
@@ -197,7 +204,11 @@ int kvt_remote_open(const struct kvt_remote_opts *o, kvt_remote **out)
     pthread_mutex_init(&r->put_mu, NULL);
     pthread_mutex_init(&r->get_mu, NULL);
     pthread_mutex_init(&r->stop_mu, NULL);
-    pthread_cond_init(&r->stop_cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the poll deadline is monotonic */
+    pthread_cond_init(&r->stop_cv, &ca);
+    pthread_condattr_destroy(&ca);
     int rc = copy_opts(r, o);
     if (rc == 0)
         rc = setup_cfg(r, o);

@@ -131,9 +131,10 @@ struct kvt_rentry {
 /** SET every chunk of @p data (pipelined, one node). 0 or a negative code. */
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
                    const uint8_t *data);
-/** GET every chunk into @p dst. 0, KVT_R_NIL (a chunk is missing), or a negative code. */
+/** GET every chunk into the file @p fd at its offset. 0, KVT_R_NIL (a chunk is missing), or a
+ * negative code. */
 int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   uint8_t *dst);
+                   int fd);
 /** DEL every chunk (best effort). */
 int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e);
 

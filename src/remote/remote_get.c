@@ -1,6 +1,6 @@
 /*
- * Restores: the entry's chunks are read straight into a mapped scratch file sized from the
- * index record, which is then loaded exactly as a store file is (header hash, strict header
+ * Restores: the entry's chunks, each checked against the length the index record promised,
+ * are written to a scratch file, which is then loaded exactly as a store file is (header hash, strict header
  * checks, the expected identity and namespace, tensor hashes while reading), and must match
  * the record (header hash, tokens). A missing chunk (evicted, deleted, server restarted) is a
  * miss; bytes that fail a check are corrupt: either way the record and its chunks are
@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -23,18 +22,11 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, const char *p
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0)
         return kvt_fail(-errno, "remote: %s: create failed", path);
-    int rc = ftruncate(fd, (off_t)rec->bytes) < 0 ? -errno : 0;
-    uint8_t *map = rc == 0 ? mmap(NULL, rec->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                           : MAP_FAILED;
-    close(fd);
-    if (map == MAP_FAILED)
-        return kvt_fail(rc ? rc : -ENOMEM, "remote: %s: cannot map %llu bytes", path,
-                        (unsigned long long)rec->bytes);
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
     pthread_mutex_lock(&r->get_mu);
-    rc = kvt_rentry_get(&r->get_rc, &r->keys, &e, map);
+    int rc = kvt_rentry_get(&r->get_rc, &r->keys, &e, fd);
     pthread_mutex_unlock(&r->get_mu);
-    munmap(map, rec->bytes);
+    close(fd);
     return rc;
 }
 
