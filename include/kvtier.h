@@ -795,9 +795,10 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  * misses and remote writes into counted failures, never into errors of the local tiers.
  *
  * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
- * library threads ("kvt-rpoll": connects and merges the remote index every poll_ms;
- * "kvt-rwriter": the write-behind uploads, FIFO); they run until kvt_remote_close().
- * kvt_remote_find() never does network I/O; restore runs on the calling thread, one at a time.
+ * library threads, which run until kvt_remote_close(): the poll thread (connects, merges the
+ * remote index every poll_ms) and an upload writer (the write-behind uploads, FIFO, one at a
+ * time). kvt_remote_find() never does network I/O; restores run on the calling thread, one
+ * at a time per handle. The log callback may be called from any of these threads.
  */
 typedef struct kvt_remote kvt_remote;
 
@@ -810,7 +811,7 @@ struct kvt_remote_opts {
                                       (kvt_pcache_open(): NULL = the cold store's) */
     int timeout_ms;                /* connect and every socket operation; default 2000 */
     int poll_ms;                   /* remote index poll period; default 500 */
-    uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB:
+    uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
                                       oldest entries are deleted to stay below it */
     uint64_t max_entry_bytes;      /* larger records are ignored; default 64 GiB */
     uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */

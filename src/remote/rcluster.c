@@ -42,6 +42,22 @@ uint16_t kvt_key_slot(const char *key, size_t len)
     return crc16(key, len) & (KVT_SLOTS - 1);
 }
 
+static int node_index(struct kvt_rclient *rc, const char *host, int port);
+
+/* The URL's further seeds ("host:port,host:port"): tried in turn when the first is down. */
+static void add_seeds(struct kvt_rclient *rc, const char *seeds)
+{
+    while (seeds && *seeds) {
+        char host[256];
+        int port, used = 0;
+        if (sscanf(seeds, "%255[^:,]:%d%n", host, &port, &used) == 2 && port > 0 && port < 65536)
+            node_index(rc, host, port);
+        seeds = strchr(seeds, ',');
+        if (seeds)
+            seeds++;
+    }
+}
+
 int kvt_rclient_init(struct kvt_rclient *rc, const struct kvt_rcfg *cfg)
 {
     memset(rc, 0, sizeof(*rc));
@@ -57,6 +73,7 @@ int kvt_rclient_init(struct kvt_rclient *rc, const struct kvt_rcfg *cfg)
     rc->nodes[0].host = cfg->host ? strdup(cfg->host) : NULL;
     rc->nodes[0].port = cfg->port;
     memset(rc->slots, 0xff, KVT_SLOTS * sizeof(*rc->slots));
+    add_seeds(rc, cfg->seeds);
     return 0;
 }
 

@@ -128,7 +128,7 @@ static int copy_opts(struct kvt_remote *r, const struct kvt_remote_opts *o)
     if (!r->model || !r->fp || !r->tok || !r->scratch)
         return kvt_fail(-ENOMEM, "remote: out of memory");
     r->poll_ms = o->poll_ms;
-    r->max_bytes = o->max_bytes;
+    r->max_bytes = o->max_bytes ? o->max_bytes : UINT64_MAX;
     r->max_entry_bytes = o->max_entry_bytes ? o->max_entry_bytes : (uint64_t)64 << 30;
     r->chunk_bytes = o->chunk_bytes;
     r->no_verify = o->no_verify;

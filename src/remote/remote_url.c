@@ -1,5 +1,5 @@
 /*
- * The remote's URL: "redis://[[user]:password@]host[:port][/prefix]" or
+ * The remote's URL: "redis://[[user]:password@]host[:port][,host:port...][/prefix]" or
  * "unix://[[user]:password@]/path/to.sock[?prefix=P]". Explicit user / password options
  * override the URL's, so that a secret need not appear in a command line.
  */
@@ -42,6 +42,12 @@ static int parse_tcp(const char *s, struct kvt_rcfg *c, char **prefix)
 {
     const char *slash = strchr(s, '/');
     size_t hl = slash ? (size_t)(slash - s) : strlen(s);
+    const char *comma = memchr(s, ',', hl);
+    if (comma) { /* more seeds: the cluster is found through any of them */
+        if (!(c->seeds = dup_n(comma + 1, (size_t)(s + hl - comma - 1))))
+            return -ENOMEM;
+        hl = (size_t)(comma - s);
+    }
     const char *colon = memchr(s, ':', hl);
     c->port = 6379;
     if (colon) {
@@ -99,6 +105,7 @@ int kvt_remote_parse_url(const char *url, struct kvt_rcfg *c, char **prefix)
 void kvt_remote_cfg_free(struct kvt_rcfg *c)
 {
     free(c->host);
+    free(c->seeds);
     free(c->unix_path);
     free(c->user);
     free(c->password);

@@ -15,10 +15,14 @@
 #include "common/error.h"
 #include "remote/remote.h"
 #include "store/index.h"
+#include "tier/tier.h"
 
 #define BATCH 256
 
+/* A counter created by a publish starts at the publisher's clock in µs, not at 1, so that a
+ * server restarted empty never hands a reader a version it has seen before. */
 static const char PUBLISH[] =
+    "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], ARGV[3]) end "
     "local v = redis.call('INCR', KEYS[1]) "
     "redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) "
     "redis.call('ZADD', KEYS[3], v, ARGV[1]) return v";
@@ -29,11 +33,14 @@ static const char UNPUBLISH[] =
 static int script(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *body,
                   const char *uuid, const uint8_t *val, size_t vlen)
 {
-    const char *argv[8] = {"EVAL", body, "3", k->ver, k->idx, k->log, uuid, (const char *)val};
-    size_t len[8] = {4, strlen(body), 1, strlen(k->ver), strlen(k->idx), strlen(k->log),
-                     strlen(uuid), vlen};
+    char base[32];
+    snprintf(base, sizeof(base), "%lld", (long long)kvt_tier_wall_ms() * 1000);
+    const char *argv[9] = {"EVAL", body, "3", k->ver, k->idx, k->log, uuid, (const char *)val,
+                           base};
+    size_t len[9] = {4, strlen(body), 1, strlen(k->ver), strlen(k->idx), strlen(k->log),
+                     strlen(uuid), vlen, strlen(base)};
     int err = 0;
-    redisReply *r = kvt_rclient_cmd(rc, k->ver, val ? 8 : 7, argv, len, &err);
+    redisReply *r = kvt_rclient_cmd(rc, k->ver, val ? 9 : 7, argv, len, &err);
     if (!r)
         return err;
     if (r->type == REDIS_REPLY_ERROR)
@@ -117,6 +124,7 @@ static redisReply *cmd(struct kvt_rclient *rc, const struct kvt_rkeys *k, int ar
     return r;
 }
 
+/* The version counter; 0 when absent (nothing published, or the server lost it). */
 static int get_version(struct kvt_rclient *rc, const struct kvt_rkeys *k, int64_t *out)
 {
     const char *argv[2] = {"GET", k->ver};
@@ -126,7 +134,7 @@ static int get_version(struct kvt_rclient *rc, const struct kvt_rkeys *k, int64_
         return err;
     *out = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
     freeReplyObject(r);
-    return 0;
+    return *out < 0 ? kvt_fail(KVT_E_CORRUPT, "redis: negative index version") : 0;
 }
 
 /* The uuids published after version @p after (all of them when @p after < 0). */
@@ -254,10 +262,11 @@ int kvt_rview_sync(struct kvt_rview *v, pthread_mutex_t *mu, struct kvt_rclient 
         return rc_;
     pthread_mutex_lock(mu);
     int64_t last = v->ver;
+    bool empty = kvt_index_count(v->ix) == 0;
     pthread_mutex_unlock(mu);
-    if (cur == last)
+    if (cur == last && (cur > 0 || empty))
         return 0;
-    bool full = last < 0 || cur < last;
+    bool full = last < 0 || cur <= last; /* went back, or vanished under our own records */
     rc_ = apply(v, mu, rc, k, full ? -1 : last, cur, max_bytes);
     if (rc_ < 0 || full)
         return rc_;

@@ -84,8 +84,10 @@ static int check_opts(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)
     return 0;
 }
 
-/* The remote tier, with the cold store's identity unless its options name one. */
-static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)
+/* The remote tier, with the cold store's identity unless its options name one; on failure
+ * @p store is closed. */
+static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg,
+                       kvt_store *store)
 {
     if (!o->remote)
         return 0;
@@ -102,7 +104,19 @@ static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg
     int rc = kvt_remote_open(&ro, &cfg->remote);
     if (rc == 0)
         cfg->remote_ops = &real_remote_ops;
+    else
+        kvt_store_close(store);
     return rc;
+}
+
+static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
+{
+    struct kvt_store_stats st;
+    kvt_store_get_stats(store, &st);
+    kvt_tier_log(o->log, o->log_ud, KVT_LOG_INFO,
+                 "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
+                 (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
+                 (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
 }
 
 int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
@@ -149,21 +163,14 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     if (rc < 0)
         return rc;
 
-    struct kvt_store_stats st;
-    kvt_store_get_stats(store, &st);
-    kvt_tier_log(o->log, o->log_ud, KVT_LOG_INFO,
-                 "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
-                 (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
-                 (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
+    log_recovered(o, store);
 
     /* The writer's staging memory, faulted in now rather than during the first write-behind
      * while the engine decodes (populating fresh memory holds the process's mmap lock). */
     kvt_wstream_warm(NULL);
-    rc = open_remote(o, &cfg);
-    if (rc < 0) {
-        kvt_store_close(store);
+    rc = open_remote(o, &cfg, store);
+    if (rc < 0)
         return rc;
-    }
     cfg.cold = &real_cold_ops;
     cfg.store = store;
     cfg.demote_idle_ms = o->demote_idle_ms;
