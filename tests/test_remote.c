@@ -150,10 +150,11 @@ static struct kvt_remote_stats stats(kvt_remote *r)
 
 /* ---- two hosts ---------------------------------------------------------------------------- */
 
-static kvt_pcache *open_pc(const char *dir, const struct kvt_remote_opts *ro)
+static kvt_pcache *open_pc_wb(const char *dir, const struct kvt_remote_opts *ro, bool wb)
 {
     struct kvt_pcache_opts o;
     kvt_pcache_opts_init(&o);
+    o.write_behind = wb;
     o.cold_dir = dir;
     o.cold.model_id = REMOTE_MODEL;
     o.cold.config_fingerprint = REMOTE_FP;
@@ -163,6 +164,11 @@ static kvt_pcache *open_pc(const char *dir, const struct kvt_remote_opts *ro)
     kvt_pcache *pc = NULL;
     assert_int_equal(kvt_pcache_open(&o, &pc), 0);
     return pc;
+}
+
+static kvt_pcache *open_pc(const char *dir, const struct kvt_remote_opts *ro)
+{
+    return open_pc_wb(dir, ro, true);
 }
 
 static void test_two_processes(void **state)
@@ -222,7 +228,7 @@ static void test_nearer_tier_wins_ties(void **state)
     struct kvt_remote_opts ro;
     ropts(&ro, redis_url(&S, "ties"));
     char *dir = strf("%s/ties", base);
-    kvt_pcache *pc = open_pc(dir, &ro);
+    kvt_pcache *pc = open_pc_wb(dir, &ro, false); /* RAM entries stay out of the store */
     kvt_remote *other = open_remote(redis_url(&S, "ties"), 0);
     assert_int_equal(put(other, 31, N_TOK), 0);
     kvt_pcache_put(pc, entry_of(31, N_TOK), NULL); /* same tokens in RAM */
