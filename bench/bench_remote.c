@@ -86,8 +86,8 @@ static int start_server(void)
     g_server = fork();
     if (g_server == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port, "--save",
-               "", "--appendonly", "no", "--dir", g_dir, "--logfile", logf, (char *)NULL);
+        execlp("redis-server", "redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "",
+               "--appendonly", "no", "--dir", g_dir, "--logfile", logf, (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 200; i++) {
@@ -299,8 +299,13 @@ static int publish(struct kvt_rclient *rc, const struct kvt_rkeys *k, int id)
 {
     int32_t tok[FIND_TOK];
     find_tokens(id, tok);
-    struct kvt_rrec rec = {.ns = "", .bytes = 1 << 20, .chunk = 4 << 20, .n_chunks = 1,
-                           .tokens = tok, .n_tokens = FIND_TOK, .trimmable = true};
+    struct kvt_rrec rec = {.ns = "",
+                           .bytes = 1 << 20,
+                           .chunk = 4 << 20,
+                           .n_chunks = 1,
+                           .tokens = tok,
+                           .n_tokens = FIND_TOK,
+                           .trimmable = true};
     snprintf(rec.uuid, sizeof(rec.uuid), "%032x", id);
     return kvt_rindex_publish(rc, k, &rec);
 }

@@ -478,11 +478,10 @@ static void test_corrupt_and_missing_chunks(void **state)
         char key[256];
         chunk_key(r, prefixes[kind], kind == 1 ? 0 : 5, key, sizeof(key));
         redisContext *c = cli_ctx(&S);
-        redisReply *rep =
-            kind == 0   ? redisCommand(c, "SETRANGE %s 1000 %b", key, "\x5a", (size_t)1)
-            : kind == 1 ? redisCommand(c, "SETRANGE %s 40 %b", key, "\x01", (size_t)1)
-            : kind == 2 ? redisCommand(c, "APPEND %s %s", key, "trailing bytes")
-                        : redisCommand(c, "DEL %s", key);
+        redisReply *rep = kind == 0 ? redisCommand(c, "SETRANGE %s 1000 %b", key, "\x5a", (size_t)1)
+                          : kind == 1 ? redisCommand(c, "SETRANGE %s 40 %b", key, "\x01", (size_t)1)
+                          : kind == 2 ? redisCommand(c, "APPEND %s %s", key, "trailing bytes")
+                                      : redisCommand(c, "DEL %s", key);
         assert_non_null(rep);
         freeReplyObject(rep);
         redisFree(c);
@@ -503,8 +502,12 @@ static void test_hostile_index_records(void **state)
     assert_int_equal(put(r, 91, N_TOK), 0);
     struct kvt_rkeys k;
     assert_int_equal(kvt_rkeys_init(&k, "hostile", REMOTE_MODEL, REMOTE_FP, REMOTE_TOK), 0);
-    struct kvt_rrec rec = {.ns = "", .bytes = (uint64_t)1 << 62, .chunk = 1 << 20,
-                           .n_chunks = 7, .tokens = (int32_t[]){1, 2, 3}, .n_tokens = 3};
+    struct kvt_rrec rec = {.ns = "",
+                           .bytes = (uint64_t)1 << 62,
+                           .chunk = 1 << 20,
+                           .n_chunks = 7,
+                           .tokens = (int32_t[]){1, 2, 3},
+                           .n_tokens = 3};
     memcpy(rec.uuid, "0123456789abcdef0123456789abcdef", 33);
     struct kvt_rclient rc;
     struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = S.port, .timeout_ms = 500};
@@ -513,9 +516,8 @@ static void test_hostile_index_records(void **state)
     memcpy(rec.uuid, "fedcba9876543210fedcba9876543210", 33);
     rec.bytes = 100, rec.chunk = 64, rec.n_chunks = 2; /* chunk below the minimum */
     assert_int_equal(kvt_rindex_publish(&rc, &k, &rec), 0);
-    redisReply *rep = kvt_rclient_cmd(&rc, k.idx, 4,
-                                      (const char *[]){"HSET", k.idx, "junk", "KVR1\xff"}, NULL,
-                                      &(int){0});
+    redisReply *rep = kvt_rclient_cmd(
+        &rc, k.idx, 4, (const char *[]){"HSET", k.idx, "junk", "KVR1\xff"}, NULL, &(int){0});
     freeReplyObject(rep);
     assert_int_equal(kvt_remote_refresh(r), 0);
     assert_int_equal(stats(r).entries, 1); /* only the real one */
@@ -531,8 +533,7 @@ static void test_maxmemory_eviction(void **state)
 {
     (void)state;
     struct redis_srv k = {0};
-    assert_int_equal(redis_start(&k, base, 0, "--maxmemory 6mb --maxmemory-policy allkeys-lru"),
-                     0);
+    assert_int_equal(redis_start(&k, base, 0, "--maxmemory 6mb --maxmemory-policy allkeys-lru"), 0);
     char url[128];
     snprintf(url, sizeof(url), "%s", redis_url(&k, "lru"));
     kvt_remote *r = open_remote(url, 0);
@@ -565,6 +566,11 @@ static void test_auth(void **state)
     assert_null(r);
     print_message("wrong password: %s\n", kvt_last_error());
     assert_non_null(strstr(kvt_last_error(), "authentication refused"));
+
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/au", SA.port); /* no password at all */
+    ropts(&o, url);
+    assert_int_equal(kvt_remote_open(&o, &r), -EACCES);
+    assert_non_null(strstr(kvt_last_error(), "authentication required"));
 
     o.password = "sekrit"; /* the option overrides the URL's */
     assert_int_equal(kvt_remote_open(&o, &r), 0);
@@ -618,8 +624,13 @@ static void test_cap_and_options(void **state)
     assert_int_equal(stats(r).put_skipped, 1);
     kvt_remote_close(r);
 
-    static const char *bad[] = {"http://x", "redis://", "redis://h:0/p", "redis://h:99999",
-                                "unix://relative.sock", "redis://u@h/p", "redis://h/a{b}"};
+    static const char *bad[] = {"http://x",
+                                "redis://",
+                                "redis://h:0/p",
+                                "redis://h:99999",
+                                "unix://relative.sock",
+                                "redis://u@h/p",
+                                "redis://h/a{b}"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         ropts(&o, bad[i]);
         assert_int_equal(kvt_remote_open(&o, &r), -EINVAL);

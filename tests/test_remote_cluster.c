@@ -151,8 +151,8 @@ static int masters_of[N_ENTRIES];
 static void test_cross_host_over_cluster(void **state)
 {
     (void)state;
-    char *cmd = strf("%s/tests/progs/remote_peer put '%s' '%s/writer' %d %d %d", KVT_BUILD_DIR,
-                     url, base, SEED, N_TOK, N_ENTRIES);
+    char *cmd = strf("%s/tests/progs/remote_peer put '%s' '%s/writer' %d %d %d", KVT_BUILD_DIR, url,
+                     base, SEED, N_TOK, N_ENTRIES);
     char *out = NULL;
     assert_int_equal(run_capture(cmd, &out), 0);
     print_message("writer: %s", out);
@@ -188,8 +188,8 @@ static void test_redirections(void **state)
     uint16_t right = rc.slots[slot];
     rc.slots[slot] = (uint16_t)((right + 1) % rc.n_nodes); /* wrong on purpose */
     int err = 0;
-    redisReply *rep = kvt_rclient_cmd(&rc, "cl:probe", 3, (const char *[]){"SET", "cl:probe", "1"},
-                                      NULL, &err);
+    redisReply *rep =
+        kvt_rclient_cmd(&rc, "cl:probe", 3, (const char *[]){"SET", "cl:probe", "1"}, NULL, &err);
     assert_non_null(rep);
     assert_int_equal(rep->type, REDIS_REPLY_STATUS);
     freeReplyObject(rep);
@@ -221,7 +221,8 @@ static void test_redirections(void **state)
     assert_non_null(strstr(out, "v"));
     free(out);
     char *st1 = strf("CLUSTER SETSLOT %u NODE %s", s2, sid);
-    char *del = strf("printf 'ASKING\\nDEL cl:ask\\n' | redis-cli -p %d >/dev/null", C.node[dst].port);
+    char *del =
+        strf("printf 'ASKING\\nDEL cl:ask\\n' | redis-cli -p %d >/dev/null", C.node[dst].port);
     run_capture(del, NULL);
     free(del);
     redis_cli(&C.node[dst], st1, NULL);

@@ -50,8 +50,10 @@ static bool parse(int argc, char **argv, struct rargs *a)
         }
     }
     if (!a->url || !a->model || !a->fp || !a->tok) {
-        fprintf(stderr, "kvtier %s: --redis needs --model-id, --config-fingerprint and "
-                        "--tokenizer-hash\n", argv[0]);
+        fprintf(stderr,
+                "kvtier %s: --redis needs --model-id, --config-fingerprint and "
+                "--tokenizer-hash\n",
+                argv[0]);
         return false;
     }
     return true;
@@ -110,8 +112,8 @@ static void stats_print(const struct rargs *a, const struct kvt_remote_stats *s)
         printf(", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"version\": %" PRId64 "}\n",
                s->entries, s->bytes, s->version);
     } else {
-        printf("%s: %" PRIu64 " entries, %.2f MiB, index version %" PRId64 "\n", a->url,
-               s->entries, (double)s->bytes / (1 << 20), s->version);
+        printf("%s: %" PRIu64 " entries, %.2f MiB, index version %" PRId64 "\n", a->url, s->entries,
+               (double)s->bytes / (1 << 20), s->version);
     }
 }
 

@@ -141,6 +141,8 @@ static int load_map(struct kvt_rclient *rc, size_t n)
         rc_ = 1;
     } else if (r->type != REDIS_REPLY_ERROR) {
         rc_ = kvt_fail(KVT_E_CORRUPT, "redis: unexpected CLUSTER SLOTS reply");
+    } else if (!strncmp(r->str, "NOAUTH", 6)) { /* a password is needed and none was given */
+        rc_ = kvt_fail(-EACCES, "redis: authentication required: %s", r->str);
     }
     freeReplyObject(r);
     return rc_;
@@ -157,6 +159,8 @@ static int refresh(struct kvt_rclient *rc)
         if (rc_ < 0)
             continue;
         rc_ = load_map(rc, i);
+        if (rc_ == -EACCES)
+            return rc_;
         if (rc_ < 0)
             continue;
         rc->cluster = rc_ == 1;

@@ -117,8 +117,8 @@ static int copy_opts(struct kvt_remote *r, const struct kvt_remote_opts *o)
     if (!o->model_id || !o->config_fingerprint || !o->tokenizer_hash)
         return kvt_fail(-EINVAL, "remote: model_id, config_fingerprint and tokenizer_hash "
                                  "are required");
-    if (o->timeout_ms <= 0 || o->poll_ms <= 0 || o->queue_max_bytes < 0 ||
-        o->chunk_bytes < 4096 || o->chunk_bytes > ((uint64_t)512 << 20))
+    if (o->timeout_ms <= 0 || o->poll_ms <= 0 || o->queue_max_bytes < 0 || o->chunk_bytes < 4096 ||
+        o->chunk_bytes > ((uint64_t)512 << 20))
         return kvt_fail(-EINVAL, "remote: timeout_ms and poll_ms must be > 0, chunk_bytes in "
                                  "[4 KiB, 512 MiB], queue_max_bytes >= 0");
     r->model = strdup(o->model_id);

@@ -22,7 +22,7 @@ struct kvt_index;
 /* ---- connection settings ---------------------------------------------------------------- */
 
 struct kvt_rcfg {
-    char *host;      /* TCP seed node; NULL with unix_path */
+    char *host; /* TCP seed node; NULL with unix_path */
     int port;
     char *seeds;     /* more cluster seed nodes, "host:port,host:port" (may be NULL) */
     char *unix_path; /* unix socket (single server only) */

@@ -29,8 +29,10 @@ int kvt_remote_list(kvt_remote *r, struct kvt_store_record **out, size_t *n)
     char *p = v ? (char *)(v + cnt) : NULL;
     for (size_t i = 0; v && i < cnt; i++) {
         const struct kvt_rrec *rr = all[i]->owner;
-        v[i] = (struct kvt_store_record){.id = all[i]->seq, .n_tokens = rr->n_tokens,
-                                         .bytes = rr->bytes, .mtime_ms = rr->created_ms,
+        v[i] = (struct kvt_store_record){.id = all[i]->seq,
+                                         .n_tokens = rr->n_tokens,
+                                         .bytes = rr->bytes,
+                                         .mtime_ms = rr->created_ms,
                                          .trimmable = rr->trimmable};
         v[i].path = memcpy(p, rr->uuid, 33);
         p += 33;
@@ -46,23 +48,31 @@ int kvt_remote_list(kvt_remote *r, struct kvt_store_record **out, size_t *n)
     return 0;
 }
 
-/* Whether every chunk of @p rec exists: 1, 0, or < 0 on a connection failure. */
+#define EXISTS_BATCH 128
+
+/* Whether every chunk of @p rec exists: 1, 0, or < 0 on a connection failure. The chunks
+ * share a hash tag, so one multi-key EXISTS per batch asks their master. */
 static int complete(struct kvt_remote *r, const struct kvt_rrec *rec)
 {
-    char key[256];
-    const char *argv[2] = {"EXISTS", key};
-    for (uint32_t i = 0; i < rec->n_chunks; i++) {
-        kvt_rkeys_chunk(&r->keys, rec->ns, rec->uuid, i, key, sizeof(key));
+    char(*keys)[256] = malloc(EXISTS_BATCH * sizeof(*keys));
+    const char *argv[EXISTS_BATCH + 1] = {"EXISTS"};
+    int result = keys ? 1 : kvt_fail(-ENOMEM, "remote gc: out of memory");
+    for (uint32_t i = 0; result == 1 && i < rec->n_chunks; i += EXISTS_BATCH) {
+        int argc = 1;
+        for (uint32_t j = i; j < rec->n_chunks && j < i + EXISTS_BATCH; j++, argc++) {
+            kvt_rkeys_chunk(&r->keys, rec->ns, rec->uuid, j, keys[argc - 1], sizeof(*keys));
+            argv[argc] = keys[argc - 1];
+        }
         int err = 0;
-        redisReply *rep = kvt_rclient_cmd(&r->put_rc, key, 2, argv, NULL, &err);
+        redisReply *rep = kvt_rclient_cmd(&r->put_rc, argv[1], argc, argv, NULL, &err);
         if (!rep)
-            return err;
-        bool there = rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+            result = err;
+        else if (rep->type != REDIS_REPLY_INTEGER || rep->integer != argc - 1)
+            result = 0;
         freeReplyObject(rep);
-        if (!there)
-            return 0;
     }
-    return 1;
+    free(keys);
+    return result;
 }
 
 /* Records in publication order (oldest first), copied. */

@@ -1,8 +1,8 @@
 /*
  * Restores: the entry's chunks, each checked against the length the index record promised,
- * are written to a scratch file, which is then loaded exactly as a store file is (header hash, strict header
- * checks, the expected identity and namespace, tensor hashes while reading), and must match
- * the record (header hash, tokens). A missing chunk (evicted, deleted, server restarted) is a
+ * are written to a scratch file, which is then loaded exactly as a store file is (header hash,
+ * strict header checks, the expected identity and namespace, tensor hashes while reading), and must
+ * match the record (header hash, tokens). A missing chunk (evicted, deleted, server restarted) is a
  * miss; bytes that fail a check are corrupt: either way the record and its chunks are
  * deleted and counted, and the caller sees a miss. A connection failure is a counted miss
  * that keeps the record.
@@ -43,8 +43,7 @@ static int load(struct kvt_remote *r, const struct kvt_rrec *rec, const char *pa
     int rc = kvt_file_load(path, &x, out, &h);
     if (rc == 0 && (h->header_hash != rec->header_hash || h->n_tokens != rec->n_tokens ||
                     memcmp(h->tokens, rec->tokens, rec->n_tokens * sizeof(int32_t)))) {
-        rc = kvt_fail(KVT_E_CORRUPT, "remote entry %s does not match its index record",
-                      rec->uuid);
+        rc = kvt_fail(KVT_E_CORRUPT, "remote entry %s does not match its index record", rec->uuid);
         kvt_entry_free(*out);
         *out = NULL;
     }

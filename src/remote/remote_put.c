@@ -164,8 +164,8 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
     int rc = rec ? put_staged(r, e, rec) : kvt_fail(-ENOMEM, "remote: out of memory");
     if (rc < 0) {
         KVT_RSTAT(r, put_failures, 1);
-        kvt_remote_logf(r, KVT_LOG_WARN, "[remote] upload of %zu tokens failed: %s",
-                        e->n_tokens, kvt_last_error());
+        kvt_remote_logf(r, KVT_LOG_WARN, "[remote] upload of %zu tokens failed: %s", e->n_tokens,
+                        kvt_last_error());
         kvt_rrec_free(rec);
         return rc;
     }

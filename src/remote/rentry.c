@@ -67,8 +67,8 @@ static int recv_reply(const struct xfer *x, struct kvt_rio *io, uint32_t i, bool
      * fault per page, which on a VM is slower than the copy */
     size_t len = chunk_len(x->e, i);
     int rc = kvt_rio_reply(io, x->data, len);
-    if (rc == KVT_R_OK && pwrite(x->fd, x->data, len, (off_t)((uint64_t)i * x->e->chunk)) !=
-                              (ssize_t)len)
+    if (rc == KVT_R_OK &&
+        pwrite(x->fd, x->data, len, (off_t)((uint64_t)i * x->e->chunk)) != (ssize_t)len)
         rc = kvt_fail(-EIO, "remote: scratch file write failed");
     return rc;
 }
@@ -86,8 +86,8 @@ static int pass(const struct xfer *x, struct kvt_rnode *n, bool ask, struct kvt_
         while (sent < x->e->n_chunks && sent - got < WINDOW) {
             int rc = send_req(x, io->fd, sent++, ask);
             if (rc < 0)
-                return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket",
-                                n->port, strerror(-rc));
+                return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket", n->port,
+                                strerror(-rc));
         }
         int rc = recv_reply(x, io, got++, ask);
         if (rc < 0 && rc > -1000)

@@ -140,15 +140,10 @@ int kvt_rio_reply(struct kvt_rio *r, void *dst, size_t want)
     switch (line[0]) {
     case '+':
     case ':':
-        return dst ? kvt_fail(KVT_E_CORRUPT, "redis: status where a bulk was expected")
-                   : KVT_R_OK;
-    case '-':
-        snprintf(r->err, sizeof(r->err), "%s", line + 1);
-        return KVT_R_ERR;
-    case '$':
-        return read_bulk(r, line, dst, want);
-    default:
-        return kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0]);
+        return dst ? kvt_fail(KVT_E_CORRUPT, "redis: status where a bulk was expected") : KVT_R_OK;
+    case '-': snprintf(r->err, sizeof(r->err), "%s", line + 1); return KVT_R_ERR;
+    case '$': return read_bulk(r, line, dst, want);
+    default: return kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0]);
     }
 }
 

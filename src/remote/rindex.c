@@ -37,8 +37,9 @@ static int script(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char 
     snprintf(base, sizeof(base), "%lld", (long long)kvt_tier_wall_ms() * 1000);
     const char *argv[9] = {"EVAL", body, "3", k->ver, k->idx, k->log, uuid, (const char *)val,
                            base};
-    size_t len[9] = {4, strlen(body), 1, strlen(k->ver), strlen(k->idx), strlen(k->log),
-                     strlen(uuid), vlen, strlen(base)};
+    size_t len[9] = {
+        4,    strlen(body), 1, strlen(k->ver), strlen(k->idx), strlen(k->log), strlen(uuid),
+        vlen, strlen(base)};
     int err = 0;
     redisReply *r = kvt_rclient_cmd(rc, k->ver, val ? 9 : 7, argv, len, &err);
     if (!r)

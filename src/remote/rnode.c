@@ -58,9 +58,9 @@ int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg)
     redisContext *c = n->host ? redisConnectWithTimeout(n->host, n->port, tv)
                               : redisConnectUnixWithTimeout(cfg->unix_path, tv);
     if (!c || c->err) {
-        int rc = kvt_fail(-ECONNREFUSED, "redis: connect %s:%d: %s",
-                          n->host ? n->host : cfg->unix_path, n->port,
-                          c ? c->errstr : "out of memory");
+        int rc =
+            kvt_fail(-ECONNREFUSED, "redis: connect %s:%d: %s", n->host ? n->host : cfg->unix_path,
+                     n->port, c ? c->errstr : "out of memory");
         redisFree(c);
         n->retry_at_ms = now + BACKOFF_MS;
         return rc;

@@ -86,8 +86,7 @@ static int check_opts(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)
 
 /* The remote tier, with the cold store's identity unless its options name one; on failure
  * @p store is closed. */
-static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg,
-                       kvt_store *store)
+static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg, kvt_store *store)
 {
     if (!o->remote)
         return 0;

@@ -64,8 +64,8 @@ static int wait_ping(struct redis_srv *s)
     for (int i = 0; i < 250; i++) {
         char *out = NULL;
         int rc = redis_cli(s, "PING", &out);
-        bool up = rc == 0 && out && (strstr(out, "PONG") || strstr(out, "NOAUTH") ||
-                                     strstr(out, "WRONGPASS"));
+        bool up = rc == 0 && out &&
+                  (strstr(out, "PONG") || strstr(out, "NOAUTH") || strstr(out, "WRONGPASS"));
         free(out);
         if (up)
             return 0;

@@ -48,8 +48,6 @@ int redis_cluster_wait_ok(struct redis_cluster *c, int ms);
 /** The node (index) that is master for @p slot now, or -1. */
 int redis_cluster_master_of(struct redis_cluster *c, unsigned slot);
 
-
-
 /* The identity and entries the remote suites and their peer program share. */
 #define REMOTE_MODEL "model-remote"
 #define REMOTE_FP "fp-remote"
