@@ -803,7 +803,7 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
 typedef struct kvt_remote kvt_remote;
 
 struct kvt_remote_opts {
-    /* "redis://[[user]:password@]host[:port][/prefix]" or
+    /* "redis://[[user]:password@]host[:port][,host:port...][/prefix]" (more cluster seeds) or
      * "unix://[[user]:password@]/path/to.sock[?prefix=P]"; prefix default "kvtier" */
     const char *url;
     const char *user, *password;   /* override the URL's (keep secrets out of URLs) */
