@@ -34,19 +34,6 @@ static struct redis_srv S, SA; /* plain; with a password and an ACL user */
 #define SLACK 1
 #endif
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 static int group_setup(void **state)
 {
     (void)state;

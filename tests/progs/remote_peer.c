@@ -36,13 +36,6 @@ static kvt_pcache *open_pc(const char *url, const char *dir)
     return pc;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int do_put(kvt_pcache *pc, uint64_t seed, size_t n, int count)
 {
     int32_t *tok = malloc(n * sizeof(*tok));
@@ -85,8 +78,7 @@ static int do_take(kvt_pcache *pc, uint64_t seed, size_t n, int64_t wait_ms)
         kvt_pcache_take(pc, tok, n + 1, "", &t);
         if (t.entry)
             break;
-        struct timespec ts = {0, 20 * 1000000};
-        nanosleep(&ts, NULL);
+        msleep(20);
     }
     int64_t found_ms = now_ms() - t0;
     bool same = t.entry && t.from_remote && same_bytes(t.entry, seed, tok, n);

@@ -45,10 +45,17 @@ int redis_free_port(void)
     return -1;
 }
 
-static void msleep(int ms)
+void msleep(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
+}
+
+int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 int redis_cli(const struct redis_srv *s, const char *args, char **out)

@@ -19,6 +19,10 @@ struct redis_srv {
     char extra[512]; /* extra server arguments, kept for restarts */
 };
 
+/** Sleep @p ms milliseconds; the monotonic clock in ms. */
+void msleep(int ms);
+int64_t now_ms(void);
+
 /** Whether redis-server and redis-cli are installed. */
 bool redis_available(void);
 /** A free TCP port whose cluster bus port (+10000) is free too. */
