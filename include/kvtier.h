@@ -661,6 +661,7 @@ KVT_API void kvt_ns_hash(const char *ns, char out[17]);
  * (they wait for steps that need it).
  */
 typedef struct kvt_pcache kvt_pcache;
+struct kvt_remote_opts;
 
 /**
  * A ref-counted hold on engine backing memory (TIER.md §2.6). kvt_retain_new() returns the
@@ -713,6 +714,10 @@ struct kvt_pcache_opts {
     void *on_put_ud;
     kvt_log_fn log;                 /* also the store's, unless cold.log is set */
     void *log_ud;
+    /* Optional remote tier below the cold tier (requires cold_dir; NULL = none): puts are
+     * uploaded behind the local write, takes consult it last, restored entries are promoted
+     * into the store. Its identity defaults to cold's. */
+    const struct kvt_remote_opts *remote;
 };
 
 /** Fill @p o with the defaults of TIER.md §8 (no cold tier; `cold` as kvt_store_opts_init()
@@ -724,6 +729,7 @@ struct kvt_take {
     struct kvt_entry *entry; /* NULL on a miss */
     kvt_retain *retain;      /* pass to kvt_pcache_put() or release (NULL = no hold) */
     bool from_disk;
+    bool from_remote;        /* restored from the remote tier (from_disk is set too) */
 };
 
 struct kvt_flush_report {
@@ -789,6 +795,92 @@ KVT_API int kvt_pcache_flush(kvt_pcache *pc, int64_t timeout_ms, struct kvt_flus
 KVT_API void kvt_pcache_get_stats(kvt_pcache *pc, struct kvt_pcache_stats *st);
 /** The cold tier, or NULL (borrowed; valid until kvt_pcache_close()). */
 KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
+
+/* ------------------------------------------------------------------------------------------
+ * Remote tier: entries shared by many hosts through Redis or Redis Cluster (REMOTE.md).
+ *
+ * Entries travel as their .mlxkv bytes in chunks; an index record per entry, written after
+ * its chunks, makes it visible. Bytes from the server are untrusted: a restore validates them
+ * exactly as a file (header checks, tensor hashes while reading). Every socket operation is
+ * bounded by timeout_ms; a server that is absent, dead or paused turns remote finds into
+ * misses and remote writes into counted failures, never into errors of the local tiers.
+ *
+ * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
+ * library threads, which run until kvt_remote_close(): the poll thread (connects, merges the
+ * remote index every poll_ms) and an upload writer (the write-behind uploads, FIFO, one at a
+ * time). kvt_remote_find() never does network I/O; restores run on the calling thread, one
+ * at a time per handle. The log callback may be called from any of these threads.
+ */
+typedef struct kvt_remote kvt_remote;
+
+struct kvt_remote_opts {
+    /* "redis://[[user]:password@]host[:port][,host:port...][/prefix]" (more cluster seeds) or
+     * "unix://[[user]:password@]/path/to.sock[?prefix=P]"; prefix default "kvtier" */
+    const char *url;
+    const char *user, *password;   /* override the URL's (keep secrets out of URLs) */
+    const char *model_id, *config_fingerprint, *tokenizer_hash; /* the identity; required
+                                      (kvt_pcache_open(): NULL = the cold store's) */
+    int timeout_ms;                /* connect and every socket operation; default 2000 */
+    int poll_ms;                   /* remote index poll period; default 500 */
+    uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
+                                      oldest entries are deleted to stay below it */
+    uint64_t max_entry_bytes;      /* larger records are ignored; default 64 GiB */
+    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */
+    int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
+    bool no_verify;                /* skip tensor hash checks on restore (not advised) */
+    const char *scratch_dir;       /* where entries are staged as files during a transfer
+                                      (one entry's bytes at a time per thread); NULL =
+                                      "/dev/shm" when present, else "/tmp" */
+    kvt_log_fn log;
+    void *log_ud;
+};
+
+struct kvt_remote_stats {
+    bool connected;                /* the poll thread's connection is up */
+    uint64_t entries, bytes;       /* the local view of this identity's remote index */
+    uint64_t puts, put_bytes, put_failures, put_skipped, dropped, pending;
+    uint64_t restores, restore_bytes, misses, corrupt, errors, evictions, syncs;
+    int64_t version;               /* last index version merged; -1 = never */
+};
+
+/** Fill @p o with the defaults (url and identity NULL). */
+KVT_API void kvt_remote_opts_init(struct kvt_remote_opts *o);
+/**
+ * Connect to the server named by o->url and start the poll and upload threads. A server that
+ * cannot be reached is not an error (the remote is retried in the background); a refused
+ * AUTH is (-EACCES, with the server's message in kvt_last_error()).
+ * @return 0, -EINVAL (bad URL or option), -EACCES, -ENOMEM.
+ */
+KVT_API int kvt_remote_open(const struct kvt_remote_opts *o, kvt_remote **out);
+/** Stop the threads (the upload in flight finishes; queued ones are dropped). NULL allowed. */
+KVT_API void kvt_remote_close(kvt_remote *r);
+/** Longest usable remote prefix (STORE.md §7 rules) from the local view; no I/O. */
+KVT_API int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const char *ns,
+                            struct kvt_hit *hit);
+/**
+ * Fetch and validate a hit. @return 0 with *out set, or 0 with *out NULL on a miss (the entry
+ * vanished, was evicted, or is corrupt: its record is removed and counted); -EINVAL.
+ */
+KVT_API int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entry **out);
+/** Upload @p e now (on the calling thread). Skips an entry the index already holds. */
+KVT_API int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e);
+/** Queue a clone of @p e for upload (write-behind; never blocks on the network). */
+KVT_API int kvt_remote_put_async(kvt_remote *r, const struct kvt_entry *e);
+/** Wait for the uploads queued before the call; 0 or KVT_E_TIMEOUT. */
+KVT_API int kvt_remote_drain(kvt_remote *r, int64_t timeout_ms);
+/** Merge the remote index now (as the poll thread does); 0 or a connection error. */
+KVT_API int kvt_remote_refresh(kvt_remote *r);
+KVT_API void kvt_remote_get_stats(kvt_remote *r, struct kvt_remote_stats *st);
+/** The index as kvt_store_list() reports it (path = the entry's uuid; mtime = publication). */
+KVT_API int kvt_remote_list(kvt_remote *r, struct kvt_store_record **out, size_t *n);
+/**
+ * Check every record of this identity: drop records whose chunks are gone, then delete the
+ * oldest entries beyond @p max_bytes (0 = the max_bytes option). @p dry_run only counts.
+ * *@p dropped (may be NULL) receives the number of records dropped (or that would be).
+ */
+KVT_API int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropped);
+/** The remote attached to a prompt cache (kvt_pcache_opts.remote), or NULL (borrowed). */
+KVT_API kvt_remote *kvt_pcache_remote(kvt_pcache *pc);
 
 /* ------------------------------------------------------------------------------------------
  * Devices: GPU memory as a restore destination. CUDA is loaded at run time (the driver API of

@@ -30,6 +30,10 @@ int cmd_store_find(int argc, char **argv);
 int cmd_store_gc(int argc, char **argv);
 int cmd_store_stats(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/** ls / stats / gc of a remote tier (tools/cmd_remote.c); argv[0] names the command. */
+int cmd_remote(int argc, char **argv);
+/** Whether the arguments name a remote (--redis URL). */
+bool cli_has_redis(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 
 /** Map the KVT_* environment onto the library's process settings (tools/cli_env.c). */

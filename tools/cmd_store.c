@@ -462,6 +462,8 @@ static void ls_one(void *ud, const struct target *t, const struct identity *id, 
 /* Usage "ls DIR [--json] [--ns NS] [identity flags]". */
 int cmd_store_ls(int argc, char **argv)
 {
+    if (cli_has_redis(argc, argv))
+        return cmd_remote(argc, argv);
     struct args a;
     struct target *t;
     size_t nt;
@@ -580,6 +582,8 @@ static void stats_one(void *ud, const struct target *t, const struct identity *i
 /* Usage "stats DIR [--json] [identity flags]". */
 int cmd_store_stats(int argc, char **argv)
 {
+    if (cli_has_redis(argc, argv))
+        return cmd_remote(argc, argv);
     struct args a;
     struct target *t;
     size_t nt;
@@ -677,6 +681,8 @@ static void gc_target(struct gc_run *g, const struct target *t)
 /* Usage "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] [--tmp-grace-ms MS] [...]". */
 int cmd_store_gc(int argc, char **argv)
 {
+    if (cli_has_redis(argc, argv))
+        return cmd_remote(argc, argv);
     struct args a;
     struct target *t;
     size_t nt;

@@ -40,7 +40,10 @@ static size_t q_bytes_of(void *ud, const struct kvt_entry *e)
 static int q_store(void *ud, const struct kvt_entry *e)
 {
     kvt_pcache *t = ud;
-    return t->cfg.cold->put(t->cfg.store, e, t->cfg.run_exclusive, t->cfg.engine);
+    int rc = t->cfg.cold->put(t->cfg.store, e, t->cfg.run_exclusive, t->cfg.engine);
+    if (rc == 0 && t->cfg.remote_ops) /* behind the local write; only queued, never waited on */
+        t->cfg.remote_ops->put_async(t->cfg.remote, e);
+    return rc;
 }
 
 static void q_dispose(void *ud, struct kvt_entry *e)
@@ -167,6 +170,8 @@ void kvt_pcache_close(kvt_pcache *t)
     kvt_write_queue_free(t->q); /* settles what is left, before the keys go */
     kvt_snapshots_free(t->wb);
     kvt_ram_lru_free(t->pc); /* clear: never spills */
+    if (t->cfg.remote_ops && t->cfg.remote_ops->close)
+        t->cfg.remote_ops->close(t->cfg.remote); /* the writer, its only producer, is gone */
     if (t->cfg.cold && t->cfg.cold->close)
         t->cfg.cold->close(t->cfg.store);
     free(t);
@@ -177,6 +182,8 @@ int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out)
     *out = NULL;
     kvt_pcache *t = calloc(1, sizeof(*t));
     if (!t) {
+        if (cfg->remote_ops && cfg->remote_ops->close)
+            cfg->remote_ops->close(cfg->remote);
         if (cfg->cold && cfg->cold->close)
             cfg->cold->close(cfg->store);
         return kvt_fail(-ENOMEM, "prompt cache: out of memory");
@@ -270,4 +277,9 @@ void kvt_pcache_get_stats(kvt_pcache *t, struct kvt_pcache_stats *st)
 kvt_store *kvt_pcache_store(kvt_pcache *t)
 {
     return t ? t->cfg.store : NULL;
+}
+
+kvt_remote *kvt_pcache_remote(kvt_pcache *t)
+{
+    return t ? t->cfg.remote : NULL;
 }

@@ -29,6 +29,13 @@ static const struct kvt_tier_cold_ops real_cold_ops = {
     .close = kvt_store_close,
 };
 
+static const struct kvt_tier_remote_ops real_remote_ops = {
+    .find = kvt_remote_find,
+    .restore = kvt_remote_restore,
+    .put_async = kvt_remote_put_async,
+    .close = kvt_remote_close,
+};
+
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 void kvt_pcache_opts_init(struct kvt_pcache_opts *o)
@@ -74,9 +81,45 @@ static int check_opts(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg)
     if (o->flush_timeout_ms < 0)
         return kvt_fail(-EINVAL, "flush_timeout_ms %lld is negative",
                         (long long)o->flush_timeout_ms);
+    if (o->remote && !o->cold_dir)
+        return kvt_fail(-EINVAL, "a remote tier requires a cold tier (cold_dir)");
     if (o->cold_dir && o->ram_max_bytes == 0)
         return kvt_fail(-EINVAL, "cold_dir requires the RAM prompt cache (ram_max_bytes is 0)");
     return 0;
+}
+
+/* The remote tier, with the cold store's identity unless its options name one; on failure
+ * @p store is closed. */
+static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg, kvt_store *store)
+{
+    if (!o->remote)
+        return 0;
+    struct kvt_remote_opts ro = *o->remote;
+    if (!ro.model_id && !ro.config_fingerprint && !ro.tokenizer_hash) {
+        ro.model_id = o->cold.model_id;
+        ro.config_fingerprint = o->cold.config_fingerprint;
+        ro.tokenizer_hash = o->cold.tokenizer_hash;
+    }
+    if (!ro.log) {
+        ro.log = o->log;
+        ro.log_ud = o->log_ud;
+    }
+    int rc = kvt_remote_open(&ro, &cfg->remote);
+    if (rc == 0)
+        cfg->remote_ops = &real_remote_ops;
+    else
+        kvt_store_close(store);
+    return rc;
+}
+
+static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
+{
+    struct kvt_store_stats st;
+    kvt_store_get_stats(store, &st);
+    kvt_tier_log(o->log, o->log_ud, KVT_LOG_INFO,
+                 "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
+                 (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
+                 (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
 }
 
 int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
@@ -123,16 +166,14 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     if (rc < 0)
         return rc;
 
-    struct kvt_store_stats st;
-    kvt_store_get_stats(store, &st);
-    kvt_tier_log(o->log, o->log_ud, KVT_LOG_INFO,
-                 "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
-                 (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
-                 (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
+    log_recovered(o, store);
 
     /* The writer's staging memory, faulted in now rather than during the first write-behind
      * while the engine decodes (populating fresh memory holds the process's mmap lock). */
     kvt_wstream_warm(NULL);
+    rc = open_remote(o, &cfg, store);
+    if (rc < 0)
+        return rc;
     cfg.cold = &real_cold_ops;
     cfg.store = store;
     cfg.demote_idle_ms = o->demote_idle_ms;

@@ -263,13 +263,23 @@ static int unusable(struct kvt_ram_lru *lru, struct kvt_entry *loaded, const cha
     return 0;
 }
 
-/* Step 2's restore (no lock held): 1 = *out is the trimmed disk entry, 0 = fall back. */
+/* An entry restored from the remote goes to the local store through the write queue, whole
+ * (before the take trims it); the remote's own upload of it is skipped as a duplicate. */
+static void promote(struct kvt_ram_lru *lru, const struct kvt_entry *loaded)
+{
+    struct kvt_entry *copy = NULL;
+    if (lru->links.spill && lru->cfg.cache->entry_clone(loaded, &copy) == 0)
+        lru->links.spill(lru->links.ud, copy);
+}
+
+/* Step 2's restore (no lock held): 1 = *out is the trimmed entry, 0 = fall back. */
 static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
-                     struct kvt_take *out)
+                     bool remote, struct kvt_take *out)
 {
     const struct kvt_tier_cfg *c = &lru->cfg;
     struct kvt_entry *loaded = NULL;
-    int rc = c->cold->restore(c->store, hit, &loaded);
+    int rc = remote ? c->remote_ops->restore(c->remote, hit, &loaded)
+                    : c->cold->restore(c->store, hit, &loaded);
     if (rc < 0 || !loaded)
         return 0;
     size_t plen = hit->prefix_len;
@@ -283,6 +293,8 @@ static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct k
                         "%zu tokens, needs trim %zu but untrimmable (wrapped ring/SSM) — "
                         "re-prefilling",
                         loaded->n_tokens, t);
+    if (remote)
+        promote(lru, loaded);
     rc = trim_all(lru, loaded, (int64_t)t);
     if (rc < 0)
         return unusable(lru, loaded, "%zu tokens, trim %zu failed: %s — re-prefilling",
@@ -291,7 +303,41 @@ static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct k
     out->entry = loaded;
     out->retain = NULL; /* restored bytes are owned: the retain is a no-op */
     out->from_disk = true;
+    out->from_remote = remote;
     return 1;
+}
+
+/* The tiers below RAM: their hits, and which of them beat RAM's @p best. */
+struct lower {
+    struct kvt_hit cold, remote;
+    bool try_cold, try_remote;
+};
+
+/* Step 2's lookups (index-only, under the lock): each tier must be strictly longer than the
+ * nearer ones, so ties go to the nearer tier. */
+static void find_lower(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                       size_t best, struct lower *lo)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    memset(lo, 0, sizeof(*lo));
+    if (n == 0)
+        return;
+    if (c->cold && c->cold->find(c->store, tok, n, ns, &lo->cold) == 0 &&
+        lo->cold.prefix_len > best) {
+        lo->try_cold = true;
+        best = lo->cold.prefix_len;
+    }
+    if (c->remote_ops && c->remote_ops->find(c->remote, tok, n, ns, &lo->remote) == 0)
+        lo->try_remote = lo->remote.prefix_len > best;
+}
+
+/* Step 2's restores (no lock held), the longest first: 1 = *out set, 0 = fall back to RAM. */
+static int take_lower(struct kvt_ram_lru *lru, const int32_t *tok, const struct lower *lo,
+                      struct kvt_take *out)
+{
+    if (lo->try_remote && take_cold(lru, tok, &lo->remote, true, out))
+        return 1;
+    return lo->try_cold && take_cold(lru, tok, &lo->cold, false, out);
 }
 
 int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
@@ -310,11 +356,9 @@ int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, cons
     else
         lru->misses++;
 
-    struct kvt_hit hit = {0};
-    bool try_cold = false;
-    if (lru->cfg.cold && n > 0)
-        try_cold = lru->cfg.cold->find(lru->cfg.store, tok, n, ns, &hit) == 0 &&
-                   hit.prefix_len > best; /* strictly longer: ties go to RAM */
+    struct lower lo;
+    find_lower(lru, tok, n, ns, best, &lo); /* strictly longer: ties go to RAM */
+    bool try_cold = lo.try_cold || lo.try_remote;
 
     struct kvt_entry *clones = NULL;
     kvt_retain *share = NULL;
@@ -335,7 +379,7 @@ int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, cons
     pthread_mutex_unlock(&lru->mu);
 
     if (try_cold) {
-        if (take_cold(lru, tok, &hit, out)) {
+        if (take_lower(lru, tok, &lo, out)) {
             kvt_ram_lru_entry_free(lru, clones);
             kvt_retain_release(share);
             return 0;

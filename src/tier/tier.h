@@ -47,6 +47,19 @@ struct kvt_tier_cold_ops {
 };
 
 /*
+ * Remote-tier operations (REMOTE.md), with the kvt_remote signatures: find is index-only
+ * (never network I/O) and may run under the tier's lock; restore does network I/O; put_async
+ * only queues. The tier consults the remote after RAM and the cold tier, and uploads what the
+ * writer has stored locally.
+ */
+struct kvt_tier_remote_ops {
+    int (*find)(kvt_remote *r, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit);
+    int (*restore)(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entry **out);
+    int (*put_async)(kvt_remote *r, const struct kvt_entry *e);
+    void (*close)(kvt_remote *r); /* optional: called by kvt_pcache_close() after the writer */
+};
+
+/*
  * Everything a prompt cache is assembled from (TIER.md §8 options, already validated): the
  * one configuration every part of the tier reads.
  */
@@ -75,9 +88,12 @@ struct kvt_tier_cfg {
     void *clock_ud;
     kvt_log_fn log;
     void *log_ud;
+    const struct kvt_tier_remote_ops *remote_ops; /* NULL = no remote tier (needs cold) */
+    kvt_remote *remote;
 };
 
-/** Assemble a prompt cache; on failure cfg->cold->close() has been called (if set). */
+/** Assemble a prompt cache; on failure cfg->cold->close() and cfg->remote_ops->close() have
+ * been called (if set). */
 int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out);
 
 /* Small helpers shared by the tier files (tier_util.c). */

@@ -1,0 +1,189 @@
+/*
+ * Internal interface of the remote tier (REMOTE.md): a Redis / Redis Cluster client built on
+ * hiredis connections with its own RESP I/O for the bulk payloads (rnode.c, resp_io.c,
+ * rcluster.c), the key layout (rkeys.c), entries as chunked .mlxkv bytes (rentry.c), the
+ * remote index and its change counter (rindex.c), and the kvt_remote object (remote.c).
+ */
+#ifndef KVT_REMOTE_H
+#define KVT_REMOTE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "kvtier.h"
+
+struct redisContext;
+struct redisReply;
+struct kvt_index;
+
+/* ---- connection settings ---------------------------------------------------------------- */
+
+struct kvt_rcfg {
+    char *host; /* TCP seed node; NULL with unix_path */
+    int port;
+    char *seeds;     /* more cluster seed nodes, "host:port,host:port" (may be NULL) */
+    char *unix_path; /* unix socket (single server only) */
+    char *user, *password;
+    int timeout_ms; /* connect and every socket operation */
+};
+
+/* ---- one server connection (rnode.c) ---------------------------------------------------- */
+
+struct kvt_rnode {
+    char *host; /* NULL: the unix socket of the config */
+    int port;
+    struct redisContext *c; /* NULL while disconnected */
+    int64_t retry_at_ms;    /* no new connection attempt before this (backoff) */
+};
+
+/** Connect (with AUTH) unless connected. 0, -ECONNREFUSED / -ETIMEDOUT / -EAGAIN (backing
+ * off), or -EACCES (authentication refused: message in kvt_last_error()). */
+int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg);
+/** Close the connection after a failure; the next attempt waits out a short backoff. */
+void kvt_rnode_fail(struct kvt_rnode *n);
+void kvt_rnode_close(struct kvt_rnode *n);
+/** One command through hiredis. NULL on a connection failure (the node is failed, *err set). */
+struct redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **argv,
+                                 const size_t *len, int *err);
+
+/* ---- own RESP I/O for pipelined bulk payloads (resp_io.c) --------------------------------- */
+
+enum { KVT_R_OK = 0, KVT_R_NIL = 1, KVT_R_ERR = 2 };
+
+struct kvt_rio {
+    int fd;
+    uint8_t buf[16384];
+    size_t pos, len;
+    char err[256]; /* the last error reply's text */
+};
+
+/** Write every byte of @p iov; 0 or -errno (-ETIMEDOUT when the socket timeout ran out). */
+int kvt_rio_send(int fd, struct iovec *iov, int n);
+/**
+ * Read one reply. A bulk string must be exactly @p want bytes long and lands in @p dst (NULL:
+ * a status or integer reply is expected); its length is checked before a byte is read.
+ * @return KVT_R_OK, KVT_R_NIL, KVT_R_ERR (text in r->err), KVT_E_CORRUPT (wrong length or
+ * protocol) or -errno.
+ */
+int kvt_rio_reply(struct kvt_rio *r, void *dst, size_t want);
+/** Whether bytes are left over (a protocol fault: the connection must be dropped). */
+bool kvt_rio_pending(const struct kvt_rio *r);
+
+/* ---- the client: single server or cluster (rcluster.c) ---------------------------------- */
+
+#define KVT_SLOTS 16384
+
+struct kvt_rclient {
+    struct kvt_rcfg cfg;
+    bool cluster;  /* known after the first connection */
+    bool detected; /* whether the mode is known */
+    bool stale;    /* the slot map needs a refresh */
+    struct kvt_rnode *nodes;
+    size_t n_nodes;
+    uint16_t *slots; /* node index per slot (cluster) */
+};
+
+uint16_t kvt_key_slot(const char *key, size_t len);
+int kvt_rclient_init(struct kvt_rclient *rc, const struct kvt_rcfg *cfg);
+void kvt_rclient_free(struct kvt_rclient *rc);
+/** Connect to the node serving @p key (detecting the mode, refreshing the map as needed). */
+int kvt_rclient_node(struct kvt_rclient *rc, const char *key, struct kvt_rnode **out);
+/**
+ * One command on the node serving @p key, following MOVED and ASK. @return the reply (caller
+ * frees; an error reply other than a redirection is returned as is) or NULL with *err.
+ */
+struct redisReply *kvt_rclient_cmd(struct kvt_rclient *rc, const char *key, int argc,
+                                   const char **argv, const size_t *len, int *err);
+/** Apply a MOVED / ASK error text; returns the node to retry on (ASK: *asking set), or NULL. */
+struct kvt_rnode *kvt_rclient_redirect(struct kvt_rclient *rc, const char *err, bool *asking);
+/** Every master once (for gc's SCAN and stats); 0 or -errno. */
+int kvt_rclient_masters(struct kvt_rclient *rc, struct kvt_rnode ***out, size_t *n);
+
+/* ---- keys (rkeys.c) --------------------------------------------------------------------- */
+
+/** The index keys of an identity: "<prefix>:{<ident>}:<what>" */
+struct kvt_rkeys {
+    char *prefix;
+    char ident[17]; /* wyhash of model, fingerprint and tokenizer, hex */
+    char ver[160], idx[160], log[160];
+};
+
+int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, const char *fp,
+                   const char *tok);
+void kvt_rkeys_free(struct kvt_rkeys *k);
+/** Chunk @p i of entry @p uuid in namespace @p ns: "<prefix>:<ident>:<nsHash>:{<uuid>}:<i>". */
+void kvt_rkeys_chunk(const struct kvt_rkeys *k, const char *ns, const char *uuid, uint32_t i,
+                     char *out, size_t cap);
+/** A fresh random entry id (32 hex digits). */
+void kvt_rkeys_uuid(char out[33]);
+
+/* ---- entries as chunked bytes (rentry.c) -------------------------------------------------- */
+
+struct kvt_rentry {
+    const char *ns, *uuid;
+    uint64_t bytes;
+    uint64_t chunk;
+    uint32_t n_chunks;
+};
+
+/** SET every chunk of @p data (pipelined, one node). 0 or a negative code. */
+int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
+                   const uint8_t *data);
+/** GET every chunk into the file @p fd at its offset. 0, KVT_R_NIL (a chunk is missing), or a
+ * negative code. */
+int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
+                   int fd);
+/** DEL every chunk (best effort). */
+int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e);
+
+/* ---- the remote index (rindex.c) --------------------------------------------------------- */
+
+/** An index record: what a reader needs to find, fetch and check an entry. */
+struct kvt_rrec {
+    char uuid[33];
+    char *ns;
+    uint64_t bytes, chunk;
+    uint32_t n_chunks;
+    uint64_t header_hash;
+    int64_t created_ms;
+    bool trimmable;
+    int32_t *tokens;
+    size_t n_tokens;
+};
+
+void kvt_rrec_free(struct kvt_rrec *r);
+/** Encode @p r (malloc'd, *len bytes). */
+uint8_t *kvt_rrec_encode(const struct kvt_rrec *r, size_t *len);
+/** Decode untrusted bytes, every count bounded. 0 or KVT_E_CORRUPT. */
+int kvt_rrec_decode(const uint8_t *p, size_t len, uint64_t max_bytes, struct kvt_rrec *out);
+
+/** Publish @p r: record, change log and version in one atomic script. */
+int kvt_rindex_publish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r);
+/** Remove the record @p uuid (idempotent). */
+int kvt_rindex_unpublish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid);
+
+/** The local copy of the remote index, merged by polling the version counter. */
+struct kvt_rview {
+    struct kvt_index *ix; /* rec->path = uuid, rec->owner = struct kvt_rrec * */
+    int64_t ver;          /* last version applied; -1 = never synced */
+};
+
+int kvt_rview_init(struct kvt_rview *v);
+void kvt_rview_free(struct kvt_rview *v);
+/** Add (or replace) a record; takes ownership of @p r on every path. */
+int kvt_rview_add(struct kvt_rview *v, struct kvt_rrec *r);
+/** Drop the record @p uuid if present. */
+void kvt_rview_drop(struct kvt_rview *v, const char *uuid);
+
+/**
+ * Bring @p v up to date (poll thread): GET the version; when it moved, fetch the records
+ * published since (or everything after a reset). @p mu guards @p v; network I/O runs
+ * without it. 0 or a negative code.
+ */
+int kvt_rview_sync(struct kvt_rview *v, pthread_mutex_t *mu, struct kvt_rclient *rc,
+                   const struct kvt_rkeys *k, uint64_t max_bytes);
+
+#endif

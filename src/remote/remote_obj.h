@@ -1,0 +1,61 @@
+/*
+ * The kvt_remote object shared by its files: remote.c (lifecycle, poll thread, find, stats),
+ * remote_put.c (uploads), remote_get.c (restores), remote_gc.c (gc), remote_url.c (URL).
+ */
+#ifndef KVT_REMOTE_OBJ_H
+#define KVT_REMOTE_OBJ_H
+
+#include "remote/remote.h"
+
+struct kvt_write_queue;
+
+struct kvt_remote {
+    char *model, *fp, *tok, *scratch;
+    int poll_ms;
+    uint64_t max_bytes, max_entry_bytes, chunk_bytes;
+    bool no_verify;
+    kvt_log_fn log;
+    void *log_ud;
+    struct kvt_rcfg cfg;
+    struct kvt_rkeys keys;
+
+    pthread_mutex_t mu; /* view and stats */
+    struct kvt_rview view;
+    struct kvt_remote_stats st;
+
+    /* one client per thread role; each used under its own lock */
+    pthread_mutex_t poll_mu, put_mu, get_mu;
+    struct kvt_rclient poll_rc, put_rc, get_rc;
+
+    struct kvt_write_queue *q;
+    pthread_t poller;
+    bool poller_started;
+    pthread_mutex_t stop_mu;
+    pthread_cond_t stop_cv;
+    bool stop;
+};
+
+int kvt_remote_parse_url(const char *url, struct kvt_rcfg *c, char **prefix);
+void kvt_remote_cfg_free(struct kvt_rcfg *c);
+
+/** Bump a stats counter under the lock. */
+#define KVT_RSTAT(r, field, n)                                                                     \
+    do {                                                                                           \
+        pthread_mutex_lock(&(r)->mu);                                                              \
+        (r)->st.field += (n);                                                                      \
+        pthread_mutex_unlock(&(r)->mu);                                                            \
+    } while (0)
+
+/** Remove entry @p rec everywhere: the index record first (no new readers), then its chunks,
+ * then the local view. @p rc is the caller's client (its lock held). */
+void kvt_remote_delete(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rrec *rec);
+/** A copy of @p s (NULL when out of memory); the caller holds r->mu if @p s is in the view. */
+struct kvt_rrec *kvt_remote_rec_copy_locked(const struct kvt_rrec *s);
+/** A copy of the record of hit id @p id (NULL when gone). */
+struct kvt_rrec *kvt_remote_rec_copy(struct kvt_remote *r, uint64_t id);
+void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/** "<scratch>/kvtier-remote-<uuid>.mlxkv" into @p out. */
+void kvt_remote_scratch_path(const struct kvt_remote *r, const char *uuid, char *out, size_t cap);
+
+#endif

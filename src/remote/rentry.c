@@ -1,0 +1,164 @@
+/*
+ * An entry's bytes as chunk keys on the master of its hash tag: SETs go out pipelined with
+ * writev straight from the mapped file, GET replies land straight in the destination, each
+ * checked against the chunk length the index record promised. A window bounds the requests
+ * in flight. A redirection (resharding, failover) restarts the whole transfer once on the
+ * node it names; a connection failure fails the node and the transfer.
+ */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "remote/remote.h"
+
+#define WINDOW 8
+#define KEY_MAX 256
+
+struct xfer {
+    struct kvt_rclient *rc;
+    const struct kvt_rkeys *k;
+    const struct kvt_rentry *e;
+    uint8_t *data; /* source (put); get: one chunk, written to fd at the chunk's offset */
+    int fd;
+    bool get;
+};
+
+static size_t chunk_len(const struct kvt_rentry *e, uint32_t i)
+{
+    uint64_t off = (uint64_t)i * e->chunk;
+    return (size_t)(e->bytes - off < e->chunk ? e->bytes - off : e->chunk);
+}
+
+/* Send request @p i (ASKING first when @p ask). */
+static int send_req(const struct xfer *x, int fd, uint32_t i, bool ask)
+{
+    char key[KEY_MAX], head[KEY_MAX + 96];
+    kvt_rkeys_chunk(x->k, x->e->ns, x->e->uuid, i, key, sizeof(key));
+    size_t kl = strlen(key), vl = chunk_len(x->e, i);
+    int hl = x->get ? snprintf(head, sizeof(head), "%s*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n",
+                               ask ? "*1\r\n$6\r\nASKING\r\n" : "", kl, key)
+                    : snprintf(head, sizeof(head), "%s*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
+                               ask ? "*1\r\n$6\r\nASKING\r\n" : "", kl, key, vl);
+    struct iovec iov[3] = {{head, (size_t)hl}, {0}, {(void *)"\r\n", 2}};
+    int n = 1;
+    if (!x->get) {
+        iov[1].iov_base = x->data + (uint64_t)i * x->e->chunk;
+        iov[1].iov_len = vl;
+        n = 3;
+    }
+    return kvt_rio_send(fd, iov, n);
+}
+
+static int recv_reply(const struct xfer *x, struct kvt_rio *io, uint32_t i, bool ask)
+{
+    if (ask) {
+        int rc = kvt_rio_reply(io, NULL, 0);
+        if (rc != KVT_R_OK)
+            return rc < 0 ? rc : kvt_fail(-EPROTO, "redis: ASKING refused: %s", io->err);
+    }
+    if (!x->get)
+        return kvt_rio_reply(io, NULL, 0);
+    /* through a reused buffer: reading a socket straight into fresh file pages costs a page
+     * fault per page, which on a VM is slower than the copy */
+    size_t len = chunk_len(x->e, i);
+    int rc = kvt_rio_reply(io, x->data, len);
+    if (rc == KVT_R_OK &&
+        pwrite(x->fd, x->data, len, (off_t)((uint64_t)i * x->e->chunk)) != (ssize_t)len)
+        rc = kvt_fail(-EIO, "remote: scratch file write failed");
+    return rc;
+}
+
+/* One pass over every chunk on node @p n: KVT_R_OK, KVT_R_NIL, KVT_R_ERR (io->err) or < 0. */
+static int pass(const struct xfer *x, struct kvt_rnode *n, bool ask, struct kvt_rio *io)
+{
+    if (n->c->reader->len != n->c->reader->pos)
+        return kvt_fail(-EPROTO, "redis: unread reply bytes on the connection");
+    io->fd = n->c->fd;
+    io->pos = io->len = 0;
+    uint32_t sent = 0, got = 0;
+    int result = KVT_R_OK;
+    while (got < x->e->n_chunks) {
+        while (sent < x->e->n_chunks && sent - got < WINDOW) {
+            int rc = send_req(x, io->fd, sent++, ask);
+            if (rc < 0)
+                return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket", n->port,
+                                strerror(-rc));
+        }
+        int rc = recv_reply(x, io, got++, ask);
+        if (rc < 0 && rc > -1000)
+            return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket", n->port,
+                            strerror(-rc));
+        if (rc < 0)
+            return rc;
+        if (rc != KVT_R_OK && result == KVT_R_OK)
+            result = rc; /* keep reading: the connection stays in step */
+    }
+    return kvt_rio_pending(io) ? kvt_fail(-EPROTO, "redis: extra reply bytes") : result;
+}
+
+static int run(const struct xfer *x)
+{
+    char key[KEY_MAX];
+    kvt_rkeys_chunk(x->k, x->e->ns, x->e->uuid, 0, key, sizeof(key));
+    struct kvt_rnode *n;
+    int rc = kvt_rclient_node(x->rc, key, &n);
+    bool ask = false;
+    struct kvt_rio io;
+    for (int hop = 0; rc == 0 && hop < 3; hop++) {
+        rc = pass(x, n, ask, &io);
+        if (rc != KVT_R_ERR)
+            break;
+        n = kvt_rclient_redirect(x->rc, io.err, &ask);
+        if (!n)
+            return kvt_fail(-EIO, "redis: %s", io.err);
+        rc = 0;
+    }
+    if (rc == KVT_R_ERR)
+        return kvt_fail(-ELOOP, "redis: too many redirections for %s", key);
+    if (rc < 0 && n) { /* out of step: reconnect, at once when the server itself is fine */
+        bool protocol = rc == KVT_E_CORRUPT || rc == -EPROTO;
+        if (protocol)
+            kvt_rnode_close(n);
+        else
+            kvt_rnode_fail(n);
+        x->rc->stale = x->rc->cluster && !protocol;
+    }
+    return rc;
+}
+
+int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
+                   const uint8_t *data)
+{
+    struct xfer x = {rc, k, e, (uint8_t *)data, -1, false};
+    int r = run(&x);
+    return r == KVT_R_NIL ? kvt_fail(-EPROTO, "redis: nil reply to SET") : r;
+}
+
+int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
+                   int fd)
+{
+    struct xfer x = {rc, k, e, malloc(e->chunk), fd, true};
+    int r = x.data ? run(&x) : kvt_fail(-ENOMEM, "remote: out of memory");
+    free(x.data);
+    return r;
+}
+
+int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e)
+{
+    char key[KEY_MAX];
+    const char *argv[2] = {"DEL", key};
+    int err = 0;
+    for (uint32_t i = 0; i < e->n_chunks; i++) {
+        kvt_rkeys_chunk(k, e->ns, e->uuid, i, key, sizeof(key));
+        redisReply *r = kvt_rclient_cmd(rc, key, 2, argv, NULL, &err);
+        if (!r)
+            return err;
+        freeReplyObject(r);
+    }
+    return 0;
+}

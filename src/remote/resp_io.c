@@ -1,0 +1,153 @@
+/*
+ * RESP I/O for the bulk payloads, on the socket of a hiredis connection while hiredis has
+ * nothing buffered: requests go out with writev straight from the entry's bytes, and a bulk
+ * reply is read straight into its destination once its announced length has been checked
+ * against the length expected, so a hostile or confused server can never make us allocate
+ * or write past what the index record promised.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "remote/remote.h"
+
+static int io_errno(void)
+{
+    return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+}
+
+int kvt_rio_send(int fd, struct iovec *iov, int n)
+{
+    while (n > 0) {
+        ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return io_errno();
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+static int fill(struct kvt_rio *r)
+{
+    if (r->pos == r->len)
+        r->pos = r->len = 0;
+    if (r->len == sizeof(r->buf)) {
+        memmove(r->buf, r->buf + r->pos, r->len - r->pos);
+        r->len -= r->pos;
+        r->pos = 0;
+    }
+    for (;;) {
+        ssize_t got = read(r->fd, r->buf + r->len, sizeof(r->buf) - r->len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return io_errno();
+        if (got == 0)
+            return -ECONNRESET;
+        r->len += (size_t)got;
+        return 0;
+    }
+}
+
+/* One CRLF-terminated line into @p line (without the CRLF). */
+static int read_line(struct kvt_rio *r, char *line, size_t cap)
+{
+    for (;;) {
+        uint8_t *s = r->buf + r->pos;
+        uint8_t *nl = memchr(s, '\n', r->len - r->pos);
+        if (nl) {
+            size_t n = (size_t)(nl - s);
+            if (n == 0 || s[n - 1] != '\r')
+                return kvt_fail(KVT_E_CORRUPT, "redis: malformed reply line");
+            n--;
+            if (n >= cap)
+                n = cap - 1; /* error texts are truncated, never overrun */
+            memcpy(line, s, n);
+            line[n] = '\0';
+            r->pos += (size_t)(nl - s) + 1;
+            return 0;
+        }
+        if (r->len - r->pos >= sizeof(r->buf) - 1)
+            return kvt_fail(KVT_E_CORRUPT, "redis: reply line too long");
+        int rc = fill(r);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+/* Exactly @p n bytes to @p dst: first what is buffered, then straight from the socket. */
+static int read_exact(struct kvt_rio *r, uint8_t *dst, size_t n)
+{
+    size_t have = r->len - r->pos;
+    size_t take = have < n ? have : n;
+    memcpy(dst, r->buf + r->pos, take);
+    r->pos += take;
+    for (size_t done = take; done < n;) {
+        ssize_t got = read(r->fd, dst + done, n - done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return io_errno();
+        if (got == 0)
+            return -ECONNRESET;
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+static int read_bulk(struct kvt_rio *r, const char *line, void *dst, size_t want)
+{
+    char *end;
+    errno = 0;
+    long long len = strtoll(line + 1, &end, 10);
+    if (errno || *end || len < -1)
+        return kvt_fail(KVT_E_CORRUPT, "redis: bad bulk length \"%.32s\"", line);
+    if (len == -1)
+        return KVT_R_NIL;
+    if (!dst || (unsigned long long)len != want)
+        return kvt_fail(KVT_E_CORRUPT, "redis: bulk of %lld bytes where %zu were expected", len,
+                        want);
+    int rc = read_exact(r, dst, want);
+    char crlf[2];
+    if (rc == 0)
+        rc = read_exact(r, (uint8_t *)crlf, 2);
+    if (rc == 0 && (crlf[0] != '\r' || crlf[1] != '\n'))
+        rc = kvt_fail(KVT_E_CORRUPT, "redis: bulk not terminated");
+    return rc;
+}
+
+int kvt_rio_reply(struct kvt_rio *r, void *dst, size_t want)
+{
+    char line[256];
+    int rc = read_line(r, line, sizeof(line));
+    if (rc < 0)
+        return rc;
+    switch (line[0]) {
+    case '+':
+    case ':':
+        return dst ? kvt_fail(KVT_E_CORRUPT, "redis: status where a bulk was expected") : KVT_R_OK;
+    case '-': snprintf(r->err, sizeof(r->err), "%s", line + 1); return KVT_R_ERR;
+    case '$': return read_bulk(r, line, dst, want);
+    default: return kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0]);
+    }
+}
+
+bool kvt_rio_pending(const struct kvt_rio *r)
+{
+    return r->pos != r->len;
+}

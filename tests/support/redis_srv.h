@@ -1,0 +1,61 @@
+/*
+ * Real redis-server processes for the remote-tier suites and the benchmark: started on
+ * 127.0.0.1 with free ports in a scratch directory, killed by pid at the end (also when the
+ * test process dies: the servers get SIGKILL with their parent). Nothing here downloads.
+ */
+#ifndef KVT_TEST_REDIS_SRV_H
+#define KVT_TEST_REDIS_SRV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct redis_srv {
+    pid_t pid;
+    int port;
+    char dir[512];
+    char sock[600];
+    char extra[512]; /* extra server arguments, kept for restarts */
+};
+
+/** Sleep @p ms milliseconds; the monotonic clock in ms. */
+void msleep(int ms);
+int64_t now_ms(void);
+
+/** Whether redis-server and redis-cli are installed. */
+bool redis_available(void);
+/** A free TCP port whose cluster bus port (+10000) is free too. */
+int redis_free_port(void);
+/** Start a server in @p dir on @p port (0 = a free one) with @p extra arguments ("" = none);
+ * waits until it answers PING. 0 or -1. */
+int redis_start(struct redis_srv *s, const char *dir, int port, const char *extra);
+/** SIGKILL and reap (no-op when not running). */
+void redis_kill(struct redis_srv *s);
+/** Kill and start again on the same port, empty. */
+int redis_restart(struct redis_srv *s);
+/** Run redis-cli against @p s with @p args; its output in *out (may be NULL; caller frees). */
+int redis_cli(const struct redis_srv *s, const char *args, char **out);
+/** "redis://127.0.0.1:<port>/<prefix>" (static buffer). */
+const char *redis_url(const struct redis_srv *s, const char *prefix);
+
+/** A cluster of @p masters masters with @p replicas replicas each. */
+struct redis_cluster {
+    struct redis_srv node[12];
+    int n;
+};
+int redis_cluster_start(struct redis_cluster *c, const char *dir, int masters, int replicas);
+void redis_cluster_stop(struct redis_cluster *c);
+/** Wait until every live node reports cluster_state:ok and every live replica is in sync with
+ * its master (up to @p ms). 0 or -1. */
+int redis_cluster_wait_ok(struct redis_cluster *c, int ms);
+/** The node (index) that is master for @p slot now, or -1. */
+int redis_cluster_master_of(struct redis_cluster *c, unsigned slot);
+
+/* The identity and entries the remote suites and their peer program share. */
+#define REMOTE_MODEL "model-remote"
+#define REMOTE_FP "fp-remote"
+#define REMOTE_TOK "tok-remote"
+/** Tokens of entry @p seed: n of them, distinct per seed from the first token on. */
+void remote_tokens(uint64_t seed, size_t n, int32_t *out);
+#endif

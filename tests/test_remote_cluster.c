@@ -1,0 +1,320 @@
+/*
+ * The remote tier over a real local Redis Cluster of 3 masters with one replica each
+ * (started here): entries written by another process are found and restored byte for byte,
+ * spread over the masters; MOVED and ASK are followed; when a master is killed its replica
+ * takes over and every entry is kept; when that new master (with no replica left) is killed
+ * too, its entries become misses within the timeout and everything else is still served.
+ */
+#include "support/redis_srv.h"
+#include "support/support.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "remote/remote.h"
+
+#define N_TOK 200
+#define N_ENTRIES 9
+#define SEED 200
+
+static char *base;
+static struct redis_cluster C;
+static char url[512];
+
+/* Time bounds stretch under the sanitizers, which slow every step several times. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SLACK 4
+#else
+#define SLACK 1
+#endif
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (!redis_available())
+        return -1;
+    base = scratch_dir("remote-cluster");
+    if (!base || redis_cluster_start(&C, base, 3, 1) < 0)
+        return -1;
+    /* every node as a seed: the suite kills masters, the seed among them */
+    int len = snprintf(url, sizeof(url), "redis://127.0.0.1:%d", C.node[0].port);
+    for (int i = 1; i < C.n; i++)
+        len += snprintf(url + len, sizeof(url) - (size_t)len, ",127.0.0.1:%d", C.node[i].port);
+    snprintf(url + len, sizeof(url) - (size_t)len, "/cl");
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    redis_cluster_stop(&C);
+    if (base)
+        rm_rf(base);
+    free(base);
+    return 0;
+}
+
+static void log_fn(void *ud, int level, const char *msg)
+{
+    (void)ud;
+    if (level >= KVT_LOG_WARN && getenv("KVT_TEST_VERBOSE"))
+        fprintf(stderr, "log: %s\n", msg);
+}
+
+static kvt_remote *open_remote(void)
+{
+    struct kvt_remote_opts o;
+    kvt_remote_opts_init(&o);
+    o.url = url;
+    o.model_id = REMOTE_MODEL;
+    o.config_fingerprint = REMOTE_FP;
+    o.tokenizer_hash = REMOTE_TOK;
+    o.timeout_ms = 500;
+    o.poll_ms = 100;
+    o.scratch_dir = base;
+    o.log = log_fn;
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(&o, &r), 0);
+    return r;
+}
+
+/* 1 identical, 0 miss; wrong bytes fail the test. */
+static int restore(kvt_remote *r, uint64_t seed)
+{
+    int32_t tok[N_TOK + 1];
+    remote_tokens(seed, N_TOK, tok);
+    tok[N_TOK] = 1;
+    struct kvt_hit hit;
+    assert_int_equal(kvt_remote_find(r, tok, N_TOK + 1, "", &hit), 0);
+    if (hit.prefix_len != N_TOK)
+        return 0;
+    struct kvt_entry *got = NULL;
+    assert_int_equal(kvt_remote_restore(r, &hit, &got), 0);
+    if (!got)
+        return 0;
+    struct kvt_entry *want = synth_random_entry(tok, N_TOK, seed, "m", "f", "t");
+    size_t na, nb;
+    uint8_t *a = synth_entry_bytes(got, &na), *b = synth_entry_bytes(want, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    kvt_entry_free(want);
+    kvt_entry_free(got);
+    return 1;
+}
+
+/* The node that is master now for the chunks of entry @p seed (via its uuid in the view). */
+static int master_of_entry(kvt_remote *r, uint64_t seed)
+{
+    int32_t tok[N_TOK + 1];
+    remote_tokens(seed, N_TOK, tok);
+    tok[N_TOK] = 1;
+    struct kvt_hit hit;
+    kvt_remote_find(r, tok, N_TOK + 1, "", &hit);
+    struct kvt_store_record *v;
+    size_t n;
+    assert_int_equal(kvt_remote_list(r, &v, &n), 0);
+    int m = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].id != hit.id)
+            continue;
+        char tag[40];
+        snprintf(tag, sizeof(tag), "{%s}", v[i].path);
+        m = redis_cluster_master_of(&C, kvt_key_slot(tag, strlen(tag)));
+    }
+    kvt_store_list_free(v);
+    return m;
+}
+
+static int masters_of[N_ENTRIES];
+
+static void test_cross_host_over_cluster(void **state)
+{
+    (void)state;
+    char *cmd = strf("%s/tests/progs/remote_peer put '%s' '%s/writer' %d %d %d", KVT_BUILD_DIR, url,
+                     base, SEED, N_TOK, N_ENTRIES);
+    char *out = NULL;
+    assert_int_equal(run_capture(cmd, &out), 0);
+    print_message("writer: %s", out);
+    free(out);
+    free(cmd);
+    kvt_remote *r = open_remote();
+    assert_int_equal(kvt_remote_refresh(r), 0);
+    bool seen[12] = {0};
+    int distinct = 0;
+    for (int i = 0; i < N_ENTRIES; i++) {
+        assert_int_equal(restore(r, SEED + i), 1);
+        masters_of[i] = master_of_entry(r, SEED + i);
+        assert_true(masters_of[i] >= 0);
+        distinct += !seen[masters_of[i]];
+        seen[masters_of[i]] = true;
+    }
+    print_message("%d entries on %d masters\n", N_ENTRIES, distinct);
+    assert_true(distinct >= 2);
+    kvt_remote_close(r);
+}
+
+/* A stale slot map: MOVED is followed (and the map refreshed); a slot being migrated: ASK. */
+static void test_redirections(void **state)
+{
+    (void)state;
+    struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = C.node[0].port, .timeout_ms = 500};
+    struct kvt_rclient rc;
+    assert_int_equal(kvt_rclient_init(&rc, &cfg), 0);
+    struct kvt_rnode *n;
+    assert_int_equal(kvt_rclient_node(&rc, "cl:probe", &n), 0);
+    assert_true(rc.cluster);
+    uint16_t slot = kvt_key_slot("cl:probe", 8);
+    uint16_t right = rc.slots[slot];
+    rc.slots[slot] = (uint16_t)((right + 1) % rc.n_nodes); /* wrong on purpose */
+    int err = 0;
+    redisReply *rep =
+        kvt_rclient_cmd(&rc, "cl:probe", 3, (const char *[]){"SET", "cl:probe", "1"}, NULL, &err);
+    assert_non_null(rep);
+    assert_int_equal(rep->type, REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    assert_int_equal(rc.slots[slot], right); /* MOVED corrected the map */
+
+    /* ASK: the slot of "cl:ask" migrates from its master to another one */
+    uint16_t s2 = kvt_key_slot("cl:ask", 6);
+    int src = redis_cluster_master_of(&C, s2), dst = -1;
+    for (int i = 0; i < C.n && dst < 0; i++)
+        for (unsigned s = 0; s < 16384 && dst < 0; s += 512)
+            if (i != src && redis_cluster_master_of(&C, s) == i)
+                dst = i;
+    assert_true(src >= 0 && dst >= 0);
+    char *sid = NULL, *did = NULL;
+    redis_cli(&C.node[src], "CLUSTER MYID", &sid);
+    redis_cli(&C.node[dst], "CLUSTER MYID", &did);
+    sid[strcspn(sid, "\n")] = did[strcspn(did, "\n")] = '\0';
+    char *a1 = strf("CLUSTER SETSLOT %u IMPORTING %s", s2, sid);
+    char *a2 = strf("CLUSTER SETSLOT %u MIGRATING %s", s2, did);
+    assert_int_equal(redis_cli(&C.node[dst], a1, NULL), 0);
+    assert_int_equal(redis_cli(&C.node[src], a2, NULL), 0);
+    rep = kvt_rclient_cmd(&rc, "cl:ask", 3, (const char *[]){"SET", "cl:ask", "v"}, NULL, &err);
+    assert_non_null(rep);
+    print_message("SET during migration: %s\n", rep->type == REDIS_REPLY_STATUS ? rep->str : "?");
+    assert_int_equal(rep->type, REDIS_REPLY_STATUS); /* answered by dst after ASKING */
+    freeReplyObject(rep);
+    char *out = NULL;
+    redis_cli(&C.node[src], "-c GET cl:ask", &out); /* redis-cli follows ASK too */
+    assert_non_null(strstr(out, "v"));
+    free(out);
+    char *st1 = strf("CLUSTER SETSLOT %u NODE %s", s2, sid);
+    char *del =
+        strf("printf 'ASKING\\nDEL cl:ask\\n' | redis-cli -p %d >/dev/null", C.node[dst].port);
+    run_capture(del, NULL);
+    free(del);
+    redis_cli(&C.node[dst], st1, NULL);
+    redis_cli(&C.node[src], st1, NULL);
+    free(st1);
+    free(a1);
+    free(a2);
+    free(sid);
+    free(did);
+    kvt_rclient_free(&rc);
+}
+
+/* Restore every entry, retrying while the cluster settles: how many come back identical. */
+static int restore_all(kvt_remote *r, const bool *skip, int64_t settle_ms)
+{
+    int ok = 0;
+    for (int i = 0; i < N_ENTRIES; i++) {
+        if (skip && skip[i])
+            continue;
+        int64_t t0 = now_ms();
+        int got;
+        while (!(got = restore(r, SEED + i)) && now_ms() - t0 < settle_ms)
+            msleep(100);
+        if (!got) {
+            struct kvt_remote_stats st;
+            kvt_remote_get_stats(r, &st);
+            print_message("entry %d (master %d): miss; errors %llu misses %llu corrupt %llu\n", i,
+                          master_of_entry(r, SEED + i), (unsigned long long)st.errors,
+                          (unsigned long long)st.misses, (unsigned long long)st.corrupt);
+        }
+        ok += got;
+    }
+    return ok;
+}
+
+static void wait_replicated(void)
+{
+    msleep(1500); /* loopback replication; the replicas ack within milliseconds */
+}
+
+static void test_failover_keeps_entries(void **state)
+{
+    (void)state;
+    kvt_remote *r = open_remote();
+    assert_int_equal(restore_all(r, NULL, 0), N_ENTRIES);
+    wait_replicated();
+    int victim = masters_of[0];
+    assert_true(victim >= 0);
+    print_message("killing master %d (port %d)\n", victim, C.node[victim].port);
+    redis_kill(&C.node[victim]);
+    int64_t t0 = now_ms();
+    int promoted = -1;
+    while ((promoted = master_of_entry(r, SEED)) == victim || promoted < 0)
+        if (now_ms() - t0 > 20000)
+            fail_msg("no failover after 20 s");
+        else
+            msleep(100);
+    print_message("node %d promoted after %lld ms\n", promoted, (long long)(now_ms() - t0));
+    t0 = now_ms();
+    assert_int_equal(restore_all(r, NULL, 8000), N_ENTRIES); /* the replica kept them all */
+    print_message("all %d entries restored %lld ms after the failover\n", N_ENTRIES,
+                  (long long)(now_ms() - t0));
+    kvt_remote_close(r);
+}
+
+/* The promoted replica has no replica of its own: killing it loses its entries (misses,
+ * each within the timeout) while every other entry is still served. */
+static void test_master_without_replica(void **state)
+{
+    (void)state;
+    kvt_remote *r = open_remote();
+    assert_int_equal(kvt_remote_refresh(r), 0);
+    int victim = master_of_entry(r, SEED);
+    assert_true(victim >= 0);
+    bool lost[N_ENTRIES] = {0};
+    int n_lost = 0;
+    for (int i = 0; i < N_ENTRIES; i++) {
+        lost[i] = master_of_entry(r, SEED + i) == victim;
+        n_lost += lost[i];
+    }
+    print_message("killing master %d, which holds %d of %d entries\n", victim, n_lost, N_ENTRIES);
+    redis_kill(&C.node[victim]);
+    for (int i = 0; i < N_ENTRIES; i++) {
+        if (!lost[i])
+            continue;
+        int64_t t0 = now_ms();
+        assert_int_equal(restore(r, SEED + i), 0);
+        assert_true(now_ms() - t0 < 1500 * SLACK);
+    }
+    bool *keep = lost;
+    assert_int_equal(restore_all(r, keep, 3000), N_ENTRIES - n_lost);
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(r, &st);
+    assert_int_equal(st.corrupt, 0);
+    kvt_remote_close(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cross_host_over_cluster),
+        cmocka_unit_test(test_redirections),
+        cmocka_unit_test(test_failover_keeps_entries),
+        cmocka_unit_test(test_master_without_replica),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

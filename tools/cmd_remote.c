@@ -1,0 +1,149 @@
+/*
+ * ls, stats and gc of a remote tier: `kvtier ls|stats|gc --redis URL --model-id M
+ * --config-fingerprint F --tokenizer-hash T [...]`. The password may come from
+ * KVT_REDIS_PASSWORD instead of the URL. ls and stats change nothing; gc removes records
+ * whose chunks are gone and the oldest entries beyond --max-bytes (unless --dry-run).
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+struct rargs {
+    const char *url, *model, *fp, *tok, *ns;
+    bool json, dry_run;
+    uint64_t max_bytes;
+};
+
+bool cli_has_redis(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--redis"))
+            return true;
+    return false;
+}
+
+static bool parse(int argc, char **argv, struct rargs *a)
+{
+    memset(a, 0, sizeof(*a));
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char **dst = !strcmp(k, "--redis")                ? &a->url
+                           : !strcmp(k, "--model-id")           ? &a->model
+                           : !strcmp(k, "--config-fingerprint") ? &a->fp
+                           : !strcmp(k, "--tokenizer-hash")     ? &a->tok
+                           : !strcmp(k, "--ns")                 ? &a->ns
+                                                                : NULL;
+        if (dst && v) {
+            *dst = v;
+            i++;
+        } else if (!strcmp(k, "--json")) {
+            a->json = true;
+        } else if (!strcmp(k, "--dry-run")) {
+            a->dry_run = true;
+        } else if (!strcmp(k, "--max-bytes") && v && cli_parse_size(v, &a->max_bytes)) {
+            i++;
+        } else {
+            fprintf(stderr, "kvtier %s: unknown or incomplete option %s\n", argv[0], k);
+            return false;
+        }
+    }
+    if (!a->url || !a->model || !a->fp || !a->tok) {
+        fprintf(stderr,
+                "kvtier %s: --redis needs --model-id, --config-fingerprint and "
+                "--tokenizer-hash\n",
+                argv[0]);
+        return false;
+    }
+    return true;
+}
+
+static int open_remote(const struct rargs *a, kvt_remote **r)
+{
+    struct kvt_remote_opts o;
+    kvt_remote_opts_init(&o);
+    o.url = a->url;
+    o.model_id = a->model;
+    o.config_fingerprint = a->fp;
+    o.tokenizer_hash = a->tok;
+    o.password = getenv("KVT_REDIS_PASSWORD");
+    int rc = kvt_remote_open(&o, r);
+    if (rc < 0)
+        return cli_error(a->url, rc);
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(*r, &st);
+    if (!st.connected) {
+        kvt_remote_close(*r);
+        fprintf(stderr, "kvtier: %s: cannot reach the server\n", a->url);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static void ls_print(const struct rargs *a, const struct kvt_store_record *v, size_t n)
+{
+    size_t shown = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (a->ns && strcmp(a->ns, v[i].ns))
+            continue;
+        shown++;
+        if (a->json) {
+            printf("{\"uuid\": \"%s\", \"ns\": ", v[i].path);
+            cli_json_string(stdout, v[i].ns);
+            printf(", \"tokens\": %zu, \"bytes\": %" PRIu64 ", \"created_ms\": %" PRId64
+                   ", \"trimmable\": %s}\n",
+                   v[i].n_tokens, v[i].bytes, v[i].mtime_ms, v[i].trimmable ? "true" : "false");
+        } else {
+            printf("%s  ns=%-10s %8zu tokens %12" PRIu64 " bytes%s\n", v[i].path,
+                   v[i].ns[0] ? v[i].ns : "\"\"", v[i].n_tokens, v[i].bytes,
+                   v[i].trimmable ? "" : "  untrimmable");
+        }
+    }
+    if (!a->json)
+        printf("%zu entries\n", shown);
+}
+
+static void stats_print(const struct rargs *a, const struct kvt_remote_stats *s)
+{
+    if (a->json) {
+        printf("{\"url\": ");
+        cli_json_string(stdout, a->url);
+        printf(", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"version\": %" PRId64 "}\n",
+               s->entries, s->bytes, s->version);
+    } else {
+        printf("%s: %" PRIu64 " entries, %.2f MiB, index version %" PRId64 "\n", a->url, s->entries,
+               (double)s->bytes / (1 << 20), s->version);
+    }
+}
+
+int cmd_remote(int argc, char **argv)
+{
+    struct rargs a;
+    if (!parse(argc, argv, &a))
+        return EXIT_USAGE;
+    kvt_remote *r;
+    int rc = open_remote(&a, &r);
+    if (rc)
+        return rc;
+    if (!strcmp(argv[0], "ls")) {
+        struct kvt_store_record *v;
+        size_t n;
+        rc = kvt_remote_list(r, &v, &n);
+        if (rc == 0)
+            ls_print(&a, v, n);
+        kvt_store_list_free(v);
+    } else if (!strcmp(argv[0], "stats")) {
+        struct kvt_remote_stats st;
+        kvt_remote_get_stats(r, &st);
+        stats_print(&a, &st);
+    } else {
+        size_t dropped = 0;
+        rc = kvt_remote_gc(r, a.max_bytes, a.dry_run, &dropped);
+        if (rc == 0)
+            printf("%s %zu record%s\n", a.dry_run ? "would drop" : "dropped", dropped,
+                   dropped == 1 ? "" : "s");
+    }
+    kvt_remote_close(r);
+    return rc < 0 ? cli_error(a.url, rc) : 0;
+}
