@@ -3,14 +3,23 @@
  * byte for byte where the placement says, at any alignment (off the 4096 grid, on it, and
  * on the file's own grid, which direct reads fill in place); skipped slots are still checked;
  * a corrupt slot fails the load; a refusal is the caller's code and leaves the store's record
- * alone, while a corrupt file is a miss that drops it.
+ * alone, while a corrupt file is a miss that drops it. A cold load whose destinations are off
+ * the block grid is read in shares on several cores: the same bytes, and the same failures
+ * with the same messages, as a load in order.
  */
 #include "support/support.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "format/format.h"
+#include "io/io_fault.h"
+#include "io/stream.h"
+#include "mem/par.h"
 
 static const char *const MODEL = "test/model";
 static const char *const FP = "fp-load-into";
@@ -175,6 +184,268 @@ static void test_load_into_failures(void **state)
     free(tok);
 }
 
+/* Drop a file's pages so that the next load reads the device; false when they stay cached
+ * (a file system without a page cache to drop). */
+static bool make_cold(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(fsync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    off_t size = lseek(fd, 0, SEEK_END);
+    bool cached = kvt_stream_cached(fd, 0, (uint64_t)size);
+    close(fd);
+    return !cached;
+}
+
+/* Whether at least three quarters of the bytes the load of @p path into @p p placed are off
+ * the file's block grid, or not placed at all (a stream copies them out of staging). */
+static bool mostly_copied(const char *path, const struct pool *p)
+{
+    struct kvt_header *h;
+    const struct kvt_io *io = kvt_io();
+    kvt_io_set(NULL); /* whatever faults the load meets */
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    kvt_io_set(io);
+    uint64_t all = 0, copied = 0;
+    int k = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++, k++) {
+            uint64_t abs = kvt_slot_abs(h, &h->caches[i].slots[j]);
+            all += p->bytes[k];
+            if (k == p->skip || ((uintptr_t)p->at[k] - abs) % 4096)
+                copied += p->bytes[k];
+        }
+    kvt_header_free(h);
+    return copied >= all - all / 4;
+}
+
+/* A cold load into @p p; whether helper threads ran it goes to *@p parallel. On failure the
+ * message is copied to @p msg. */
+static int cold_load(const char *path, struct pool *p, bool *parallel, char *msg, size_t n)
+{
+    bool cold = make_cold(path);
+    unsigned long helpers = kvt_par_helpers_started();
+    struct kvt_header *h = (void *)1;
+    int rc = kvt_file_load_into(path, NULL, place, p, &h);
+    *parallel = kvt_par_helpers_started() > helpers;
+    /* cores to share the work, and a load the shares take (a cached file is copied on
+     * several cores whatever the alignment) */
+    bool cores = kvt_par_cpus() > 1 && kvt_stream_fast_ok();
+    assert_int_equal(*parallel, cores && (mostly_copied(path, p) || !cold));
+    if (rc == 0) {
+        assert_non_null(h);
+        kvt_header_free(h);
+    } else {
+        assert_null(h);
+        snprintf(msg, n, "%s", kvt_last_error());
+    }
+    return rc;
+}
+
+/* An entry of 9 MB in six slots: big enough for the load to be shared among cores. */
+static struct kvt_entry *big_entry(int32_t **tok)
+{
+    *tok = tokens(3000, 7);
+    return synth_random_entry(*tok, 3000, 23, MODEL, FP, TOK);
+}
+
+/*
+ * Cold loads into destinations off the block grid run in shares on several cores, and land
+ * the same bytes as a load in order (no_parallel) and as one onto the file's grid; a slot left
+ * NULL is checked, not written.
+ */
+static void test_cold_shares_land_every_byte(void **state)
+{
+    (void)state;
+    int32_t *tok;
+    struct kvt_entry *e = big_entry(&tok);
+    size_t total;
+    uint8_t *want = synth_entry_bytes(e, &total);
+    char *path = save("shares.mlxkv", e);
+    struct {
+        size_t align;
+        long skew;
+        int skip;
+    } cases[] = {{1, 12, -1}, {16, 5, 1}, {1, 3, 5}, {4096, -1, -1}, {64, 0, 0}, {4096, -1, 2}};
+    for (int serial = 0; serial < 2; serial++) {
+        set_mem(false, serial == 1);
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            struct pool p = pool_new(total + 16 * 8192, cases[c].align, cases[c].skew);
+            p.skip = cases[c].skip;
+            bool parallel;
+            char msg[512];
+            if (serial) { /* no_parallel: one stream, in order */
+                make_cold(path);
+                struct kvt_header *h;
+                unsigned long helpers = kvt_par_helpers_started();
+                assert_int_equal(kvt_file_load_into(path, NULL, place, &p, &h), 0);
+                assert_int_equal(kvt_par_helpers_started(), helpers);
+                kvt_header_free(h);
+            } else {
+                assert_int_equal(cold_load(path, &p, &parallel, msg, sizeof(msg)), 0);
+            }
+            assert_int_equal(p.n, 6);
+            assert_pool_is(&p, want, total);
+            free(p.mem);
+        }
+    }
+    set_mem(false, false);
+    free(path);
+    free(want);
+    kvt_entry_free(e);
+    free(tok);
+}
+
+/* The message of a cold load of @p path into an off-grid pool, with the shares (@p serial
+ * false) or in order; the load must fail with @p want. */
+static void failed_load(const char *path, size_t total, bool serial, int skip, int want, char *msg,
+                        size_t n)
+{
+    struct pool p = pool_new(total + 16 * 8192, 1, 12);
+    p.skip = skip;
+    bool parallel;
+    set_mem(false, serial);
+    if (serial) {
+        make_cold(path);
+        struct kvt_header *h = (void *)1;
+        assert_int_equal(kvt_file_load_into(path, NULL, place, &p, &h), want);
+        assert_null(h);
+        snprintf(msg, n, "%s", kvt_last_error());
+    } else {
+        assert_int_equal(cold_load(path, &p, &parallel, msg, n), want);
+    }
+    set_mem(false, false);
+    free(p.mem);
+}
+
+/*
+ * A corrupt slot fails a shared load with the message a load in order gives: a slot of the
+ * last share alone, a slot of each share (the first one in header order is reported), and a
+ * corrupt slot left NULL (checked only).
+ */
+static void test_cold_shares_corrupt(void **state)
+{
+    (void)state;
+    int32_t *tok;
+    struct kvt_entry *e = big_entry(&tok);
+    size_t total;
+    uint8_t *want = synth_entry_bytes(e, &total);
+    char *path = save("shares-bad.mlxkv", e);
+    char msg[2][512];
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    int last = h->caches[1].n_slots - 1;
+    kvt_header_free(h);
+
+    /* the last slot of the second kv layer: in the last share */
+    flip_slot_byte(path, 1, last, 4097, 0x10);
+    for (int serial = 0; serial < 2; serial++)
+        failed_load(path, total, serial, -1, KVT_E_CORRUPT, msg[serial], sizeof(msg[serial]));
+    assert_non_null(strstr(msg[0], "L3: tensor hash mismatch"));
+    char name[64];
+    snprintf(name, sizeof(name), "caches[1].tensors[%d]", last);
+    assert_non_null(strstr(msg[0], name));
+    assert_string_equal(msg[0], msg[1]);
+
+    /* and the first slot: in the first share, reported first */
+    flip_slot_byte(path, 0, 0, 77, 0x01);
+    for (int serial = 0; serial < 2; serial++)
+        failed_load(path, total, serial, -1, KVT_E_CORRUPT, msg[serial], sizeof(msg[serial]));
+    assert_non_null(strstr(msg[0], "caches[0].tensors[0]"));
+    assert_string_equal(msg[0], msg[1]);
+
+    /* the first slot left NULL: still checked, and still reported first */
+    for (int serial = 0; serial < 2; serial++)
+        failed_load(path, total, serial, 0, KVT_E_CORRUPT, msg[serial], sizeof(msg[serial]));
+    assert_non_null(strstr(msg[0], "caches[0].tensors[0]"));
+    assert_string_equal(msg[0], msg[1]);
+
+    /* intact again: the shared load succeeds */
+    flip_slot_byte(path, 0, 0, 77, 0x01);
+    flip_slot_byte(path, 1, last, 4097, 0x10);
+    struct pool p = pool_new(total + 16 * 8192, 1, 12);
+    bool parallel;
+    assert_int_equal(cold_load(path, &p, &parallel, msg[0], sizeof(msg[0])), 0);
+    assert_pool_is(&p, want, total);
+    free(p.mem);
+
+    free(path);
+    free(want);
+    kvt_entry_free(e);
+    free(tok);
+}
+
+/*
+ * A read that fails under a shared load fails it with the error of the first failing read in
+ * header order: with every read failing, the message is that of a load in order; with one
+ * read failing (whichever share meets it), a read error, never success with stale bytes; a
+ * later load of the intact device succeeds.
+ */
+static void test_cold_shares_read_error(void **state)
+{
+    (void)state;
+    int32_t *tok;
+    struct kvt_entry *e = big_entry(&tok);
+    size_t total;
+    uint8_t *want = synth_entry_bytes(e, &total);
+    char *path = save("shares-eio.mlxkv", e);
+    char msg[2][512];
+    /* the reads of the header come first: the faults below fall on the slots' reads */
+    kvt_fault_reset();
+    kvt_io_set(kvt_io_fault_fast());
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    kvt_header_free(h);
+    uint64_t head = kvt_fault_calls(KVT_FAULT_PREAD);
+    kvt_io_set(NULL);
+
+    for (int serial = 0; serial < 2; serial++) {
+        kvt_fault_reset();
+        struct kvt_fault_rule r = {
+            .op = KVT_FAULT_PREAD, .nth = head + 1, .err = EIO, .sticky = true};
+        assert_int_equal(kvt_fault_arm(&r), 0);
+        kvt_io_set(kvt_io_fault_fast());
+        failed_load(path, total, serial, -1, -EIO, msg[serial], sizeof(msg[serial]));
+        kvt_io_set(NULL);
+        kvt_fault_reset();
+    }
+    assert_non_null(strstr(msg[0], "read at offset"));
+    assert_string_equal(msg[0], msg[1]);
+
+    /* one read fails, somewhere among the shares' reads */
+    for (uint64_t nth = 1; nth <= 12; nth += 3) {
+        kvt_fault_reset();
+        struct kvt_fault_rule r = {.op = KVT_FAULT_PREAD, .nth = head + nth, .err = EIO};
+        assert_int_equal(kvt_fault_arm(&r), 0);
+        kvt_io_set(kvt_io_fault_fast());
+        struct pool p = pool_new(total + 16 * 8192, 1, 12);
+        bool parallel;
+        int rc = cold_load(path, &p, &parallel, msg[0], sizeof(msg[0]));
+        bool hit = kvt_fault_injected() > 0;
+        kvt_io_set(NULL);
+        kvt_fault_reset();
+        if (hit) {
+            assert_int_equal(rc, -EIO);
+            assert_non_null(strstr(msg[0], "read at offset"));
+        } else {
+            assert_int_equal(rc, 0);
+            assert_pool_is(&p, want, total);
+        }
+        free(p.mem);
+    }
+
+    struct pool p = pool_new(total + 16 * 8192, 1, 12);
+    bool parallel;
+    assert_int_equal(cold_load(path, &p, &parallel, msg[0], sizeof(msg[0])), 0);
+    assert_pool_is(&p, want, total);
+    free(p.mem);
+    free(path);
+    free(want);
+    kvt_entry_free(e);
+    free(tok);
+}
+
 static kvt_store *open_store(void)
 {
     struct kvt_store_opts o;
@@ -253,6 +524,12 @@ int main(void)
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_load_into_failures, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_restore_into, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cold_shares_land_every_byte, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cold_shares_corrupt, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cold_shares_read_error, test_dir_setup,
+                                        test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,8 +10,11 @@
  * A load whose slots are all in the page cache has no device to wait for: the copy out of
  * the cache, the first touch of the fresh destination pages and the hash are all CPU work,
  * so kvt_tensor_read_all() spreads whole slots over several cores instead (each slot's hash
- * runs in order on the thread that copies it). Which way a load goes is kvt_read_choose()'s
- * call (io/read_way.c), the same that the read stream takes at open.
+ * runs in order on the thread that copies it). A load from the device whose destinations are
+ * off the file's block grid is CPU work too (every byte is copied out of staging and hashed):
+ * it is cut into contiguous shares of slots, balanced by bytes, each read by its own stream
+ * on its own core, so that one core's copy does not cap a fast device. Which way a load goes
+ * is kvt_read_choose()'s call (io/read_way.c), the same that the read stream takes at open.
  */
 #include "format/format.h"
 
@@ -31,6 +34,19 @@ void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
     r->rs = NULL;
 }
 
+/* What ended the read of a slot: each has its message (job_err()). */
+enum { J_READ, J_HASH, J_GEOMETRY, J_NOMEM, J_OPEN };
+
+/* One slot of a load: where it is, and how its read ended. */
+struct slot_job {
+    size_t ci;
+    int sj;
+    int rc;       /* 0 or the error */
+    int kind;     /* with rc: J_* */
+    uint64_t at;  /* J_READ: file offset of the failed read */
+    uint64_t got; /* J_HASH: the hash of the bytes read */
+};
+
 static int read_err(const struct kvt_tensor_reader *r, int rc, uint64_t off)
 {
     return kvt_fail(rc, "%s: read at offset %" PRIu64 ": %s", r->name, off, kvt_strerror(rc));
@@ -38,6 +54,8 @@ static int read_err(const struct kvt_tensor_reader *r, int rc, uint64_t off)
 
 /* A parallel load copies each slot in pieces of this size, hashed while they are in L2. */
 #define PAR_PIECE ((size_t)256 << 10)
+/* A load is cut into at most this many shares (kvt_read_choose() picks how many). */
+#define MAX_SHARES 16u
 
 static int hash_err(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t got)
 {
@@ -51,6 +69,27 @@ static int hash_err(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64
 static int geometry_err(const struct kvt_tensor_reader *r, size_t ci, int sj)
 {
     return kvt_fail(-EINVAL, "%s: caches[%zu].tensors[%d]: bad read geometry", r->name, ci, sj);
+}
+
+/* The message of the failure @p j recorded (j->rc != 0). */
+static int job_err(const struct kvt_tensor_reader *r, const struct slot_job *j)
+{
+    switch (j->kind) {
+    case J_HASH: return hash_err(r, j->ci, j->sj, j->got);
+    case J_GEOMETRY: return geometry_err(r, j->ci, j->sj);
+    case J_NOMEM: return kvt_fail(j->rc, "%s: out of memory for the read stream", r->name);
+    case J_OPEN:
+        return kvt_fail(j->rc, "%s: cannot open the read stream: %s", r->name, kvt_strerror(j->rc));
+    default: return read_err(r, j->rc, j->at);
+    }
+}
+
+/* Record failure @p rc of kind @p kind in @p j; returns @p rc. */
+static int job_fail(struct slot_job *j, int rc, int kind)
+{
+    j->rc = rc;
+    j->kind = kind;
+    return rc;
 }
 
 static bool bad_geometry(const struct kvt_slot *s, const uint8_t *dst, uint64_t blocks,
@@ -140,27 +179,29 @@ static size_t slot_ordinal(const struct kvt_header *h, size_t ci, int sj)
     return ord;
 }
 
-/* A new stream over slot @p sj of cache @p ci and every slot after it, in header order. */
-static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj)
+/* A new stream over slot @p sj of cache @p ci and every slot after it in header order, up to
+ * the slot of ordinal @p end (not included). */
+static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj, size_t end,
+                       struct slot_job *j)
 {
     const struct kvt_header *h = r->h;
     size_t n = 0, ord = slot_ordinal(h, ci, sj); /* ranges; where (ci, sj) is in r->dst */
     kvt_rstream_close(r->rs);
     r->rs = NULL;
-    for (size_t i = ci, o = ord; i < h->n_caches; i++)
-        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++)
-            n += slot_ranges(h, &h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL, NULL);
+    for (size_t i = ci, o = ord; i < h->n_caches && o < end; i++)
+        for (int k = i == ci ? sj : 0; k < h->caches[i].n_slots && o < end; k++, o++)
+            n += slot_ranges(h, &h->caches[i].slots[k], r->dst ? &r->dst[o] : NULL, NULL);
     struct kvt_range *rg = malloc((n ? n : 1) * sizeof(*rg));
     if (!rg)
-        return kvt_fail(-ENOMEM, "%s: out of memory for the read stream", r->name);
+        return job_fail(j, -ENOMEM, J_NOMEM);
     n = 0;
-    for (size_t i = ci, o = ord; i < h->n_caches; i++)
-        for (int j = i == ci ? sj : 0; j < h->caches[i].n_slots; j++, o++)
-            n += slot_ranges(h, &h->caches[i].slots[j], r->dst ? &r->dst[o] : NULL, rg + n);
+    for (size_t i = ci, o = ord; i < h->n_caches && o < end; i++)
+        for (int k = i == ci ? sj : 0; k < h->caches[i].n_slots && o < end; k++, o++)
+            n += slot_ranges(h, &h->caches[i].slots[k], r->dst ? &r->dst[o] : NULL, rg + n);
     int rc = kvt_rstream_open(r->fd, rg, n, NULL, &r->rs);
     free(rg);
     if (rc < 0)
-        return kvt_fail(rc, "%s: cannot open the read stream: %s", r->name, kvt_strerror(rc));
+        return job_fail(j, rc, J_OPEN);
     r->next_ci = ci;
     r->next_sj = sj;
     return 0;
@@ -178,14 +219,17 @@ static void advance(struct kvt_tensor_reader *r, size_t ci, int sj)
     }
 }
 
-int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
-                    uint64_t dst_stride)
+/*
+ * kvt_tensor_read() with its failure recorded in @p j (not reported): a new stream reads
+ * ahead up to the slot of ordinal @p end.
+ */
+static int read_one(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
+                    uint64_t dst_stride, size_t end, struct slot_job *j)
 {
     const struct kvt_slot *s = &r->h->caches[ci].slots[sj];
-    uint64_t abs = kvt_slot_abs(r->h, s);
     uint64_t n = s->bytes;
     if (bad_geometry(s, dst, blocks, dst_stride))
-        return geometry_err(r, ci, sj);
+        return job_fail(j, -EINVAL, J_GEOMETRY);
     uint64_t blk = n / blocks;
     if (!(r->dst && r->dst[slot_ordinal(r->h, ci, sj)].zeroed))
         zero_slack(dst, blocks, blk, dst_stride);
@@ -196,7 +240,7 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
         if (!r->verify)
             return 0;
     } else {
-        int rc = due ? 0 : open_stream(r, ci, sj);
+        int rc = due ? 0 : open_stream(r, ci, sj, end, j);
         if (rc)
             return rc;
     }
@@ -204,7 +248,7 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     struct kvt_wyhash_state st;
     kvt_wyhash_init(&st, 0);
     kvt_piece_fn fn = r->verify ? hash_piece : NULL;
-    uint64_t at = abs;
+    uint64_t at = kvt_slot_abs(r->h, s);
     int rc = 0;
     if (n == 0)
         rc = 0;
@@ -213,28 +257,25 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
     else
         rc = kvt_rstream_read_blocks(r->rs, dst, (size_t)blocks, (size_t)blk, (size_t)dst_stride,
                                      fn, &st, &at);
-    if (rc)
-        return read_err(r, rc, at);
+    if (rc) {
+        j->at = at;
+        return job_fail(j, rc, J_READ);
+    }
     if (n > 0)
         advance(r, ci, sj);
     if (!r->keep_cache && n > 0)
         drop_cache(r, s);
-    if (r->verify) {
-        uint64_t got = kvt_wyhash_final(&st);
-        if (got != s->hash)
-            return hash_err(r, ci, sj, got);
-    }
+    if (r->verify && (j->got = kvt_wyhash_final(&st)) != s->hash)
+        return job_fail(j, KVT_E_CORRUPT, J_HASH);
     return 0;
 }
 
-/* One slot of a parallel load: where it is, and how its copy ended. */
-struct slot_job {
-    size_t ci;
-    int sj;
-    int rc;      /* 0, -errno of a read (at `at`) or KVT_E_CORRUPT (hash `got`) */
-    uint64_t at; /* file offset of the failed read */
-    uint64_t got;
-};
+int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
+                    uint64_t dst_stride)
+{
+    struct slot_job j = {.ci = ci, .sj = sj};
+    return read_one(r, ci, sj, dst, blocks, dst_stride, SIZE_MAX, &j) ? job_err(r, &j) : 0;
+}
 
 struct par_load {
     const struct kvt_tensor_reader *r;
@@ -258,9 +299,10 @@ static bool load_slot(void *ud, size_t o)
         for (uint64_t p = 0; p < blk; p += PAR_PIECE) {
             size_t m = blk - p < PAR_PIECE ? (size_t)(blk - p) : PAR_PIECE;
             uint8_t *to = d->dst + k * d->stride + p;
-            j->rc = kvt_io_read_full(r->fd, to, m, abs + k * blk + p);
-            if (j->rc) {
+            int rc = kvt_io_read_full(r->fd, to, m, abs + k * blk + p);
+            if (rc) {
                 j->at = abs + k * blk + p;
+                job_fail(j, rc, J_READ);
                 return false;
             }
             if (r->verify)
@@ -269,19 +311,20 @@ static bool load_slot(void *ud, size_t o)
     if (!r->keep_cache && s->bytes > 0)
         drop_cache(r, s);
     if (r->verify && (j->got = kvt_wyhash_final(&st)) != s->hash)
-        j->rc = KVT_E_CORRUPT;
+        job_fail(j, KVT_E_CORRUPT, J_HASH);
     return j->rc == 0;
 }
 
 /* The cores a load of @p n slots may copy on: kvt_read_choose() over one range per slot with
  * its destination; 1 unless it picks the parallel copy out of the page cache. */
-static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n)
+static struct kvt_read_way read_way(const struct kvt_tensor_reader *r, size_t n)
 {
+    struct kvt_read_way one = {.path = KVT_READ_RING, .threads = 1};
     if (!r->dst || n < 2)
-        return 1;
+        return one;
     struct kvt_range *rg = malloc(n * sizeof(*rg));
     if (!rg)
-        return 1;
+        return one;
     for (size_t i = 0, o = 0; i < r->h->n_caches; i++)
         for (int j = 0; j < r->h->caches[i].n_slots; j++, o++) {
             const struct kvt_slot *s = &r->h->caches[i].slots[j];
@@ -289,17 +332,60 @@ static unsigned par_threads(const struct kvt_tensor_reader *r, size_t n)
         }
     struct kvt_read_way way = kvt_read_choose(r->fd, rg, n, NULL, true);
     free(rg);
-    return way.path == KVT_READ_PARALLEL ? way.threads : 1;
+    return way;
+}
+
+struct share_load {
+    const struct kvt_tensor_reader *r;
+    struct slot_job *job;
+    const size_t *cut; /* share k is the slots of ordinals [cut[k], cut[k + 1]) */
+};
+
+/* Read share @p k in order through a stream of its own, up to its first failure. */
+static bool load_share(void *ud, size_t k)
+{
+    const struct share_load *sl = ud;
+    struct kvt_tensor_reader sr = *sl->r;
+    sr.rs = NULL;
+    for (size_t o = sl->cut[k]; o < sl->cut[k + 1]; o++) {
+        struct slot_job *j = &sl->job[o];
+        const struct kvt_slot_dst *d = &sr.dst[o];
+        if (read_one(&sr, j->ci, j->sj, d->dst, d->blocks, d->stride, sl->cut[k + 1], j))
+            break;
+    }
+    kvt_tensor_reader_free(&sr); /* no read of this share lands after this */
+    return true; /* the shares before a failure must still run: theirs is reported first */
+}
+
+/* Read the slots of @p job in @p shares contiguous shares balanced by bytes, one stream and
+ * one core each. */
+static void read_shares(struct kvt_tensor_reader *r, struct slot_job *job, size_t n, uint64_t bytes,
+                        unsigned shares)
+{
+    size_t cut[MAX_SHARES + 1] = {0};
+    uint64_t sum = 0;
+    unsigned k = 1;
+    for (size_t o = 0; o + 1 < n && k < shares; o++) {
+        sum += r->h->caches[job[o].ci].slots[job[o].sj].bytes;
+        if (sum >= bytes / shares * k)
+            cut[k++] = o + 1;
+    }
+    cut[k] = n;
+    kvt_par_for(k, k, load_share, &(struct share_load){r, job, cut});
 }
 
 int kvt_tensor_read_all(struct kvt_tensor_reader *r)
 {
     const struct kvt_header *h = r->h;
     size_t n = 0;
+    uint64_t bytes = 0;
     for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
-    unsigned threads = par_threads(r, n);
-    struct slot_job *job = threads > 1 ? calloc(n, sizeof(*job)) : NULL;
+        for (int j = 0; j < h->caches[i].n_slots; j++, n++)
+            bytes += h->caches[i].slots[j].bytes;
+    struct kvt_read_way way = read_way(r, n);
+    unsigned threads = way.path == KVT_READ_PARALLEL ? way.threads : 1;
+    unsigned shares = way.path == KVT_READ_SHARES ? way.threads : 1;
+    struct slot_job *job = threads > 1 || shares > 1 ? calloc(n, sizeof(*job)) : NULL;
     int rc = 0;
     if (!job) { /* one slot after the other through the read-ahead stream */
         for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
@@ -311,19 +397,21 @@ int kvt_tensor_read_all(struct kvt_tensor_reader *r)
     for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
         for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++) {
             job[o] = (struct slot_job){.ci = i, .sj = j};
-            if (bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
-                             r->dst[o].stride))
+            if (threads > 1 && bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
+                                            r->dst[o].stride))
                 rc = geometry_err(r, i, j);
         }
     if (rc == 0) {
-        kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
-        /* slots are handed out in order, so every slot before the first failure ran: the
-         * error reported is the one a load in order would have met first */
+        if (threads > 1)
+            kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
+        else
+            read_shares(r, job, n, bytes, shares);
+        /* slots are handed out in order, and a share stops only at its first failure, so
+         * every slot before the first failure ran: the error reported is the one a load in
+         * order would have met first */
         for (size_t o = 0; o < n && rc == 0; o++)
-            if (job[o].rc == KVT_E_CORRUPT)
-                rc = hash_err(r, job[o].ci, job[o].sj, job[o].got);
-            else if (job[o].rc)
-                rc = read_err(r, job[o].rc, job[o].at);
+            if (job[o].rc)
+                rc = job_err(r, &job[o]);
     }
     free(job);
     return rc;

@@ -73,13 +73,15 @@ enum kvt_read_path {
     KVT_READ_PLAIN,    /* pread one piece after the other */
     KVT_READ_RING,     /* the read-ahead ring (direct or through the page cache) */
     KVT_READ_PARALLEL, /* whole ranges copied out of the page cache on several cores */
+    KVT_READ_SHARES,   /* contiguous shares of ranges, a ring and a core each: ranges that
+                          are mostly copied out of staging (destinations off the block grid) */
 };
 
 struct kvt_read_way {
     enum kvt_read_path path;
     bool direct;      /* ring: read with O_DIRECT (where the file system takes it) */
     bool helper;      /* ring: fault destinations in on the prefault helper thread */
-    unsigned threads; /* parallel: the cores to copy on (1 otherwise) */
+    unsigned threads; /* parallel, shares: the cores to copy on (1 otherwise) */
 };
 
 /**
@@ -88,7 +90,8 @@ struct kvt_read_way {
  * O_DIRECT and the prefault helper) and a parallel copy out of the page cache, from the bytes
  * asked for, their destinations, what the page cache holds, the options, the process's
  * memory settings and the io backend. @p parallel: the caller can copy whole ranges on
- * several cores (kvt_rstream_open() cannot, so it never gets KVT_READ_PARALLEL).
+ * several cores or run several rings (kvt_rstream_open() cannot, so it never gets
+ * KVT_READ_PARALLEL or KVT_READ_SHARES).
  */
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o, bool parallel);

@@ -1,5 +1,5 @@
 /*
- * The staging cache (staging.h): a couple of mappings kept after use, handed out again to a
+ * The staging cache (staging.h): a few mappings kept after use, handed out again to a
  * stream that asks for the same size. Bounded: anything beyond the cache's slots is unmapped.
  */
 #include "mem/staging.h"
@@ -14,7 +14,8 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-#define SLOTS 2
+/* a save's write stream, and the two read streams of a load read in shares on two cores */
+#define SLOTS 3
 #define POPULATE_PIECE ((size_t)2 << 20)
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
