@@ -27,13 +27,6 @@
 static char *base;
 static struct redis_srv S, SA; /* plain; with a password and an ACL user */
 
-/* Time bounds stretch under the sanitizers, which slow every step several times. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define SLACK 4
-#else
-#define SLACK 1
-#endif
-
 static int group_setup(void **state)
 {
     (void)state;

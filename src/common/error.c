@@ -93,3 +93,20 @@ void kvt_clear_error(void)
 {
     last_msg[0] = '\0';
 }
+
+void kvt_log_vline(kvt_log_fn log, void *ud, int level, const char *fmt, va_list ap)
+{
+    if (!log)
+        return;
+    char buf[1024];
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    log(ud, level, buf);
+}
+
+void kvt_log_line(kvt_log_fn log, void *ud, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvt_log_vline(log, ud, level, fmt, ap);
+    va_end(ap);
+}

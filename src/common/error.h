@@ -5,6 +5,8 @@
 #ifndef KVT_ERROR_H
 #define KVT_ERROR_H
 
+#include <stdarg.h>
+
 #include "kvtier.h"
 
 /** Set this thread's message (printf format) and return @p code, so callers can `return`. */
@@ -13,5 +15,11 @@ int kvt_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 int kvt_fail_prefix(int code, const char *prefix);
 /** Clear this thread's message. */
 void kvt_clear_error(void);
+
+/** Format one line and send it to @p log (no-op when NULL): the tier's and the remote's logs. */
+void kvt_log_line(kvt_log_fn log, void *ud, int level, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void kvt_log_vline(kvt_log_fn log, void *ud, int level, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 #endif

@@ -39,14 +39,10 @@ static const char *default_scratch(void)
 
 void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
 {
-    if (!r->log)
-        return;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    kvt_log_vline(r->log, r->log_ud, level, fmt, ap);
     va_end(ap);
-    r->log(r->log_ud, level, msg);
 }
 
 void kvt_remote_scratch_path(const struct kvt_remote *r, const char *uuid, char *out, size_t cap)

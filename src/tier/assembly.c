@@ -97,7 +97,7 @@ static int64_t demote_tick(void *ud, int64_t now)
     struct demote_step d = {t, 0};
     kvt_tier_run_exclusive(t->cfg.run_exclusive, t->cfg.engine, demote_step, &d);
     if (d.count > 0)
-        kvt_tier_log(t->cfg.log, t->cfg.log_ud, KVT_LOG_INFO,
+        kvt_log_line(t->cfg.log, t->cfg.log_ud, KVT_LOG_INFO,
                      "[ssd-cache] demoted %zu idle entr%s to disk", d.count,
                      d.count == 1 ? "y" : "ies");
     return t->demote_next;

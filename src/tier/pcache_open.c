@@ -116,7 +116,7 @@ static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
 {
     struct kvt_store_stats st;
     kvt_store_get_stats(store, &st);
-    kvt_tier_log(o->log, o->log_ud, KVT_LOG_INFO,
+    kvt_log_line(o->log, o->log_ud, KVT_LOG_INFO,
                  "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
                  (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
                  (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
@@ -151,7 +151,7 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
 
     if (!o->cold_dir) {
         if (cold_opts_set(o))
-            kvt_tier_log(o->log, o->log_ud, KVT_LOG_WARN,
+            kvt_log_line(o->log, o->log_ud, KVT_LOG_WARN,
                          "[ssd-cache] cold-tier options ignored: no cold_dir given");
         return kvt_tier_open(&cfg, out);
     }

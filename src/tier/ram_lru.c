@@ -134,7 +134,7 @@ static void dispose_with_spill(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt
         if (rc == 0)
             rc = lru->links.spill(lru->links.ud, clones);
         if (rc < 0)
-            kvt_tier_log(c->log, c->log_ud, KVT_LOG_WARN,
+            kvt_log_line(c->log, c->log_ud, KVT_LOG_WARN,
                          "[prompt-cache] spill of %zu tokens skipped: %s", e->n_tokens,
                          kvt_strerror(rc));
     } else if (c->cold) {
@@ -257,7 +257,7 @@ static int unusable(struct kvt_ram_lru *lru, struct kvt_entry *loaded, const cha
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    kvt_tier_log(lru->cfg.log, lru->cfg.log_ud, KVT_LOG_WARN,
+    kvt_log_line(lru->cfg.log, lru->cfg.log_ud, KVT_LOG_WARN,
                  "[prompt-cache] cold entry unusable: %s", why);
     kvt_ram_lru_entry_free(lru, loaded);
     return 0;

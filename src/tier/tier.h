@@ -102,9 +102,6 @@ int64_t kvt_tier_wall_ms(void);
 size_t kvt_tier_lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb);
 /** @p ns, or "" for NULL. */
 const char *kvt_tier_ns(const char *ns);
-/** Format and send one line to @p log (no-op when NULL). */
-void kvt_tier_log(kvt_log_fn log, void *ud, int level, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 /** Run @p step inside @p rx, or directly when @p rx is NULL; returns what @p rx returns. */
 int kvt_tier_run_exclusive(kvt_run_exclusive_fn rx, void *engine, kvt_step_fn step, void *arg);
 

@@ -41,18 +41,6 @@ const char *kvt_tier_ns(const char *ns)
     return ns ? ns : "";
 }
 
-void kvt_tier_log(kvt_log_fn log, void *ud, int level, const char *fmt, ...)
-{
-    if (!log)
-        return;
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    log(ud, level, buf);
-}
-
 int kvt_tier_run_exclusive(kvt_run_exclusive_fn rx, void *engine, kvt_step_fn step, void *arg)
 {
     if (!rx)
