@@ -318,8 +318,8 @@ static void test_save_from_device(void **state)
         free(path);
 
         /* through a store, found and restored like any other entry */
-        struct kvt_store_opts sto = {.model_id = MODEL, .config_fingerprint = FP,
-                                     .tokenizer_hash = TOK};
+        struct kvt_store_opts sto;
+        store_opts_for(&sto, MODEL, FP, TOK);
         kvt_store *s;
         char *dir = strf("%s/store%zu", test_dir, c);
         assert_int_equal(kvt_store_open(dir, &sto, &s), 0);
