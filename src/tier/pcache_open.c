@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "common/cpus.h"
 #include "common/error.h"
 #include "io/stream.h"
@@ -18,6 +19,7 @@ static const struct kvt_tier_cache_ops real_cache_ops = {
     .trim = kvt_cache_trim,
     .entry_clone = kvt_entry_clone,
     .entry_free = kvt_entry_free,
+    .entry_on_device = kvt_entry_on_device,
 };
 
 static const struct kvt_tier_cold_ops real_cold_ops = {

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache.h"
 #include "common/error.h"
 
 struct rec {
@@ -477,7 +476,8 @@ int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *re
         kvt_retain_release(retain);
         return kvt_fail(-EINVAL, "prompt cache put: NULL tokens");
     }
-    if (kvt_entry_on_device(e)) { /* the RAM tier changes what it holds: host memory only */
+    const struct kvt_tier_cache_ops *ops = lru->cfg.cache;
+    if (ops->entry_on_device && ops->entry_on_device(e)) { /* the RAM tier holds host memory */
         kvt_ram_lru_entry_free(lru, e);
         kvt_retain_release(retain);
         return kvt_fail(KVT_E_UNSUPPORTED, "prompt cache put: the entry is in device memory "

@@ -27,6 +27,8 @@ struct kvt_tier_cache_ops {
     int (*entry_clone)(const struct kvt_entry *e, struct kvt_entry **out);
     /* Release @p e and every cache it holds (NULL allowed). */
     void (*entry_free)(struct kvt_entry *e);
+    /* Optional: whether a cache of @p e lies in device memory (the RAM tier refuses those). */
+    bool (*entry_on_device)(const struct kvt_entry *e);
 };
 
 /*
