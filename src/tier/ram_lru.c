@@ -465,24 +465,30 @@ static void detach_over_cap(struct kvt_ram_lru *lru, struct rec_list *out)
     }
 }
 
+/* Why @p e cannot be put (0: it can); a refused entry and its retain are released. */
+static int put_refused(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain)
+{
+    const struct kvt_tier_cache_ops *ops = lru->cfg.cache;
+    int rc = 0;
+    if (!e)
+        rc = kvt_fail(-EINVAL, "prompt cache put: NULL entry");
+    else if (!e->tokens && e->n_tokens)
+        rc = kvt_fail(-EINVAL, "prompt cache put: NULL tokens");
+    else if (ops->entry_on_device && ops->entry_on_device(e)) /* the RAM tier holds host memory */
+        rc = kvt_fail(KVT_E_UNSUPPORTED, "prompt cache put: the entry is in device memory (save "
+                                         "it with kvt_store_put or kvt_file_save)");
+    if (rc && e)
+        kvt_ram_lru_entry_free(lru, e);
+    if (rc)
+        kvt_retain_release(retain);
+    return rc;
+}
+
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain)
 {
-    if (!e) {
-        kvt_retain_release(retain);
-        return kvt_fail(-EINVAL, "prompt cache put: NULL entry");
-    }
-    if (!e->tokens && e->n_tokens) {
-        kvt_ram_lru_entry_free(lru, e);
-        kvt_retain_release(retain);
-        return kvt_fail(-EINVAL, "prompt cache put: NULL tokens");
-    }
-    const struct kvt_tier_cache_ops *ops = lru->cfg.cache;
-    if (ops->entry_on_device && ops->entry_on_device(e)) { /* the RAM tier holds host memory */
-        kvt_ram_lru_entry_free(lru, e);
-        kvt_retain_release(retain);
-        return kvt_fail(KVT_E_UNSUPPORTED, "prompt cache put: the entry is in device memory "
-                                           "(save it with kvt_store_put or kvt_file_save)");
-    }
+    int rc = put_refused(lru, e, retain);
+    if (rc)
+        return rc;
     size_t bytes = kvt_ram_lru_entry_bytes(lru, e);
     if (bytes > lru->cfg.ram_max_bytes) {
         dispose_with_spill(lru, e, retain);
