@@ -319,6 +319,17 @@ static void failed_load(const char *path, size_t total, bool serial, int skip, i
     free(p.mem);
 }
 
+/* A cold load of the intact file at @p path into the offset pool lands every byte. */
+static void assert_cold_load_intact(const char *path, const uint8_t *want, size_t total)
+{
+    struct pool p = pool_new(total + 16 * 8192, 1, 12);
+    bool parallel;
+    char msg[512];
+    assert_int_equal(cold_load(path, &p, &parallel, msg, sizeof(msg)), 0);
+    assert_pool_is(&p, want, total);
+    free(p.mem);
+}
+
 /*
  * A corrupt slot fails a shared load with the message a load in order gives: a slot of the
  * last share alone, a slot of each share (the first one in header order is reported), and a
@@ -364,11 +375,7 @@ static void test_cold_shares_corrupt(void **state)
     /* intact again: the shared load succeeds */
     flip_slot_byte(path, 0, 0, 77, 0x01);
     flip_slot_byte(path, 1, last, 4097, 0x10);
-    struct pool p = pool_new(total + 16 * 8192, 1, 12);
-    bool parallel;
-    assert_int_equal(cold_load(path, &p, &parallel, msg[0], sizeof(msg[0])), 0);
-    assert_pool_is(&p, want, total);
-    free(p.mem);
+    assert_cold_load_intact(path, want, total);
 
     free(path);
     free(want);
@@ -435,11 +442,7 @@ static void test_cold_shares_read_error(void **state)
         free(p.mem);
     }
 
-    struct pool p = pool_new(total + 16 * 8192, 1, 12);
-    bool parallel;
-    assert_int_equal(cold_load(path, &p, &parallel, msg[0], sizeof(msg[0])), 0);
-    assert_pool_is(&p, want, total);
-    free(p.mem);
+    assert_cold_load_intact(path, want, total);
     free(path);
     free(want);
     kvt_entry_free(e);
