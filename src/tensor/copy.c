@@ -159,6 +159,7 @@ size_t kvt_tensor_run_bytes(const struct kvt_tensor *t)
     return p.nruns ? p.run : 0;
 }
 
+/* Append one run to the flat block being filled. */
 static int append_run(void *ud, const void *p, size_t n)
 {
     char **f = ud;
@@ -167,40 +168,27 @@ static int append_run(void *ud, const void *p, size_t n)
     return 0;
 }
 
-/* Copy between a strided view and a contiguous block, in either direction. */
-static void copy_contig(const struct kvt_tensor *t, void *flat, bool out)
-{
-    if (kvt_tensor_on_device(t)) { /* downloads only: device memory is never written here */
-        char *f = flat;
-        if (out)
-            walk(t, append_run, &f);
-        return;
-    }
-    struct run_plan p;
-    plan_one(&p, t);
-    char *base = (char *)kvt_buf_data(t->buf) + t->offset;
-    char *f = flat;
-    int64_t idx[KVT_MAX_RANK] = {0}, off[1] = {0};
-    for (size_t r = 0; r < p.nruns; r++) {
-        if (out)
-            memcpy(f, base + off[0], p.run);
-        else
-            memcpy(base + off[0], f, p.run);
-        f += p.run;
-        plan_next(&p, idx, 1, off);
-    }
-}
-
 void kvt_tensor_copy_out(const struct kvt_tensor *src, void *dst)
 {
+    char *f = dst;
     if (src && dst && src->buf)
-        copy_contig(src, dst, true);
+        walk(src, append_run, &f); /* device memory: downloaded, a staging slot at a time */
+}
+
+/* Fill one run from the flat block being read. */
+static int fill_run(void *ud, void *p, size_t n)
+{
+    const char **f = ud;
+    memcpy(p, *f, n);
+    *f += n;
+    return 0;
 }
 
 void kvt_tensor_copy_in(const struct kvt_tensor *dst, const void *src)
 {
+    const char *f = src;
     if (dst && src && dst->buf)
-        copy_contig(dst, (void *)src, false);
+        kvt_tensor_for_each_run_mut(dst, fill_run, &f); /* never into device memory */
 }
 
 int kvt_tensor_copy(const struct kvt_tensor *dst, const struct kvt_tensor *src)

@@ -36,6 +36,7 @@ size_t kvt_tensor_run_bytes(const struct kvt_tensor *t);
 /** Fill @p dst from @p src, which holds kvt_tensor_nbytes(dst) bytes in row-major order. */
 void kvt_tensor_copy_in(const struct kvt_tensor *dst, const void *src);
 
+
 /**
  * Copy the elements of @p src into @p dst (same shape and item size; the views must not
  * overlap). @return 0 or -EINVAL.
