@@ -72,13 +72,13 @@ static uint64_t slack_budget(const struct kvt_header *h)
 }
 
 /*
- * Allocate the destination of slot @p sj of cache @p ci with @p cap rows on the token axis;
- * @p t receives an owned tensor and @p d where the slot's bytes go.
+ * Allocate the destination of slot @p sj of cache @p ci of @p h with @p cap rows on the token
+ * axis; @p t receives an owned tensor and @p d where the slot's bytes go.
  */
-static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t cap,
-                        struct kvt_tensor *t, struct kvt_slot_dst *d)
+static int alloc_tensor(const struct kvt_header *h, const char *name, size_t ci, int sj,
+                        uint64_t cap, struct kvt_tensor *t, struct kvt_slot_dst *d)
 {
-    const struct kvt_cache_header *c = &r->h->caches[ci];
+    const struct kvt_cache_header *c = &h->caches[ci];
     const struct kvt_slot *s = &c->slots[sj];
     int64_t shape[KVT_MAX_RANK];
     memcpy(shape, s->shape, sizeof(shape));
@@ -90,7 +90,7 @@ static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, ui
             !mul_ok((uint64_t)s->shape[0], (uint64_t)s->shape[1], &blocks) ||
             !mul_ok(blocks, stride, &total) || total > SIZE_MAX)
             return kvt_fail(-ENOMEM, "%s: caches[%zu].tensors[%d]: restore capacity overflows",
-                            r->name, ci, sj);
+                            name, ci, sj);
         shape[2] = (int64_t)cap;
         if (blocks == 0) {
             blocks = 1;
@@ -100,12 +100,12 @@ static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, ui
     kvt_buf *buf;
     int rc = kvt_buf_new_for_fill((size_t)total, &buf);
     if (rc < 0)
-        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", r->name, ci,
+        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", name, ci,
                         sj, (unsigned long long)total);
     rc = kvt_tensor_init(t, buf, 0, s->dtype, s->rank, shape);
     kvt_buf_unref(buf);
     if (rc < 0)
-        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: bad tensor geometry", r->name, ci, sj);
+        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: bad tensor geometry", name, ci, sj);
     /* nothing to place when empty; kvt_tensor_read() still verifies */
     *d = total ? (struct kvt_slot_dst){kvt_buf_data(t->buf), blocks, stride,
                                        kvt_buf_small_tail(t->buf), kvt_buf_zeroed(t->buf)}
@@ -113,69 +113,74 @@ static int alloc_tensor(const struct kvt_tensor_reader *r, size_t ci, int sj, ui
     return 0;
 }
 
-/* Build cache @p ci from its restored tensors @p t (the cache takes its own references). */
-static int build_cache(const struct kvt_tensor_reader *r, size_t ci, struct kvt_tensor *t,
-                       kvt_cache **out)
+int kvt_load_bufs_new(const struct kvt_header *h, const char *name, struct kvt_load_bufs *b)
 {
-    const struct kvt_cache_header *c = &r->h->caches[ci];
+    size_t total = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        total += (size_t)h->caches[i].n_slots;
+    *b = (struct kvt_load_bufs){calloc(total ? total : 1, sizeof(*b->t)),
+                                calloc(total ? total : 1, sizeof(*b->d)), 0};
+    if (!b->t || !b->d) {
+        kvt_load_bufs_free(b);
+        return kvt_fail(-ENOMEM, "%s: out of memory", name);
+    }
+    uint64_t budget = slack_budget(h);
+    for (size_t i = 0; i < h->n_caches; i++) {
+        uint64_t cap = restore_rows(&h->caches[i], &budget);
+        for (int j = 0; j < h->caches[i].n_slots; j++) {
+            int rc = alloc_tensor(h, name, i, j, cap, &b->t[b->made], &b->d[b->made]);
+            if (rc) {
+                kvt_load_bufs_free(b);
+                return rc;
+            }
+            b->made++;
+        }
+    }
+    return 0;
+}
+
+void kvt_load_bufs_free(struct kvt_load_bufs *b)
+{
+    for (size_t k = 0; b->t && k < b->made; k++)
+        kvt_tensor_release(&b->t[k]);
+    free(b->t);
+    free(b->d);
+    *b = (struct kvt_load_bufs){0};
+}
+
+/* Build cache @p ci from its restored tensors @p t (the cache takes its own references). */
+static int build_cache(const struct kvt_header *h, const char *name, size_t ci,
+                       struct kvt_tensor *t, kvt_cache **out)
+{
+    const struct kvt_cache_header *c = &h->caches[ci];
     kvt_clear_error();
     int rc = kvt_cache_from_state(&c->info, t, c->n_slots, out);
     if (rc == -ENOMEM) {
-        kvt_fail(rc, "%s: caches[%zu]: out of memory", r->name, ci);
+        kvt_fail(rc, "%s: caches[%zu]: out of memory", name, ci);
     } else if (rc < 0) {
         /* valid per V1-V20, but the cache layer cannot take it */
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", kvt_last_error());
-        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: caches[%zu] (%s) cannot be restored: %s", r->name, ci,
+        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: caches[%zu] (%s) cannot be restored: %s", name, ci,
                       kvt_kind_name(c->info.kind), msg[0] ? msg : kvt_strerror(rc));
     }
     return rc;
 }
 
-/*
- * Every tensor of the file, in header order: all destinations are allocated first, so the
- * read stream knows them and reads ahead straight into place; then each slot is read and
- * hashed in order, and each cache built. @p caches receives h->n_caches caches.
- */
-static int load_caches(struct kvt_tensor_reader *r, kvt_cache **caches)
+/* The caches of @p h from its filled tensors @p t; @p caches receives h->n_caches. */
+static int build_caches(const struct kvt_header *h, const char *name, struct kvt_tensor *t,
+                        kvt_cache **caches)
 {
-    const struct kvt_header *h = r->h;
-    size_t total = 0, built = 0, made = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        total += (size_t)h->caches[i].n_slots;
-    struct kvt_tensor *t = calloc(total ? total : 1, sizeof(*t));
-    struct kvt_slot_dst *d = calloc(total ? total : 1, sizeof(*d));
+    size_t built = 0;
     int rc = 0;
-    if (!t || !d) {
-        rc = kvt_fail(-ENOMEM, "%s: out of memory", r->name);
-        goto out;
-    }
-    uint64_t budget = slack_budget(h);
-    for (size_t i = 0; i < h->n_caches && rc == 0; i++) {
-        uint64_t cap = restore_rows(&h->caches[i], &budget);
-        for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++) {
-            rc = alloc_tensor(r, i, j, cap, &t[made], &d[made]);
-            made += rc == 0;
-        }
-    }
-    r->dst = d;
-    if (rc == 0)
-        rc = kvt_tensor_read_all(r);
-    kvt_tensor_reader_free(r); /* no read may land after this */
-    r->dst = NULL;
     for (size_t o = 0; built < h->n_caches && rc == 0;) {
-        rc = build_cache(r, built, &t[o], &caches[built]);
+        rc = build_cache(h, name, built, &t[o], &caches[built]);
         o += (size_t)h->caches[built].n_slots;
         built += rc == 0;
     }
-out:
     if (rc)
         for (size_t i = 0; i < built; i++)
             kvt_cache_free(caches[i]);
-    for (size_t k = 0; k < made; k++)
-        kvt_tensor_release(&t[k]);
-    free(t);
-    free(d);
     return rc;
 }
 
@@ -295,40 +300,49 @@ int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_f
     return with_reader(path, x, placed_body, &(struct placement){place, ud}, out_header);
 }
 
-/* The entry of an opened file: its caches, tokens and metadata. */
-static int build_entry(struct kvt_tensor_reader *r, struct kvt_entry **out)
+int kvt_load_bufs_entry(const struct kvt_header *h, const char *name, struct kvt_load_bufs *b,
+                        struct kvt_entry **out)
 {
-    const struct kvt_header *h = r->h;
-    size_t built = 0;
     kvt_cache **caches = calloc(h->n_caches, sizeof(*caches));
     if (!caches)
-        return kvt_fail(-ENOMEM, "%s: out of memory", r->name);
-    int rc = load_caches(r, caches);
+        return kvt_fail(-ENOMEM, "%s: out of memory", name);
+    int rc = build_caches(h, name, b->t, caches);
     if (rc)
         goto out;
-    built = h->n_caches;
     struct kvt_entry *e;
     rc = kvt_entry_new(h->tokens, h->n_tokens, caches, h->n_caches, h->ns, &e);
     if (rc < 0) {
-        rc = kvt_fail(rc, "%s: cannot build the entry: %s", r->name, kvt_strerror(rc));
+        rc = kvt_fail(rc, "%s: cannot build the entry: %s", name, kvt_strerror(rc));
+        for (size_t i = 0; i < h->n_caches; i++)
+            kvt_cache_free(caches[i]);
         goto out;
     }
-    built = 0; /* the entry owns the caches now */
-    rc = set_meta(e, h, r->name);
+    rc = set_meta(e, h, name); /* the entry owns the caches now */
     if (rc)
         kvt_entry_free(e);
     else
         *out = e;
 out:
-    for (size_t i = 0; i < built; i++)
-        kvt_cache_free(caches[i]);
     free(caches);
     return rc;
 }
 
+/* The entry of an opened file: every tensor allocated first, so the read stream knows every
+ * destination and reads ahead straight into place; then read and hashed in order. */
 static int entry_body(struct kvt_tensor_reader *r, void *arg)
 {
-    return build_entry(r, arg);
+    struct kvt_load_bufs b;
+    int rc = kvt_load_bufs_new(r->h, r->name, &b);
+    if (rc)
+        return rc;
+    r->dst = b.d;
+    rc = kvt_tensor_read_all(r);
+    kvt_tensor_reader_free(r); /* no read may land after this */
+    r->dst = NULL;
+    if (rc == 0)
+        rc = kvt_load_bufs_entry(r->h, r->name, &b, arg);
+    kvt_load_bufs_free(&b);
+    return rc;
 }
 
 int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry **out,

@@ -238,6 +238,47 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
 int kvt_tensor_read_all(struct kvt_tensor_reader *r);
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
 
+/** The fresh tensors a load of a header restores into, and where each slot's bytes go. */
+struct kvt_load_bufs {
+    struct kvt_tensor *t;   /* one per slot, all caches' slots in header order */
+    struct kvt_slot_dst *d; /* the same order */
+    size_t made;            /* tensors allocated */
+};
+/**
+ * Allocate a tensor for every slot of @p h (token-axis kinds with restore capacity, the
+ * slack zeroed or to be zeroed per d->zeroed). @return 0, or -ENOMEM with nothing left.
+ */
+int kvt_load_bufs_new(const struct kvt_header *h, const char *name, struct kvt_load_bufs *b);
+/** The entry of @p h from its filled tensors @p b (its caches take their own references). */
+int kvt_load_bufs_entry(const struct kvt_header *h, const char *name, struct kvt_load_bufs *b,
+                        struct kvt_entry **out);
+void kvt_load_bufs_free(struct kvt_load_bufs *b);
+
+/* ---- a load fed the file's bytes in order (feed_load.c) ---- */
+
+/**
+ * A load of a file of @p size bytes whose bytes arrive in order (over a network) instead of
+ * being read: each is written by the feeder where kvt_feed_next() says, and checked as
+ * kvt_file_load() checks it the moment it is in. @p x (may be NULL) is copied; the strings it
+ * points to must outlive the feed. @p name prefixes messages. @return 0 or -ENOMEM.
+ */
+struct kvt_feed;
+int kvt_feed_new(uint64_t size, const struct kvt_expect *x, const char *name, struct kvt_feed **out);
+/**
+ * Where the next bytes of the file go: *@p len (> 0) contiguous bytes at *@p at.
+ * @return 0, or the error that stopped the feed (a failed check: KVT_E_*, -EINVAL, -ENOMEM).
+ */
+int kvt_feed_next(struct kvt_feed *f, uint8_t **at, size_t *len);
+/** The first @p n bytes kvt_feed_next() asked for were written: checks what is complete.
+ *  @return 0 or the error that stops the feed (then sticky). */
+int kvt_feed_wrote(struct kvt_feed *f, size_t n);
+/** All bytes are in: the entry (and the header, when @p out_header is not NULL).
+ *  @return 0, the feed's error, or -EINVAL when bytes are missing. */
+int kvt_feed_finish(struct kvt_feed *f, struct kvt_entry **out, struct kvt_header **out_header);
+/** Back to the file's first byte (a transfer that starts over). */
+void kvt_feed_reset(struct kvt_feed *f);
+void kvt_feed_free(struct kvt_feed *f);
+
 /** Absolute file offset of slot @p s (data_start + off; V17 guarantees no overflow). */
 static inline uint64_t kvt_slot_abs(const struct kvt_header *h, const struct kvt_slot *s)
 {

@@ -51,13 +51,27 @@ struct redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **arg
 
 /* ---- own RESP I/O for pipelined bulk payloads (resp_io.c) --------------------------------- */
 
-enum { KVT_R_OK = 0, KVT_R_NIL = 1, KVT_R_ERR = 2 };
+/* KVT_R_SINK: a bulk reply's sink refused its bytes (its error in kvt_rio.sink_rc). */
+enum { KVT_R_OK = 0, KVT_R_NIL = 1, KVT_R_ERR = 2, KVT_R_SINK = 3 };
 
 struct kvt_rio {
     int fd;
     uint8_t buf[16384];
     size_t pos, len;
     char err[256]; /* the last error reply's text */
+    int sink_rc;
+};
+
+/**
+ * Where a bulk reply's bytes go, piece by piece (a fed load, format.h): next() names the
+ * place for the next bytes, wrote() says how many of them landed there, restart() goes back
+ * to the first byte (a transfer that starts over). 0 or an error that stops the read.
+ */
+struct kvt_rsink {
+    int (*next)(void *ud, uint8_t **at, size_t *len);
+    int (*wrote)(void *ud, size_t n);
+    void (*restart)(void *ud);
+    void *ud;
 };
 
 /** Write every byte of @p iov; 0 or -errno (-ETIMEDOUT when the socket timeout ran out). */
@@ -69,6 +83,12 @@ int kvt_rio_send(int fd, struct iovec *iov, int n);
  * protocol) or -errno.
  */
 int kvt_rio_reply(struct kvt_rio *r, void *dst, size_t want);
+/**
+ * kvt_rio_reply() whose bulk of @p want bytes goes to @p sink (NULL: read and dropped), large
+ * pieces straight from the socket. @return as kvt_rio_reply(), or KVT_R_SINK: the reply is
+ * not read to its end, so the connection must be dropped.
+ */
+int kvt_rio_reply_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *sink);
 /** Whether bytes are left over (a protocol fault: the connection must be dropped). */
 bool kvt_rio_pending(const struct kvt_rio *r);
 
@@ -132,10 +152,10 @@ struct kvt_rentry {
 /** SET every chunk of @p data (pipelined, one node). 0 or a negative code. */
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
                    const uint8_t *data);
-/** GET every chunk into the file @p fd at its offset. 0, KVT_R_NIL (a chunk is missing), or a
- * negative code. */
+/** GET every chunk, in order, into @p sink. 0, KVT_R_NIL (a chunk is missing), the sink's
+ * error, or a negative code. */
 int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   int fd);
+                   const struct kvt_rsink *sink);
 /** DEL every chunk (best effort). */
 int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e);
 

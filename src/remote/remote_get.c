@@ -1,46 +1,60 @@
 /*
  * Restores: the entry's chunks, each checked against the length the index record promised,
- * are written to a scratch file, which is then loaded exactly as a store file is (header hash,
- * strict header checks, the expected identity and namespace, tensor hashes while reading), and must
- * match the record (header hash, tokens). A missing chunk (evicted, deleted, server restarted) is a
- * miss; bytes that fail a check are corrupt: either way the record and its chunks are
- * deleted and counted, and the caller sees a miss. A connection failure is a counted miss
- * that keeps the record.
+ * are fed as they come off the socket to a fed load (format.h), which checks them exactly as
+ * a store file is checked (header hash, strict header checks, the expected identity and
+ * namespace, tensor hashes as the bytes land) and writes them straight into the new entry's
+ * buffers; the entry must then match the record (header hash, tokens). A missing chunk
+ * (evicted, deleted, server restarted) is a miss; bytes that fail a check are corrupt: either
+ * way the record and its chunks are deleted and counted, and the caller sees a miss. A
+ * connection failure is a counted miss that keeps the record.
  */
 #include <errno.h>
-#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/error.h"
+#include "format/format.h"
 #include "remote/remote_obj.h"
 
-/* Fetch the chunks of @p rec into the new file @p path. 0, KVT_R_NIL or < 0. */
-static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, const char *path)
+static int sink_next(void *ud, uint8_t **at, size_t *len)
 {
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return kvt_fail(-errno, "remote: %s: create failed", path);
-    struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
-    pthread_mutex_lock(&r->get_mu);
-    int rc = kvt_rentry_get(&r->get_rc, &r->keys, &e, fd);
-    pthread_mutex_unlock(&r->get_mu);
-    close(fd);
-    return rc;
+    return kvt_feed_next(ud, at, len);
 }
 
-/* Load and check the fetched file against the record. */
-static int load(struct kvt_remote *r, const struct kvt_rrec *rec, const char *path,
-                struct kvt_entry **out)
+static int sink_wrote(void *ud, size_t n)
+{
+    return kvt_feed_wrote(ud, n);
+}
+
+static void sink_restart(void *ud)
+{
+    kvt_feed_reset(ud);
+}
+
+/* Fetch and load the entry of @p rec, and check it against the record. 0, KVT_R_NIL or < 0. */
+static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_entry **out)
 {
     struct kvt_expect x = {.model_id = r->model,
                            .config_fingerprint = r->fp,
                            .tokenizer_hash = r->tok,
                            .ns = rec->ns,
                            .no_verify = r->no_verify};
+    char name[64];
+    snprintf(name, sizeof(name), "remote entry %s", rec->uuid);
+    struct kvt_feed *f;
+    int rc = kvt_feed_new(rec->bytes, &x, name, &f);
+    if (rc)
+        return rc;
+    struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
+    pthread_mutex_lock(&r->get_mu);
+    rc = kvt_rentry_get(&r->get_rc, &r->keys, &e,
+                        &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
+    pthread_mutex_unlock(&r->get_mu);
     struct kvt_header *h = NULL;
-    int rc = kvt_file_load(path, &x, out, &h);
+    if (rc == 0)
+        rc = kvt_feed_finish(f, out, &h);
+    kvt_feed_free(f);
     if (rc == 0 && (h->header_hash != rec->header_hash || h->n_tokens != rec->n_tokens ||
                     memcmp(h->tokens, rec->tokens, rec->n_tokens * sizeof(int32_t)))) {
         rc = kvt_fail(KVT_E_CORRUPT, "remote entry %s does not match its index record", rec->uuid);
@@ -90,13 +104,7 @@ int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entr
     struct kvt_rrec *rec = kvt_remote_rec_copy(r, hit->id);
     if (!rec)
         return 0; /* dropped since the find */
-    char path[4200], name[33];
-    kvt_rkeys_uuid(name); /* concurrent restores of one entry each get their own file */
-    kvt_remote_scratch_path(r, name, path, sizeof(path));
-    int rc = fetch(r, rec, path);
-    if (rc == 0)
-        rc = load(r, rec, path, out);
-    unlink(path);
+    int rc = fetch(r, rec, out);
     settle(r, rec, rc);
     kvt_rrec_free(rec);
     return 0;

@@ -1,9 +1,11 @@
 /*
  * An entry's bytes as chunk keys on the master of its hash tag: SETs go out pipelined with
- * writev straight from the mapped file, GET replies land straight in the destination, each
- * checked against the chunk length the index record promised. A window bounds the requests
- * in flight. A redirection (resharding, failover) restarts the whole transfer once on the
- * node it names; a connection failure fails the node and the transfer.
+ * writev straight from the mapped file, GET replies go in order to a sink (a fed load), each
+ * checked against the chunk length the index record promised before a byte is read. A window
+ * bounds the requests in flight. A redirection (resharding, failover) restarts the whole
+ * transfer once on the node it names; a connection failure fails the node and the transfer; a
+ * sink that refuses its bytes ends the transfer and drops the connection, which has replies
+ * left unread.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -23,8 +25,8 @@ struct xfer {
     struct kvt_rclient *rc;
     const struct kvt_rkeys *k;
     const struct kvt_rentry *e;
-    uint8_t *data; /* source (put); get: one chunk, written to fd at the chunk's offset */
-    int fd;
+    const uint8_t *data;          /* put: the entry's bytes */
+    const struct kvt_rsink *sink; /* get */
     bool get;
 };
 
@@ -47,14 +49,16 @@ static int send_req(const struct xfer *x, int fd, uint32_t i, bool ask)
     struct iovec iov[3] = {{head, (size_t)hl}, {0}, {(void *)"\r\n", 2}};
     int n = 1;
     if (!x->get) {
-        iov[1].iov_base = x->data + (uint64_t)i * x->e->chunk;
+        iov[1].iov_base = (void *)(x->data + (uint64_t)i * x->e->chunk);
         iov[1].iov_len = vl;
         n = 3;
     }
     return kvt_rio_send(fd, iov, n);
 }
 
-static int recv_reply(const struct xfer *x, struct kvt_rio *io, uint32_t i, bool ask)
+/* Reply @p i; @p ok: every reply so far was a chunk, so this one goes on into the sink (else
+ * it is read and dropped, keeping the connection in step). */
+static int recv_reply(const struct xfer *x, struct kvt_rio *io, uint32_t i, bool ask, bool ok)
 {
     if (ask) {
         int rc = kvt_rio_reply(io, NULL, 0);
@@ -63,14 +67,7 @@ static int recv_reply(const struct xfer *x, struct kvt_rio *io, uint32_t i, bool
     }
     if (!x->get)
         return kvt_rio_reply(io, NULL, 0);
-    /* through a reused buffer: reading a socket straight into fresh file pages costs a page
-     * fault per page, which on a VM is slower than the copy */
-    size_t len = chunk_len(x->e, i);
-    int rc = kvt_rio_reply(io, x->data, len);
-    if (rc == KVT_R_OK &&
-        pwrite(x->fd, x->data, len, (off_t)((uint64_t)i * x->e->chunk)) != (ssize_t)len)
-        rc = kvt_fail(-EIO, "remote: scratch file write failed");
-    return rc;
+    return kvt_rio_reply_sink(io, chunk_len(x->e, i), ok ? x->sink : NULL);
 }
 
 /* One pass over every chunk on node @p n: KVT_R_OK, KVT_R_NIL, KVT_R_ERR (io->err) or < 0. */
@@ -80,6 +77,8 @@ static int pass(const struct xfer *x, struct kvt_rnode *n, bool ask, struct kvt_
         return kvt_fail(-EPROTO, "redis: unread reply bytes on the connection");
     io->fd = n->c->fd;
     io->pos = io->len = 0;
+    if (x->get)
+        x->sink->restart(x->sink->ud);
     uint32_t sent = 0, got = 0;
     int result = KVT_R_OK;
     while (got < x->e->n_chunks) {
@@ -89,7 +88,9 @@ static int pass(const struct xfer *x, struct kvt_rnode *n, bool ask, struct kvt_
                 return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket", n->port,
                                 strerror(-rc));
         }
-        int rc = recv_reply(x, io, got++, ask);
+        int rc = recv_reply(x, io, got++, ask, result == KVT_R_OK);
+        if (rc == KVT_R_SINK)
+            return rc;
         if (rc < 0 && rc > -1000)
             return kvt_fail(rc, "redis: %s:%d: %s", n->host ? n->host : "unix socket", n->port,
                             strerror(-rc));
@@ -120,6 +121,10 @@ static int run(const struct xfer *x)
     }
     if (rc == KVT_R_ERR)
         return kvt_fail(-ELOOP, "redis: too many redirections for %s", key);
+    if (rc == KVT_R_SINK) { /* the server is fine; the connection has unread replies */
+        kvt_rnode_close(n);
+        return io.sink_rc;
+    }
     if (rc < 0 && n) { /* out of step: reconnect, at once when the server itself is fine */
         bool protocol = rc == KVT_E_CORRUPT || rc == -EPROTO;
         if (protocol)
@@ -134,18 +139,15 @@ static int run(const struct xfer *x)
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
                    const uint8_t *data)
 {
-    struct xfer x = {rc, k, e, (uint8_t *)data, -1, false};
+    struct xfer x = {rc, k, e, data, NULL, false};
     int r = run(&x);
     return r == KVT_R_NIL ? kvt_fail(-EPROTO, "redis: nil reply to SET") : r;
 }
 
 int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   int fd)
+                   const struct kvt_rsink *sink)
 {
-    struct xfer x = {rc, k, e, malloc(e->chunk), fd, true};
-    int r = x.data ? run(&x) : kvt_fail(-ENOMEM, "remote: out of memory");
-    free(x.data);
-    return r;
+    return run(&(struct xfer){rc, k, e, NULL, sink, true});
 }
 
 int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e)

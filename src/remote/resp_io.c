@@ -110,7 +110,51 @@ static int read_exact(struct kvt_rio *r, uint8_t *dst, size_t n)
     return 0;
 }
 
-static int read_bulk(struct kvt_rio *r, const char *line, void *dst, size_t want)
+/* reply_line(): a bulk's length line was read, its bytes follow */
+#define BULK 4
+
+/* Below this, a piece is read through the buffer (one read for many small pieces). */
+#define DIRECT_MIN ((size_t)4096)
+
+/* @p want bytes into @p s piece by piece (NULL: dropped). 0, KVT_R_SINK or -errno. */
+static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
+{
+    while (want > 0) {
+        uint8_t *at = NULL;
+        size_t len = want;
+        if (s && (r->sink_rc = s->next(s->ud, &at, &len)) != 0)
+            return KVT_R_SINK;
+        len = len < want ? len : want;
+        if (r->pos == r->len && (!at || len < DIRECT_MIN)) {
+            int rc = fill(r);
+            if (rc < 0)
+                return rc;
+        }
+        size_t got = r->len - r->pos;
+        if (got) {
+            got = got < len ? got : len;
+            if (at)
+                memcpy(at, r->buf + r->pos, got);
+            r->pos += got;
+        } else {
+            ssize_t n = read(r->fd, at, len);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                return io_errno();
+            if (n == 0)
+                return -ECONNRESET;
+            got = (size_t)n;
+        }
+        if (s && (r->sink_rc = s->wrote(s->ud, got)) != 0)
+            return KVT_R_SINK;
+        want -= got;
+    }
+    return 0;
+}
+
+/* The bulk's announced length, checked against @p want. */
+static int bulk_len(const char *line, bool have_dst, size_t want)
 {
     char *end;
     errno = 0;
@@ -119,32 +163,62 @@ static int read_bulk(struct kvt_rio *r, const char *line, void *dst, size_t want
         return kvt_fail(KVT_E_CORRUPT, "redis: bad bulk length \"%.32s\"", line);
     if (len == -1)
         return KVT_R_NIL;
-    if (!dst || (unsigned long long)len != want)
+    if (!have_dst || (unsigned long long)len != want)
         return kvt_fail(KVT_E_CORRUPT, "redis: bulk of %lld bytes where %zu were expected", len,
                         want);
-    int rc = read_exact(r, dst, want);
+    return KVT_R_OK;
+}
+
+static int read_crlf(struct kvt_rio *r)
+{
     char crlf[2];
-    if (rc == 0)
-        rc = read_exact(r, (uint8_t *)crlf, 2);
+    int rc = read_exact(r, (uint8_t *)crlf, 2);
     if (rc == 0 && (crlf[0] != '\r' || crlf[1] != '\n'))
         rc = kvt_fail(KVT_E_CORRUPT, "redis: bulk not terminated");
     return rc;
 }
 
-int kvt_rio_reply(struct kvt_rio *r, void *dst, size_t want)
+static int read_bulk(struct kvt_rio *r, const char *line, void *dst, size_t want)
 {
-    char line[256];
-    int rc = read_line(r, line, sizeof(line));
+    int rc = bulk_len(line, dst != NULL, want);
+    if (rc == KVT_R_OK)
+        rc = read_exact(r, dst, want);
+    return rc == KVT_R_OK ? read_crlf(r) : rc;
+}
+
+/* One reply line into @p line: a bulk's length line, or the whole reply. */
+static int reply_line(struct kvt_rio *r, char *line, size_t cap, bool bulk_wanted)
+{
+    int rc = read_line(r, line, cap);
     if (rc < 0)
         return rc;
     switch (line[0]) {
     case '+':
     case ':':
-        return dst ? kvt_fail(KVT_E_CORRUPT, "redis: status where a bulk was expected") : KVT_R_OK;
+        return bulk_wanted ? kvt_fail(KVT_E_CORRUPT, "redis: status where a bulk was expected")
+                           : KVT_R_OK;
     case '-': snprintf(r->err, sizeof(r->err), "%s", line + 1); return KVT_R_ERR;
-    case '$': return read_bulk(r, line, dst, want);
+    case '$': return BULK;
     default: return kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0]);
     }
+}
+
+int kvt_rio_reply(struct kvt_rio *r, void *dst, size_t want)
+{
+    char line[256];
+    int rc = reply_line(r, line, sizeof(line), dst != NULL);
+    return rc == BULK ? read_bulk(r, line, dst, want) : rc;
+}
+
+int kvt_rio_reply_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *sink)
+{
+    char line[256];
+    int rc = reply_line(r, line, sizeof(line), true);
+    if (rc == BULK)
+        rc = bulk_len(line, true, want);
+    if (rc == KVT_R_OK)
+        rc = read_sink(r, want, sink);
+    return rc == KVT_R_OK ? read_crlf(r) : rc;
 }
 
 bool kvt_rio_pending(const struct kvt_rio *r)
