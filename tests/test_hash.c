@@ -1,9 +1,12 @@
-/* Wyhash known answers (golden/wyhash-vectors.json) and streaming == one-shot. */
+/* Wyhash known answers (golden/wyhash-vectors.json), streaming == one-shot, and the copying
+ * update == memcpy + update. */
 #include "support/support.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "hash/hash.h"
 
 static size_t unhex(const char *hex, uint8_t *out)
 {
@@ -89,12 +92,45 @@ static void test_streaming_all_splits(void **state)
     }
 }
 
+/* Pieces of every size from 0 to 200 bytes, copied and hashed in one pass: the hash of the
+ * whole and the copy are exact, and nothing past a piece is written. */
+static void test_update_copy(void **state)
+{
+    (void)state;
+    enum { N = 20000 };
+    uint8_t *src = malloc(N), *dst = malloc(N + 1);
+    assert_non_null(src);
+    assert_non_null(dst);
+    uint64_t rs = 7;
+    fill_random(src, N, &rs);
+    for (size_t start = 0; start < 3; start++) {
+        memset(dst, 0xa5, N + 1);
+        struct kvt_wyhash_state st;
+        kvt_wyhash_init(&st, 0);
+        size_t at = start;
+        kvt_wyhash_update(&st, src, start); /* some hashed without a copy first */
+        memcpy(dst, src, start);
+        for (size_t piece = 0; at < N; piece = (piece + 1) % 201) {
+            size_t m = piece < N - at ? piece : N - at;
+            kvt_wyhash_update_copy(&st, dst + at, src + at, m);
+            at += m;
+            assert_int_equal(dst[at], 0xa5); /* the next byte is not written yet */
+        }
+        assert_int_equal(kvt_wyhash_final(&st), kvt_wyhash(0, src, N));
+        assert_memory_equal(dst, src, N);
+        assert_int_equal(dst[N], 0xa5);
+    }
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_vectors),
         cmocka_unit_test(test_spec_table),
         cmocka_unit_test(test_streaming_all_splits),
+        cmocka_unit_test(test_update_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

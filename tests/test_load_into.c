@@ -4,8 +4,9 @@
  * on the file's own grid, which direct reads fill in place); skipped slots are still checked;
  * a corrupt slot fails the load; a refusal is the caller's code and leaves the store's record
  * alone, while a corrupt file is a miss that drops it. A cold load whose destinations are off
- * the block grid is read in shares on several cores: the same bytes, and the same failures
- * with the same messages, as a load in order.
+ * the block grid copies and hashes every byte out of staging in one pass: the same bytes, and
+ * the same failures with the same messages, as a load in order, and as a load of the cached
+ * file copied on several cores.
  */
 #include "support/support.h"
 
@@ -198,28 +199,6 @@ static bool make_cold(const char *path)
     return !cached;
 }
 
-/* Whether at least three quarters of the bytes the load of @p path into @p p placed are off
- * the file's block grid, or not placed at all (a stream copies them out of staging). */
-static bool mostly_copied(const char *path, const struct pool *p)
-{
-    struct kvt_header *h;
-    const struct kvt_io *io = kvt_io();
-    kvt_io_set(NULL); /* whatever faults the load meets */
-    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
-    kvt_io_set(io);
-    uint64_t all = 0, copied = 0;
-    int k = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        for (int j = 0; j < h->caches[i].n_slots; j++, k++) {
-            uint64_t abs = kvt_slot_abs(h, &h->caches[i].slots[j]);
-            all += p->bytes[k];
-            if (k == p->skip || ((uintptr_t)p->at[k] - abs) % 4096)
-                copied += p->bytes[k];
-        }
-    kvt_header_free(h);
-    return copied >= all - all / 4;
-}
-
 /* A cold load into @p p; whether helper threads ran it goes to *@p parallel. On failure the
  * message is copied to @p msg. */
 static int cold_load(const char *path, struct pool *p, bool *parallel, char *msg, size_t n)
@@ -229,10 +208,9 @@ static int cold_load(const char *path, struct pool *p, bool *parallel, char *msg
     struct kvt_header *h = (void *)1;
     int rc = kvt_file_load_into(path, NULL, place, p, &h);
     *parallel = kvt_par_helpers_started() > helpers;
-    /* cores to share the work, and a load the shares take (a cached file is copied on
-     * several cores whatever the alignment) */
+    /* only a cached file is copied on several cores; a cold one goes through one stream */
     bool cores = kvt_par_cpus() > 1 && kvt_stream_fast_ok();
-    assert_int_equal(*parallel, cores && (mostly_copied(path, p) || !cold));
+    assert_int_equal(*parallel, cores && !cold);
     if (rc == 0) {
         assert_non_null(h);
         kvt_header_free(h);
@@ -243,7 +221,8 @@ static int cold_load(const char *path, struct pool *p, bool *parallel, char *msg
     return rc;
 }
 
-/* An entry of 9 MB in six slots: big enough for the load to be shared among cores. */
+/* An entry of 9 MB in six slots: big enough for the stream's fast path (and, cached, for a
+ * copy on several cores). */
 static struct kvt_entry *big_entry(int32_t **tok)
 {
     *tok = tokens(3000, 7);
@@ -251,18 +230,18 @@ static struct kvt_entry *big_entry(int32_t **tok)
 }
 
 /*
- * Cold loads into destinations off the block grid run in shares on several cores, and land
- * the same bytes as a load in order (no_parallel) and as one onto the file's grid; a slot left
- * NULL is checked, not written.
+ * Cold loads into destinations off the block grid (copied and hashed out of staging in one
+ * pass) land the same bytes as a load with no_parallel and as one onto the file's grid; a
+ * slot left NULL is checked, not written.
  */
-static void test_cold_shares_land_every_byte(void **state)
+static void test_cold_off_grid_lands_every_byte(void **state)
 {
     (void)state;
     int32_t *tok;
     struct kvt_entry *e = big_entry(&tok);
     size_t total;
     uint8_t *want = synth_entry_bytes(e, &total);
-    char *path = save("shares.mlxkv", e);
+    char *path = save("off-grid.mlxkv", e);
     struct {
         size_t align;
         long skew;
@@ -297,8 +276,8 @@ static void test_cold_shares_land_every_byte(void **state)
     free(tok);
 }
 
-/* The message of a cold load of @p path into an off-grid pool, with the shares (@p serial
- * false) or in order; the load must fail with @p want. */
+/* The message of a cold load of @p path into an off-grid pool, with the default settings
+ * (@p serial false) or no_parallel; the load must fail with @p want. */
 static void failed_load(const char *path, size_t total, bool serial, int skip, int want, char *msg,
                         size_t n)
 {
@@ -331,25 +310,25 @@ static void assert_cold_load_intact(const char *path, const uint8_t *want, size_
 }
 
 /*
- * A corrupt slot fails a shared load with the message a load in order gives: a slot of the
- * last share alone, a slot of each share (the first one in header order is reported), and a
+ * A corrupt slot fails a cold off-grid load with the message a load with no_parallel gives: a
+ * late slot alone, an early and a late one (the first in header order is reported), and a
  * corrupt slot left NULL (checked only).
  */
-static void test_cold_shares_corrupt(void **state)
+static void test_cold_off_grid_corrupt(void **state)
 {
     (void)state;
     int32_t *tok;
     struct kvt_entry *e = big_entry(&tok);
     size_t total;
     uint8_t *want = synth_entry_bytes(e, &total);
-    char *path = save("shares-bad.mlxkv", e);
+    char *path = save("off-grid-bad.mlxkv", e);
     char msg[2][512];
     struct kvt_header *h;
     assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
     int last = h->caches[1].n_slots - 1;
     kvt_header_free(h);
 
-    /* the last slot of the second kv layer: in the last share */
+    /* the last slot of the second kv layer */
     flip_slot_byte(path, 1, last, 4097, 0x10);
     for (int serial = 0; serial < 2; serial++)
         failed_load(path, total, serial, -1, KVT_E_CORRUPT, msg[serial], sizeof(msg[serial]));
@@ -359,7 +338,7 @@ static void test_cold_shares_corrupt(void **state)
     assert_non_null(strstr(msg[0], name));
     assert_string_equal(msg[0], msg[1]);
 
-    /* and the first slot: in the first share, reported first */
+    /* and the first slot, reported first */
     flip_slot_byte(path, 0, 0, 77, 0x01);
     for (int serial = 0; serial < 2; serial++)
         failed_load(path, total, serial, -1, KVT_E_CORRUPT, msg[serial], sizeof(msg[serial]));
@@ -372,7 +351,7 @@ static void test_cold_shares_corrupt(void **state)
     assert_non_null(strstr(msg[0], "caches[0].tensors[0]"));
     assert_string_equal(msg[0], msg[1]);
 
-    /* intact again: the shared load succeeds */
+    /* intact again: the load succeeds */
     flip_slot_byte(path, 0, 0, 77, 0x01);
     flip_slot_byte(path, 1, last, 4097, 0x10);
     assert_cold_load_intact(path, want, total);
@@ -384,19 +363,18 @@ static void test_cold_shares_corrupt(void **state)
 }
 
 /*
- * A read that fails under a shared load fails it with the error of the first failing read in
- * header order: with every read failing, the message is that of a load in order; with one
- * read failing (whichever share meets it), a read error, never success with stale bytes; a
- * later load of the intact device succeeds.
+ * A read that fails under a cold off-grid load fails it: with every read failing, with the
+ * message of a load with no_parallel; with one read failing (whichever it is), a read error,
+ * never success with stale bytes; a later load of the intact device succeeds.
  */
-static void test_cold_shares_read_error(void **state)
+static void test_cold_off_grid_read_error(void **state)
 {
     (void)state;
     int32_t *tok;
     struct kvt_entry *e = big_entry(&tok);
     size_t total;
     uint8_t *want = synth_entry_bytes(e, &total);
-    char *path = save("shares-eio.mlxkv", e);
+    char *path = save("off-grid-eio.mlxkv", e);
     char msg[2][512];
     /* the reads of the header come first: the faults below fall on the slots' reads */
     kvt_fault_reset();
@@ -420,7 +398,7 @@ static void test_cold_shares_read_error(void **state)
     assert_non_null(strstr(msg[0], "read at offset"));
     assert_string_equal(msg[0], msg[1]);
 
-    /* one read fails, somewhere among the shares' reads */
+    /* one read fails, somewhere among the slots' reads */
     for (uint64_t nth = 1; nth <= 12; nth += 3) {
         kvt_fault_reset();
         struct kvt_fault_rule r = {.op = KVT_FAULT_PREAD, .nth = head + nth, .err = EIO};
@@ -527,11 +505,11 @@ int main(void)
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_load_into_failures, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_restore_into, test_dir_setup, test_dir_teardown),
-        cmocka_unit_test_setup_teardown(test_cold_shares_land_every_byte, test_dir_setup,
+        cmocka_unit_test_setup_teardown(test_cold_off_grid_lands_every_byte, test_dir_setup,
                                         test_dir_teardown),
-        cmocka_unit_test_setup_teardown(test_cold_shares_corrupt, test_dir_setup,
+        cmocka_unit_test_setup_teardown(test_cold_off_grid_corrupt, test_dir_setup,
                                         test_dir_teardown),
-        cmocka_unit_test_setup_teardown(test_cold_shares_read_error, test_dir_setup,
+        cmocka_unit_test_setup_teardown(test_cold_off_grid_read_error, test_dir_setup,
                                         test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

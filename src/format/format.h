@@ -229,9 +229,7 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
 /**
  * Read every slot in header order into its r->dst entry (NULL r->dst: hash only), as
  * kvt_tensor_read() on each would. When every slot is in the page cache, slots are copied
- * and hashed on several cores at once; when most bytes come from the device into destinations
- * off the block grid (copied out of staging), contiguous shares of slots are read by a stream
- * each, on several cores at once (kvt_mem_opts.no_parallel turns both off); the error
+ * and hashed on several cores at once (kvt_mem_opts.no_parallel turns it off); the error
  * reported is then still that of the first failing slot in header order.
  * @return 0, KVT_E_CORRUPT (L3), -EINVAL (bad geometry) or -errno.
  */

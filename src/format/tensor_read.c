@@ -11,10 +11,9 @@
  * the cache, the first touch of the fresh destination pages and the hash are all CPU work,
  * so kvt_tensor_read_all() spreads whole slots over several cores instead (each slot's hash
  * runs in order on the thread that copies it). A load from the device whose destinations are
- * off the file's block grid is CPU work too (every byte is copied out of staging and hashed):
- * it is cut into contiguous shares of slots, balanced by bytes, each read by its own stream
- * on its own core, so that one core's copy does not cap a fast device. Which way a load goes
- * is kvt_read_choose()'s call (io/read_way.c), the same that the read stream takes at open.
+ * off the file's block grid copies every byte out of staging and hashes it in the same pass
+ * (kvt_piece_hash), which keeps one core ahead of the device. Which way a load goes is
+ * kvt_read_choose()'s call (io/read_way.c), the same that the read stream takes at open.
  */
 #include "format/format.h"
 
@@ -54,8 +53,6 @@ static int read_err(const struct kvt_tensor_reader *r, int rc, uint64_t off)
 
 /* A parallel load copies each slot in pieces of this size, hashed while they are in L2. */
 #define PAR_PIECE ((size_t)256 << 10)
-/* A load is cut into at most this many shares (kvt_read_choose() picks how many). */
-#define MAX_SHARES 16u
 
 static int hash_err(const struct kvt_tensor_reader *r, size_t ci, int sj, uint64_t got)
 {
@@ -117,11 +114,6 @@ static void drop_cache(const struct kvt_tensor_reader *r, const struct kvt_slot 
     kvt_io()->fadvise_dontneed(r->fd, abs, len);
 }
 
-static void hash_piece(void *ud, const void *p, size_t n)
-{
-    kvt_wyhash_update(ud, p, n);
-}
-
 /*
  * The ranges slot @p s takes in a stream with destination @p d: one per block of a strided
  * destination, one for a contiguous one, 0 when it has none (or a geometry that
@@ -179,24 +171,22 @@ static size_t slot_ordinal(const struct kvt_header *h, size_t ci, int sj)
     return ord;
 }
 
-/* A new stream over slot @p sj of cache @p ci and every slot after it in header order, up to
- * the slot of ordinal @p end (not included). */
-static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj, size_t end,
-                       struct slot_job *j)
+/* A new stream over slot @p sj of cache @p ci and every slot after it in header order. */
+static int open_stream(struct kvt_tensor_reader *r, size_t ci, int sj, struct slot_job *j)
 {
     const struct kvt_header *h = r->h;
     size_t n = 0, ord = slot_ordinal(h, ci, sj); /* ranges; where (ci, sj) is in r->dst */
     kvt_rstream_close(r->rs);
     r->rs = NULL;
-    for (size_t i = ci, o = ord; i < h->n_caches && o < end; i++)
-        for (int k = i == ci ? sj : 0; k < h->caches[i].n_slots && o < end; k++, o++)
+    for (size_t i = ci, o = ord; i < h->n_caches; i++)
+        for (int k = i == ci ? sj : 0; k < h->caches[i].n_slots; k++, o++)
             n += slot_ranges(h, &h->caches[i].slots[k], r->dst ? &r->dst[o] : NULL, NULL);
     struct kvt_range *rg = malloc((n ? n : 1) * sizeof(*rg));
     if (!rg)
         return job_fail(j, -ENOMEM, J_NOMEM);
     n = 0;
-    for (size_t i = ci, o = ord; i < h->n_caches && o < end; i++)
-        for (int k = i == ci ? sj : 0; k < h->caches[i].n_slots && o < end; k++, o++)
+    for (size_t i = ci, o = ord; i < h->n_caches; i++)
+        for (int k = i == ci ? sj : 0; k < h->caches[i].n_slots; k++, o++)
             n += slot_ranges(h, &h->caches[i].slots[k], r->dst ? &r->dst[o] : NULL, rg + n);
     int rc = kvt_rstream_open(r->fd, rg, n, NULL, &r->rs);
     free(rg);
@@ -219,12 +209,9 @@ static void advance(struct kvt_tensor_reader *r, size_t ci, int sj)
     }
 }
 
-/*
- * kvt_tensor_read() with its failure recorded in @p j (not reported): a new stream reads
- * ahead up to the slot of ordinal @p end.
- */
+/* kvt_tensor_read() with its failure recorded in @p j (not reported). */
 static int read_one(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst, uint64_t blocks,
-                    uint64_t dst_stride, size_t end, struct slot_job *j)
+                    uint64_t dst_stride, struct slot_job *j)
 {
     const struct kvt_slot *s = &r->h->caches[ci].slots[sj];
     uint64_t n = s->bytes;
@@ -240,14 +227,14 @@ static int read_one(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
         if (!r->verify)
             return 0;
     } else {
-        int rc = due ? 0 : open_stream(r, ci, sj, end, j);
+        int rc = due ? 0 : open_stream(r, ci, sj, j);
         if (rc)
             return rc;
     }
 
     struct kvt_wyhash_state st;
     kvt_wyhash_init(&st, 0);
-    kvt_piece_fn fn = r->verify ? hash_piece : NULL;
+    kvt_piece_fn fn = r->verify ? kvt_piece_hash : NULL;
     uint64_t at = kvt_slot_abs(r->h, s);
     int rc = 0;
     if (n == 0)
@@ -274,7 +261,7 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
                     uint64_t dst_stride)
 {
     struct slot_job j = {.ci = ci, .sj = sj};
-    return read_one(r, ci, sj, dst, blocks, dst_stride, SIZE_MAX, &j) ? job_err(r, &j) : 0;
+    return read_one(r, ci, sj, dst, blocks, dst_stride, &j) ? job_err(r, &j) : 0;
 }
 
 struct par_load {
@@ -335,57 +322,15 @@ static struct kvt_read_way read_way(const struct kvt_tensor_reader *r, size_t n)
     return way;
 }
 
-struct share_load {
-    const struct kvt_tensor_reader *r;
-    struct slot_job *job;
-    const size_t *cut; /* share k is the slots of ordinals [cut[k], cut[k + 1]) */
-};
-
-/* Read share @p k in order through a stream of its own, up to its first failure. */
-static bool load_share(void *ud, size_t k)
-{
-    const struct share_load *sl = ud;
-    struct kvt_tensor_reader sr = *sl->r;
-    sr.rs = NULL;
-    for (size_t o = sl->cut[k]; o < sl->cut[k + 1]; o++) {
-        struct slot_job *j = &sl->job[o];
-        const struct kvt_slot_dst *d = &sr.dst[o];
-        if (read_one(&sr, j->ci, j->sj, d->dst, d->blocks, d->stride, sl->cut[k + 1], j))
-            break;
-    }
-    kvt_tensor_reader_free(&sr); /* no read of this share lands after this */
-    return true; /* the shares before a failure must still run: theirs is reported first */
-}
-
-/* Read the slots of @p job in @p shares contiguous shares balanced by bytes, one stream and
- * one core each. */
-static void read_shares(struct kvt_tensor_reader *r, struct slot_job *job, size_t n, uint64_t bytes,
-                        unsigned shares)
-{
-    size_t cut[MAX_SHARES + 1] = {0};
-    uint64_t sum = 0;
-    unsigned k = 1;
-    for (size_t o = 0; o + 1 < n && k < shares; o++) {
-        sum += r->h->caches[job[o].ci].slots[job[o].sj].bytes;
-        if (sum >= bytes / shares * k)
-            cut[k++] = o + 1;
-    }
-    cut[k] = n;
-    kvt_par_for(k, k, load_share, &(struct share_load){r, job, cut});
-}
-
 int kvt_tensor_read_all(struct kvt_tensor_reader *r)
 {
     const struct kvt_header *h = r->h;
     size_t n = 0;
-    uint64_t bytes = 0;
     for (size_t i = 0; i < h->n_caches; i++)
-        for (int j = 0; j < h->caches[i].n_slots; j++, n++)
-            bytes += h->caches[i].slots[j].bytes;
+        n += (size_t)h->caches[i].n_slots;
     struct kvt_read_way way = read_way(r, n);
     unsigned threads = way.path == KVT_READ_PARALLEL ? way.threads : 1;
-    unsigned shares = way.path == KVT_READ_SHARES ? way.threads : 1;
-    struct slot_job *job = threads > 1 || shares > 1 ? calloc(n, sizeof(*job)) : NULL;
+    struct slot_job *job = threads > 1 ? calloc(n, sizeof(*job)) : NULL;
     int rc = 0;
     if (!job) { /* one slot after the other through the read-ahead stream */
         for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
@@ -397,18 +342,14 @@ int kvt_tensor_read_all(struct kvt_tensor_reader *r)
     for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
         for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++) {
             job[o] = (struct slot_job){.ci = i, .sj = j};
-            if (threads > 1 && bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
-                                            r->dst[o].stride))
+            if (bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
+                             r->dst[o].stride))
                 rc = geometry_err(r, i, j);
         }
     if (rc == 0) {
-        if (threads > 1)
-            kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
-        else
-            read_shares(r, job, n, bytes, shares);
-        /* slots are handed out in order, and a share stops only at its first failure, so
-         * every slot before the first failure ran: the error reported is the one a load in
-         * order would have met first */
+        kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
+        /* slots are handed out in order, so every slot before the first failure ran: the
+         * error reported is the one a load in order would have met first */
         for (size_t o = 0; o < n && rc == 0; o++)
             if (job[o].rc)
                 rc = job_err(r, &job[o]);

@@ -3,7 +3,7 @@
  * and streaming. The streaming form holds back the last block until more input arrives,
  * because the final round reads the last 16 bytes of the whole input (FORMAT.md §7).
  */
-#include "kvtier.h"
+#include "hash/hash.h"
 
 #include <string.h>
 
@@ -44,6 +44,18 @@ static inline void round48(uint64_t s[3], const uint8_t *p)
     s[0] = mix(r8(p) ^ P1, r8(p + 8) ^ s[0]);
     s[1] = mix(r8(p + 16) ^ P2, r8(p + 24) ^ s[1]);
     s[2] = mix(r8(p + 32) ^ P3, r8(p + 40) ^ s[2]);
+}
+
+/* round48() on the block at @p p, which is also copied to @p out (one pass over the bytes). */
+static inline void round48_copy(uint64_t s[3], const uint8_t *p, uint8_t *out)
+{
+    uint64_t w[6];
+    for (int k = 0; k < 6; k++)
+        w[k] = r8(p + 8 * k);
+    memcpy(out, w, sizeof(w));
+    s[0] = mix(w[0] ^ P1, w[1] ^ s[0]);
+    s[1] = mix(w[2] ^ P2, w[3] ^ s[1]);
+    s[2] = mix(w[4] ^ P3, w[5] ^ s[2]);
 }
 
 static uint64_t finish(uint64_t s0, uint64_t a, uint64_t b, uint64_t len)
@@ -101,9 +113,9 @@ void kvt_wyhash_init(struct kvt_wyhash_state *st, uint64_t seed)
     st->s[0] = st->s[1] = st->s[2] = seed_state(seed);
 }
 
-void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len)
+/* kvt_wyhash_update(), copying the input to @p out as well when it is not NULL. */
+static void update(struct kvt_wyhash_state *st, const uint8_t *d, uint8_t *out, size_t len)
 {
-    const uint8_t *d = data;
     st->total += len;
 
     /* Top the buffer up; a full buffer is consumed only once more input follows it. */
@@ -112,6 +124,10 @@ void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len
         if (take > len)
             take = len;
         memcpy(st->buf + st->nbuf, d, take);
+        if (out) {
+            memcpy(out, d, take);
+            out += take;
+        }
         st->nbuf += take;
         d += take;
         len -= take;
@@ -124,16 +140,37 @@ void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len
     /* Whole blocks straight from the input, keeping at least one byte back. */
     if (len > 48) {
         uint64_t s[3] = {st->s[0], st->s[1], st->s[2]};
-        do {
-            round48(s, d);
-            d += 48;
-            len -= 48;
-        } while (len > 48);
+        if (out) {
+            do {
+                round48_copy(s, d, out);
+                d += 48;
+                out += 48;
+                len -= 48;
+            } while (len > 48);
+        } else {
+            do {
+                round48(s, d);
+                d += 48;
+                len -= 48;
+            } while (len > 48);
+        }
         memcpy(st->s, s, sizeof(s));
         memcpy(st->last, d - 16, 16);
     }
     memcpy(st->buf, d, len);
+    if (out)
+        memcpy(out, d, len);
     st->nbuf = len;
+}
+
+void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len)
+{
+    update(st, data, NULL, len);
+}
+
+void kvt_wyhash_update_copy(struct kvt_wyhash_state *st, void *dst, const void *src, size_t len)
+{
+    update(st, src, dst, len);
 }
 
 uint64_t kvt_wyhash_final(const struct kvt_wyhash_state *st)

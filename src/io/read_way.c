@@ -2,15 +2,13 @@
  * How a read goes: the one decision every reader takes (the read stream at open, the tensor
  * reader for a whole file, and through the stream the device loader). From the bytes asked
  * for, where they go, what the page cache holds, the stream options, the process's memory
- * settings and the io backend it picks one of four paths:
+ * settings and the io backend it picks one of three paths:
  *
  *   plain     pread one piece after the other: small reads (threads and rings would cost
  *             more than they save) or a backend without the fast path (the fault tables);
  *   parallel  every byte in the page cache and every range with a destination: nothing to
  *             wait for but the copy, the first touch of the destination pages and the hash,
  *             so whole ranges are copied on several cores;
- *   shares    nearly every byte copied out of staging (destinations off the block grid):
- *             contiguous shares of the ranges, each through a ring of its own on its own core;
  *   ring      the read-ahead ring, with O_DIRECT unless it is turned off (the stream falls
  *             back to the page cache, "buffered", where the file system refuses it), and the
  *             prefault helper where some destination page is not resident yet.
@@ -106,34 +104,6 @@ static unsigned parallel_threads(int fd, const struct kvt_range *r, size_t n, ui
     return t < PAR_THREADS ? t : PAR_THREADS;
 }
 
-/*
- * The shares a load from the device is cut into: 1 unless nearly all its bytes are copied out
- * of staging (ranges without a destination, or with one off the file's block grid: a direct
- * read cannot land there) and at least two ranges have bytes. Then the copy and the hash are
- * the load's work, and one core would cap a fast device; a load read mostly in place leaves
- * a core little to do.
- */
-static unsigned share_count(const struct kvt_range *r, size_t n, uint64_t total)
-{
-    if (n < 2 || total < PAR_MIN || !kvt_mem_parallel())
-        return 1;
-    unsigned t = kvt_par_cpus();
-    uint64_t copied = 0;
-    size_t filled = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (r[i].len == 0)
-            continue;
-        filled++;
-        uintptr_t to = (uintptr_t)kvt_range_target(&r[i]);
-        if (!kvt_mem_direct() || !to || (to - r[i].off) % 4096)
-            copied += r[i].len;
-    }
-    if (t < 2 || filled < 2 || copied < total - total / 4)
-        return 1;
-    t = t < PAR_THREADS ? t : PAR_THREADS;
-    return filled < t ? (unsigned)filled : t;
-}
-
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o, bool parallel)
 {
@@ -148,8 +118,6 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
     unsigned t = parallel ? parallel_threads(fd, r, n, total) : 1;
     if (t > 1)
         return (struct kvt_read_way){.path = KVT_READ_PARALLEL, .threads = t};
-    if (parallel && (t = share_count(r, n, total)) > 1)
-        return (struct kvt_read_way){.path = KVT_READ_SHARES, .threads = t};
     return (struct kvt_read_way){
         .path = KVT_READ_RING,
         .direct = kvt_mem_direct() && !o->no_direct,

@@ -73,15 +73,13 @@ enum kvt_read_path {
     KVT_READ_PLAIN,    /* pread one piece after the other */
     KVT_READ_RING,     /* the read-ahead ring (direct or through the page cache) */
     KVT_READ_PARALLEL, /* whole ranges copied out of the page cache on several cores */
-    KVT_READ_SHARES,   /* contiguous shares of ranges, a ring and a core each: ranges that
-                          are mostly copied out of staging (destinations off the block grid) */
 };
 
 struct kvt_read_way {
     enum kvt_read_path path;
     bool direct;      /* ring: read with O_DIRECT (where the file system takes it) */
     bool helper;      /* ring: fault destinations in on the prefault helper thread */
-    unsigned threads; /* parallel, shares: the cores to copy on (1 otherwise) */
+    unsigned threads; /* parallel: the cores to copy on (1 otherwise) */
 };
 
 /**
@@ -90,8 +88,7 @@ struct kvt_read_way {
  * O_DIRECT and the prefault helper) and a parallel copy out of the page cache, from the bytes
  * asked for, their destinations, what the page cache holds, the options, the process's
  * memory settings and the io backend. @p parallel: the caller can copy whole ranges on
- * several cores or run several rings (kvt_rstream_open() cannot, so it never gets
- * KVT_READ_PARALLEL or KVT_READ_SHARES).
+ * several cores (kvt_rstream_open() cannot, so it never gets KVT_READ_PARALLEL).
  */
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o, bool parallel);
@@ -103,6 +100,9 @@ struct kvt_rstream;
 /** Called with each piece of a kvt_rstream_read() in order, once it is in place (one call at
  * a time, not always on the calling thread). */
 typedef void (*kvt_piece_fn)(void *ud, const void *data, size_t len);
+/** The piece function that hashes: @p ud is a struct kvt_wyhash_state. With it, a piece the
+ * stream copies out of staging is copied and hashed in one pass over its bytes. */
+void kvt_piece_hash(void *ud, const void *data, size_t len);
 
 /**
  * A read-ahead stream over @p n ranges of @p fd, ascending and not overlapping; the stream's

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "io/aq.h"
+#include "hash/hash.h"
 #include "io/io.h"
 #include "mem/restore_helper.h"
 #include "mem/staging.h"
@@ -453,6 +454,11 @@ static bool range_has_dst(const struct kvt_rstream *s)
  * the caller's destination (stable until the read returns), here otherwise (staging is
  * reused), after the pieces handed to the helper before it.
  */
+void kvt_piece_hash(void *ud, const void *data, size_t len)
+{
+    kvt_wyhash_update(ud, data, len);
+}
+
 static void piece_done(struct kvt_rstream *s, kvt_piece_fn fn, void *ud, const uint8_t *p, size_t n,
                        bool in_dst)
 {
@@ -514,9 +520,14 @@ static int consume_in_place(struct kvt_rstream *s, uint8_t *dst, size_t len, uin
         if (take > len)
             take = len;
         const uint8_t *src = s->bounce + (f - s->pb_off);
-        if (dst)
-            memcpy(dst, src, take);
-        piece_done(s, fn, ud, dst ? dst : src, take, false);
+        if (dst && fn == kvt_piece_hash) {
+            kvt_restore_helper_drain(s->pf); /* the pieces before it are hashed first */
+            kvt_wyhash_update_copy(ud, dst, src, take);
+        } else {
+            if (dst)
+                memcpy(dst, src, take);
+            piece_done(s, fn, ud, dst ? dst : src, take, false);
+        }
         f += take;
         len -= take;
         if (dst)
@@ -556,6 +567,10 @@ static int consume_chunk(struct kvt_rstream *s, struct chunk *c, uint8_t *d, siz
                 size_t m = take - k < CACHE_PIECE ? take - k : CACHE_PIECE;
                 if (d && d != src) { /* read into place already: nothing to copy */
                     kvt_restore_helper_ensure(s->pf, d + k, m);
+                    if (fn == kvt_piece_hash && !s->pf) { /* no helper to hash it */
+                        kvt_wyhash_update_copy(ud, d + k, src + k, m);
+                        continue;
+                    }
                     memcpy(d + k, src + k, m);
                 }
                 piece_done(s, fn, ud, d ? d + k : src + k, m, d != NULL);

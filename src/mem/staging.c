@@ -14,7 +14,7 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-/* a save's write stream, and the two read streams of a load read in shares on two cores */
+/* a save's write stream, and the read streams of a device load that reads on several cores */
 #define SLOTS 3
 #define POPULATE_PIECE ((size_t)2 << 20)
 
