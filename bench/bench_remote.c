@@ -3,9 +3,9 @@
  * same run (REMOTE.md "Benchmark").
  *
  *  1. put and restore of one entry of each size through the remote tier (kvt_remote_put:
- *     staged as an .mlxkv file, chunked SETs, index record; kvt_remote_restore: chunked GETs
- *     into a scratch file, full validation with tensor hashes, entry built), against a raw
- *     pipelined SET / GET of the same number of bytes in the same chunk size through hiredis
+ *     tensors hashed, chunked SETs from the entry's memory, index record; kvt_remote_restore:
+ *     chunked GETs fed to the validating loader, tensor hashes included, entry built), against a
+ * raw pipelined SET / GET of the same number of bytes in the same chunk size through hiredis
  *     (redisAppendCommandArgv, replies copied out), to the same server. Medians, GB/s, ratios.
  *  2. the same entry restored from a local store directory (kvt_store_restore, page cache
  *     warm as a host's disk tier usually is), against its restore from the remote.
@@ -14,7 +14,7 @@
  *     from a publish by one client to a find hit by another polling every poll_ms.
  *
  * Usage: bench_remote [--sizes 64M,256M,1G] [--reps N] [--url redis://host:port/prefix]
- *                     [--dir SCRATCH]
+ *                     [--dir DIR]   (the server's files and the local store; default /tmp)
  * Without --url it starts its own redis-server on a free port (killed at the end).
  * Prints figures and ratios; a benchmark, not a test: it asserts nothing.
  */
@@ -180,7 +180,6 @@ static kvt_remote *open_remote(const char *url, const char *prefix_url)
     o.config_fingerprint = FP;
     o.tokenizer_hash = TOKH;
     o.timeout_ms = 30000;
-    o.scratch_dir = g_dir;
     o.max_bytes = (uint64_t)64 << 30;
     o.chunk_bytes = CHUNK;
     kvt_remote *r = NULL;

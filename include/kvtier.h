@@ -828,9 +828,6 @@ struct kvt_remote_opts {
     uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */
     int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
     bool no_verify;                /* skip tensor hash checks on restore (not advised) */
-    const char *scratch_dir;       /* where entries are staged as files during a transfer
-                                      (one entry's bytes at a time per thread); NULL =
-                                      "/dev/shm" when present, else "/tmp" */
     kvt_log_fn log;
     void *log_ud;
 };

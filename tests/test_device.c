@@ -1,16 +1,18 @@
 /*
  * Restores into device memory. On the host stand-in (everywhere): every slot lands byte for
  * byte in its device allocation for staging rings of 2-16 slots and chunks of 8 KiB to 8 MiB,
- * loaded by one thread or several sharing the ring, with copies that take longer than the reads (a slot reused before its copy finished would
- * corrupt the result); unplaced slots are still checked; a corrupt slot fails the load and a
- * corrupt store file is a miss; uploads and downloads of odd sizes round-trip. CUDA: opening a
- * device where there is no driver reports "unavailable" and the CUDA case is skipped; where
- * there is one, the same restore and a save from device memory run on the GPU. Saves from
- * device memory (stand-in) write exactly the bytes of the host twin, through a file or a
- * store; device caches refuse appends, the RAM tier refuses device entries.
+ * loaded by one thread or several sharing the ring, with copies that take longer than the reads (a
+ * slot reused before its copy finished would corrupt the result); unplaced slots are still checked;
+ * a corrupt slot fails the load and a corrupt store file is a miss; uploads and downloads of odd
+ * sizes round-trip. CUDA: opening a device where there is no driver reports "unavailable" and the
+ * CUDA case is skipped; where there is one, the same restore and a save from device memory run on
+ * the GPU. Saves from device memory (stand-in) write exactly the bytes of the host twin, through a
+ * file or a store; device caches refuse appends; the RAM tier and the in-memory file image (what
+ * remote uploads send) refuse device entries.
  */
 #include "support/support.h"
 
+#include "format/format.h"
 #include "mem/par.h"
 
 #include <errno.h>
@@ -362,6 +364,11 @@ static void test_device_entries_refused(void **state)
         tok[i] = i;
     struct kvt_entry *e = synth_random_entry(tok, 64, 9, MODEL, FP, TOK);
     struct kvt_entry *de = device_twin(d, e);
+
+    /* there is no image of its file bytes in memory (what remote uploads send) */
+    struct kvt_image *im = (void *)1;
+    assert_int_equal(kvt_image_new(de, NULL, &im), KVT_E_UNSUPPORTED);
+    assert_null(im);
 
     /* the RAM tier holds host memory only: the entry is refused (and freed) */
     struct kvt_pcache_opts po;

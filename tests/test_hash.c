@@ -25,7 +25,8 @@ static void check_group(json_t *root, const char *group, int *count)
     assert_non_null(arr);
     size_t i;
     json_t *v;
-    json_array_foreach(arr, i, v) {
+    json_array_foreach(arr, i, v)
+    {
         const char *hex = json_string_value(json_object_get(v, "input_hex"));
         const char *want = json_string_value(json_object_get(v, "hash"));
         json_t *seedj = json_object_get(v, "seed");

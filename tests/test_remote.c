@@ -64,7 +64,6 @@ static void ropts(struct kvt_remote_opts *o, const char *url)
     o->tokenizer_hash = REMOTE_TOK;
     o->timeout_ms = 500;
     o->poll_ms = 100;
-    o->scratch_dir = base;
 }
 
 static kvt_remote *open_remote(const char *url, uint64_t chunk)

@@ -70,7 +70,6 @@ static kvt_remote *open_remote(void)
     o.tokenizer_hash = REMOTE_TOK;
     o.timeout_ms = 500;
     o.poll_ms = 100;
-    o.scratch_dir = base;
     o.log = log_fn;
     kvt_remote *r = NULL;
     assert_int_equal(kvt_remote_open(&o, &r), 0);

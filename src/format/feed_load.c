@@ -223,8 +223,8 @@ int kvt_feed_wrote(struct kvt_feed *f, size_t n)
     uint8_t *at = run(f, &len);
     if (n > len || f->pos >= f->size)
         return kvt_fail(-EINVAL, "%s: %zu bytes fed where %zu were asked for", f->name, n, len);
-    bool in_slot = f->pos >= KVT_PREFIX_LEN + (uint64_t)f->p.header_len &&
-                   f->slot < f->n_slots && at != f->scratch;
+    bool in_slot = f->pos >= KVT_PREFIX_LEN + (uint64_t)f->p.header_len && f->slot < f->n_slots &&
+                   at != f->scratch;
     f->pos += n;
     if (f->pos == KVT_PREFIX_LEN)
         return prefix_in(f);

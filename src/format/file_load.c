@@ -100,8 +100,8 @@ static int alloc_tensor(const struct kvt_header *h, const char *name, size_t ci,
     kvt_buf *buf;
     int rc = kvt_buf_new_for_fill((size_t)total, &buf);
     if (rc < 0)
-        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", name, ci,
-                        sj, (unsigned long long)total);
+        return kvt_fail(rc, "%s: caches[%zu].tensors[%d]: cannot allocate %llu bytes", name, ci, sj,
+                        (unsigned long long)total);
     rc = kvt_tensor_init(t, buf, 0, s->dtype, s->rank, shape);
     kvt_buf_unref(buf);
     if (rc < 0)

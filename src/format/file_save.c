@@ -322,26 +322,16 @@ static int seal(struct save_job *j)
     return rc;
 }
 
-/*
- * Wait for every tensor write, cut the padded tail, patch the header at offset 0 (after the
- * tensor writes: where the file could not be preallocated, a write on ext4 waits for direct
- * writes that extend it), extend the file to F after an empty last tensor.
- */
-static int complete(struct save_job *j)
+/* The file's first data_start bytes: prefix, the JSON with the slots' hashes patched in, zero
+ * padding (malloc'd; NULL when out of memory). *@p hash: the header hash (may be NULL). */
+static uint8_t *render_head(struct save_job *j, uint64_t *hash)
 {
     struct kvt_sbuf *json = &j->json;
-    uint64_t at = 0;
-    int rc = kvt_wstream_finish(j->ws, &at);
-    if (rc < 0)
-        return kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at,
-                        kvt_strerror(rc));
-    if (kvt_wstream_end(j->ws) > j->file_end)
-        j->file_end = kvt_wstream_end(j->ws);
     for (size_t k = 0; k < j->n_views; k++)
         kvt_json_hex64(json->data + j->hash_at[k], j->slot_of[k]->hash);
     uint8_t *head = calloc(1, j->h.data_start);
     if (!head)
-        return kvt_fail(-ENOMEM, "%s: out of memory for the header", j->path);
+        return NULL;
     uint64_t hh = kvt_wyhash(0, json->data, json->len);
     memcpy(head, KVT_MAGIC, KVT_MAGIC_LEN);
     for (int b = 0; b < 4; b++) {
@@ -351,6 +341,28 @@ static int complete(struct save_job *j)
     for (int b = 0; b < 8; b++)
         head[18 + b] = (uint8_t)(hh >> (8 * b));
     memcpy(head + KVT_PREFIX_LEN, json->data, json->len);
+    if (hash)
+        *hash = hh;
+    return head;
+}
+
+/*
+ * Wait for every tensor write, cut the padded tail, patch the header at offset 0 (after the
+ * tensor writes: where the file could not be preallocated, a write on ext4 waits for direct
+ * writes that extend it), extend the file to F after an empty last tensor.
+ */
+static int complete(struct save_job *j)
+{
+    uint64_t at = 0;
+    int rc = kvt_wstream_finish(j->ws, &at);
+    if (rc < 0)
+        return kvt_fail(rc, "%s: write at offset %" PRIu64 ": %s", j->tmp_path, at,
+                        kvt_strerror(rc));
+    if (kvt_wstream_end(j->ws) > j->file_end)
+        j->file_end = kvt_wstream_end(j->ws);
+    uint8_t *head = render_head(j, NULL);
+    if (!head)
+        return kvt_fail(-ENOMEM, "%s: out of memory for the header", j->path);
     rc = write_at(j, head, j->h.data_start, 0);
     free(head);
     if (rc)
@@ -531,6 +543,20 @@ int kvt_file_save_planned(const char *path, struct kvt_save_plan *p, uint64_t *o
         *out_bytes = 0;
     int rc = set_paths(&p->j, path);
     return rc ? rc : run_job(&p->j, out_bytes);
+}
+
+size_t kvt_save_plan_views(struct kvt_save_plan *p, const struct kvt_tensor **views,
+                           struct kvt_slot *const **slots, const struct kvt_header **h)
+{
+    *views = p->j.views;
+    *slots = p->j.slot_of;
+    *h = &p->j.h;
+    return p->j.n_views;
+}
+
+uint8_t *kvt_save_plan_head(struct kvt_save_plan *p, uint64_t *hash)
+{
+    return render_head(&p->j, hash);
 }
 
 void kvt_save_plan_free(struct kvt_save_plan *p)

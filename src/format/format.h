@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "kvtier.h"
 
@@ -81,8 +82,40 @@ int kvt_save_plan_new(const struct kvt_entry *e, const struct kvt_save_opts *o,
 uint64_t kvt_save_plan_bytes(const struct kvt_save_plan *p);
 /** kvt_file_save() of plan @p p to @p path (at most once per plan); frees nothing. */
 int kvt_file_save_planned(const char *path, struct kvt_save_plan *p, uint64_t *out_bytes);
+/**
+ * The plan's state views in file order, the slot each belongs to (its hash is the
+ * placeholder until set) and the planned header; *@p views and *@p slots have the returned
+ * count. All stay the plan's.
+ */
+size_t kvt_save_plan_views(struct kvt_save_plan *p, const struct kvt_tensor **views,
+                           struct kvt_slot *const **slots, const struct kvt_header **h);
+/** The planned file's first data_start bytes with the slots' hashes as set now (malloc'd;
+ *  NULL when out of memory); *@p hash (may be NULL) receives the header hash. */
+uint8_t *kvt_save_plan_head(struct kvt_save_plan *p, uint64_t *hash);
 /** Release the plan (its state views). Accepts NULL. */
 void kvt_save_plan_free(struct kvt_save_plan *p);
+
+/* ---- an entry's file bytes in memory (file_image.c) ---- */
+
+/**
+ * The .mlxkv bytes of @p e (as kvt_file_save() with @p o would write them, o->created_at
+ * included) without writing them anywhere: every tensor is hashed once, and the bytes are
+ * handed out as pieces of the entry's own memory (kvt_image_iov()), for a sender. The
+ * entry's tensor memory must stay unchanged until kvt_image_free(). Host memory only.
+ * @return 0, the plan's errors, or KVT_E_UNSUPPORTED for a tensor in device memory.
+ */
+struct kvt_image;
+int kvt_image_new(const struct kvt_entry *e, const struct kvt_save_opts *o, struct kvt_image **out);
+uint64_t kvt_image_bytes(const struct kvt_image *im);
+uint64_t kvt_image_header_hash(const struct kvt_image *im);
+/**
+ * Pieces of the image's bytes [@p off, @p off + @p len) (within the image), in order: at most
+ * @p max of them in @p iov; *@p covered receives the bytes they hold (less than @p len when
+ * @p max ran out). The memory stays valid until kvt_image_free(). @return the count.
+ */
+size_t kvt_image_iov(const struct kvt_image *im, uint64_t off, uint64_t len, struct iovec *iov,
+                     size_t max, uint64_t *covered);
+void kvt_image_free(struct kvt_image *im);
 
 /**
  * The checks a writer applies to a header it built: metadata is valid UTF-8, tokens are in
@@ -261,7 +294,8 @@ void kvt_load_bufs_free(struct kvt_load_bufs *b);
  * points to must outlive the feed. @p name prefixes messages. @return 0 or -ENOMEM.
  */
 struct kvt_feed;
-int kvt_feed_new(uint64_t size, const struct kvt_expect *x, const char *name, struct kvt_feed **out);
+int kvt_feed_new(uint64_t size, const struct kvt_expect *x, const char *name,
+                 struct kvt_feed **out);
 /**
  * Where the next bytes of the file go: *@p len (> 0) contiguous bytes at *@p at.
  * @return 0, or the error that stopped the feed (a failed check: KVT_E_*, -EINVAL, -ENOMEM).

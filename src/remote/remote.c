@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "common/error.h"
@@ -30,24 +29,12 @@ void kvt_remote_opts_init(struct kvt_remote_opts *o)
     o->queue_max_bytes = (int64_t)2 << 30;
 }
 
-/* Staging in memory (tmpfs) when the machine has one: entries cross it at memory speed. */
-static const char *default_scratch(void)
-{
-    struct stat st;
-    return stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
-}
-
 void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     kvt_log_vline(r->log, r->log_ud, level, fmt, ap);
     va_end(ap);
-}
-
-void kvt_remote_scratch_path(const struct kvt_remote *r, const char *uuid, char *out, size_t cap)
-{
-    snprintf(out, cap, "%s/kvtier-remote-%s.mlxkv", r->scratch, uuid);
 }
 
 /* ---- poll thread ---------------------------------------------------------------------- */
@@ -120,8 +107,7 @@ static int copy_opts(struct kvt_remote *r, const struct kvt_remote_opts *o)
     r->model = strdup(o->model_id);
     r->fp = strdup(o->config_fingerprint);
     r->tok = strdup(o->tokenizer_hash);
-    r->scratch = strdup(o->scratch_dir ? o->scratch_dir : default_scratch());
-    if (!r->model || !r->fp || !r->tok || !r->scratch)
+    if (!r->model || !r->fp || !r->tok)
         return kvt_fail(-ENOMEM, "remote: out of memory");
     r->poll_ms = o->poll_ms;
     r->max_bytes = o->max_bytes ? o->max_bytes : UINT64_MAX;
@@ -249,7 +235,6 @@ void kvt_remote_close(kvt_remote *r)
     free(r->model);
     free(r->fp);
     free(r->tok);
-    free(r->scratch);
     free(r);
 }
 

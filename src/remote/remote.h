@@ -149,9 +149,10 @@ struct kvt_rentry {
     uint32_t n_chunks;
 };
 
-/** SET every chunk of @p data (pipelined, one node). 0 or a negative code. */
+struct kvt_image;
+/** SET every chunk of the file image @p im (pipelined, one node). 0 or a negative code. */
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   const uint8_t *data);
+                   const struct kvt_image *im);
 /** GET every chunk, in order, into @p sink. 0, KVT_R_NIL (a chunk is missing), the sink's
  * error, or a negative code. */
 int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,

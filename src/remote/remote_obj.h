@@ -10,7 +10,7 @@
 struct kvt_write_queue;
 
 struct kvt_remote {
-    char *model, *fp, *tok, *scratch;
+    char *model, *fp, *tok;
     int poll_ms;
     uint64_t max_bytes, max_entry_bytes, chunk_bytes;
     bool no_verify;
@@ -55,7 +55,5 @@ struct kvt_rrec *kvt_remote_rec_copy_locked(const struct kvt_rrec *s);
 struct kvt_rrec *kvt_remote_rec_copy(struct kvt_remote *r, uint64_t id);
 void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/** "<scratch>/kvtier-remote-<uuid>.mlxkv" into @p out. */
-void kvt_remote_scratch_path(const struct kvt_remote *r, const char *uuid, char *out, size_t cap);
 
 #endif

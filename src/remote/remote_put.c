@@ -1,19 +1,18 @@
 /*
- * Uploads: the entry is written as an .mlxkv file in the scratch directory (the format is
- * the wire format, hashes included), its chunks are SET from the mapped file, and only then
- * is its index record published, so no reader ever sees a partial entry. Room is made first
+ * Uploads: the entry's .mlxkv bytes (the format is the wire format, hashes included) are
+ * laid out in memory as an image of the file (format.h: its tensors hashed once, the header
+ * rendered), its chunks are SET straight from the entry's memory, and only then is its index
+ * record published, so no reader ever sees a partial entry. Room is made first
  * by deleting the oldest entries beyond max_bytes; once published, the records the new entry
  * supersedes (same tokens, and shorter prefixes when it is trimmable) are deleted, as the
  * store does on disk.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/error.h"
+#include "format/format.h"
 #include "remote/remote_obj.h"
 #include "store/index.h"
 #include "tier/tier.h"
@@ -65,33 +64,13 @@ static void make_room(struct kvt_remote *r, uint64_t need)
     }
 }
 
-/* The file's bytes, mapped (read-only); the header hash from its header. */
-static int map_file(const char *path, uint64_t bytes, uint8_t **map, uint64_t *hash)
-{
-    struct kvt_header *h;
-    int rc = kvt_file_read_header(path, NULL, &h);
-    if (rc < 0)
-        return rc;
-    *hash = h->header_hash;
-    kvt_header_free(h);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kvt_fail(-errno, "remote: %s: open failed", path);
-    *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (*map == MAP_FAILED)
-        return kvt_fail(-ENOMEM, "remote: %s: mmap failed", path);
-    madvise(*map, bytes, MADV_SEQUENTIAL);
-    return 0;
-}
-
 /* Chunks, then the record; on failure nothing of the entry is left behind. */
-static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const uint8_t *data)
+static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_image *im)
 {
     struct kvt_rentry re = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
     pthread_mutex_lock(&r->put_mu);
     make_room(r, rec->bytes);
-    int rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, data);
+    int rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im);
     if (rc == 0)
         rc = kvt_rindex_publish(&r->put_rc, &r->keys, rec);
     if (rc < 0)
@@ -123,28 +102,25 @@ static struct kvt_rrec *new_rec(struct kvt_remote *r, const struct kvt_entry *e,
     return rec;
 }
 
-/* Stage @p e as a file with the remote's identity, then upload it. */
-static int put_staged(struct kvt_remote *r, const struct kvt_entry *e, struct kvt_rrec *rec)
+/* The image of @p e with the remote's identity, uploaded. */
+static int put_image(struct kvt_remote *r, const struct kvt_entry *e, struct kvt_rrec *rec)
 {
-    char path[4200];
-    kvt_remote_scratch_path(r, rec->uuid, path, sizeof(path));
     struct kvt_entry copy = *e;
     copy.meta = (struct kvt_meta){r->model, r->fp, r->tok, rec->ns};
-    struct kvt_save_opts so = {.no_sync = true, .max_file_bytes = r->max_bytes};
-    uint64_t bytes = 0;
-    int rc = kvt_file_save(path, &copy, &so, &bytes);
+    struct kvt_save_opts so = {.max_file_bytes = r->max_bytes};
+    struct kvt_image *im;
+    int rc = kvt_image_new(&copy, &so, &im);
     if (rc < 0)
         return rc;
-    uint8_t *map = NULL;
-    rc = bytes > r->max_entry_bytes ? kvt_fail(KVT_E_TOO_LARGE, "remote: entry too large")
-                                    : map_file(path, bytes, &map, &rec->header_hash);
+    uint64_t bytes = kvt_image_bytes(im);
+    rc = bytes > r->max_entry_bytes ? kvt_fail(KVT_E_TOO_LARGE, "remote: entry too large") : 0;
     if (rc == 0) {
         rec->bytes = bytes;
         rec->n_chunks = (uint32_t)((bytes + rec->chunk - 1) / rec->chunk);
-        rc = upload(r, rec, map);
-        munmap(map, bytes);
+        rec->header_hash = kvt_image_header_hash(im);
+        rc = upload(r, rec, im);
     }
-    unlink(path);
+    kvt_image_free(im);
     return rc;
 }
 
@@ -161,7 +137,7 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
         return 0; /* the index holds these very tokens already */
     }
     struct kvt_rrec *rec = new_rec(r, e, ns, 0);
-    int rc = rec ? put_staged(r, e, rec) : kvt_fail(-ENOMEM, "remote: out of memory");
+    int rc = rec ? put_image(r, e, rec) : kvt_fail(-ENOMEM, "remote: out of memory");
     if (rc < 0) {
         KVT_RSTAT(r, put_failures, 1);
         kvt_remote_logf(r, KVT_LOG_WARN, "[remote] upload of %zu tokens failed: %s", e->n_tokens,

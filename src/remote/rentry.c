@@ -1,8 +1,8 @@
 /*
  * An entry's bytes as chunk keys on the master of its hash tag: SETs go out pipelined with
- * writev straight from the mapped file, GET replies go in order to a sink (a fed load), each
- * checked against the chunk length the index record promised before a byte is read. A window
- * bounds the requests in flight. A redirection (resharding, failover) restarts the whole
+ * writev straight from the entry's memory (its file image), GET replies go in order to a sink (a
+ * fed load), each checked against the chunk length the index record promised before a byte is read.
+ * A window bounds the requests in flight. A redirection (resharding, failover) restarts the whole
  * transfer once on the node it names; a connection failure fails the node and the transfer; a
  * sink that refuses its bytes ends the transfer and drops the connection, which has replies
  * left unread.
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "format/format.h"
 #include "remote/remote.h"
 
 #define WINDOW 8
@@ -25,7 +26,7 @@ struct xfer {
     struct kvt_rclient *rc;
     const struct kvt_rkeys *k;
     const struct kvt_rentry *e;
-    const uint8_t *data;          /* put: the entry's bytes */
+    const struct kvt_image *im;   /* put: the entry's bytes */
     const struct kvt_rsink *sink; /* get */
     bool get;
 };
@@ -36,9 +37,11 @@ static size_t chunk_len(const struct kvt_rentry *e, uint32_t i)
     return (size_t)(e->bytes - off < e->chunk ? e->bytes - off : e->chunk);
 }
 
-/* Send request @p i (ASKING first when @p ask). */
+/* Send request @p i (ASKING first when @p ask): a SET's value goes out as pieces of the
+ * entry's memory, IOV pieces per writev. */
 static int send_req(const struct xfer *x, int fd, uint32_t i, bool ask)
 {
+    enum { IOV = 64 };
     char key[KEY_MAX], head[KEY_MAX + 96];
     kvt_rkeys_chunk(x->k, x->e->ns, x->e->uuid, i, key, sizeof(key));
     size_t kl = strlen(key), vl = chunk_len(x->e, i);
@@ -46,14 +49,24 @@ static int send_req(const struct xfer *x, int fd, uint32_t i, bool ask)
                                ask ? "*1\r\n$6\r\nASKING\r\n" : "", kl, key)
                     : snprintf(head, sizeof(head), "%s*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
                                ask ? "*1\r\n$6\r\nASKING\r\n" : "", kl, key, vl);
-    struct iovec iov[3] = {{head, (size_t)hl}, {0}, {(void *)"\r\n", 2}};
+    struct iovec iov[IOV + 2] = {{head, (size_t)hl}};
+    if (x->get)
+        return kvt_rio_send(fd, iov, 1);
     int n = 1;
-    if (!x->get) {
-        iov[1].iov_base = (void *)(x->data + (uint64_t)i * x->e->chunk);
-        iov[1].iov_len = vl;
-        n = 3;
+    for (uint64_t at = (uint64_t)i * x->e->chunk, left = vl;;) {
+        uint64_t covered;
+        n += (int)kvt_image_iov(x->im, at, left, iov + n, IOV, &covered);
+        at += covered;
+        left -= covered;
+        if (left == 0) {
+            iov[n++] = (struct iovec){(void *)"\r\n", 2};
+            return kvt_rio_send(fd, iov, n);
+        }
+        int rc = kvt_rio_send(fd, iov, n);
+        if (rc < 0)
+            return rc;
+        n = 0;
     }
-    return kvt_rio_send(fd, iov, n);
 }
 
 /* Reply @p i; @p ok: every reply so far was a chunk, so this one goes on into the sink (else
@@ -137,9 +150,9 @@ static int run(const struct xfer *x)
 }
 
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   const uint8_t *data)
+                   const struct kvt_image *im)
 {
-    struct xfer x = {rc, k, e, data, NULL, false};
+    struct xfer x = {rc, k, e, im, NULL, false};
     int r = run(&x);
     return r == KVT_R_NIL ? kvt_fail(-EPROTO, "redis: nil reply to SET") : r;
 }
