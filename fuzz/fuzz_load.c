@@ -5,6 +5,9 @@
  * is also tried with the header hash fixed, so mutations of the JSON get past V6 and reach
  * the structural checks, the capacity arithmetic and the tensor reads.
  *
+ * The same bytes are also fed in odd-sized pieces to the fed loader (what remote restores
+ * use), which must give the file loader's result code and, on success, the same entry.
+ *
  * Properties checked: a load that checks hashes and succeeds implies that the unchecked load
  * succeeds with the same scalars and tensor bytes and that kvt_file_verify accepts the file;
  * every restored tensor hashes to its slot's hash; a failed load leaves no output; a load
@@ -60,6 +63,31 @@ static void check_entry(const struct kvt_header *h, const struct kvt_entry *on,
     }
 }
 
+/* The fed load of @p data (pieces of up to 4093 bytes): its result, *@p out on success. */
+static int feed_image(const uint8_t *data, size_t size, struct kvt_entry **out)
+{
+    struct kvt_feed *f;
+    int rc = kvt_feed_new(size, NULL, "fed", &f);
+    for (size_t at = 0; rc == 0 && at < size;) {
+        uint8_t *dst;
+        size_t len;
+        rc = kvt_feed_next(f, &dst, &len);
+        if (rc)
+            break;
+        len = len < 4093 ? len : 4093;
+        memcpy(dst, data + at, len);
+        rc = kvt_feed_wrote(f, len);
+        at += len;
+    }
+    *out = NULL;
+    if (f) {
+        int done = kvt_feed_finish(f, out, NULL);
+        rc = rc ? rc : done;
+    }
+    kvt_feed_free(f);
+    return rc;
+}
+
 static void load_image(const uint8_t *data, size_t size)
 {
     const char *path = fuzz_memfile(data, size);
@@ -76,6 +104,15 @@ static void load_image(const uint8_t *data, size_t size)
     if (rc_off != 0 && e_off)
         fuzz_fail("a failed load left an output");
     int rc_verify = kvt_file_verify(path, &on);
+    struct kvt_entry *e_fed = NULL;
+    int rc_fed = feed_image(data, size, &e_fed);
+    if (rc_fed != rc_on && rc_fed != -ENOMEM && rc_on != -ENOMEM)
+        fuzz_fail("the fed load and the file load disagree");
+    if (rc_fed != 0 && e_fed)
+        fuzz_fail("a failed fed load left an output");
+    if (rc_on == 0 && rc_fed == 0)
+        check_entry(h, e_on, e_fed);
+    kvt_entry_free(e_fed);
     if (rc_on == 0) {
         if (rc_off != 0 && rc_off != -ENOMEM)
             fuzz_fail("a file loads with hash checks but not without");
