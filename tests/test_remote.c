@@ -4,8 +4,8 @@
  * ties go to the nearer tier; faults (server absent at open, killed mid-put and mid-get,
  * restarted empty, paused beyond the timeout, a corrupt, oversized or deleted chunk, hostile
  * index records) end in counted misses, never wrong data or a hang, while the local tiers
- * keep serving; AUTH with a password and an ACL user, a unix socket, the byte cap, and the
- * CLI's --redis commands.
+ * keep serving; the chunks of a writer killed before it publishes expire; AUTH with a password and
+ * an ACL user, a unix socket, the byte cap, and the CLI's --redis commands.
  */
 #include "support/redis_srv.h"
 #include "support/support.h"
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -446,6 +447,89 @@ static void expect_dropped(kvt_remote *r, const char *key)
     redisFree(c);
 }
 
+/* The uuid of chunk key @p key ("...:{<uuid>}:<i>") into @p out (33 bytes). */
+static void chunk_uuid(const char *key, char *out)
+{
+    const char *a = strrchr(key, '{');
+    assert_non_null(a);
+    snprintf(out, 33, "%.32s", a + 1);
+}
+
+/*
+ * A writer killed before it publishes (another process, SIGKILL as soon as its first chunks
+ * are in Redis): no record names its chunks, and every one of them expires (a time to live
+ * that only the PERSISTs after a publish lift); the chunks of published entries have none.
+ */
+static void test_orphan_chunks_expire(void **state)
+{
+    (void)state;
+    redisContext *c = cli_ctx(&S);
+    int unpublished = 0;
+    for (int attempt = 0; attempt < 5 && !unpublished; attempt++) {
+        char *pfx = strf("orphan%d", attempt);
+        char *cmd = strf("exec %s/tests/progs/remote_peer put '%s' '%s/%s' 91 12000 3",
+                         KVT_BUILD_DIR, redis_url(&S, pfx), base, pfx);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        size_t seen = 0;
+        for (int64_t t0 = now_ms(); !seen && now_ms() - t0 < 30000 * SLACK;) {
+            redisReply *rep = redisCommand(c, "KEYS %s:*:{*}:*", pfx);
+            seen = rep->elements;
+            freeReplyObject(rep);
+            if (!seen)
+                msleep(1);
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        assert_true(seen > 0);
+
+        redisReply *keys = redisCommand(c, "KEYS %s:*:{*}:*", pfx);
+        redisReply *idx = redisCommand(c, "KEYS %s:{*}:idx", pfx);
+        for (size_t i = 0; i < keys->elements; i++) {
+            char uuid[33];
+            chunk_uuid(keys->element[i]->str, uuid);
+            bool published = false;
+            for (size_t j = 0; j < idx->elements && !published; j++) {
+                redisReply *h = redisCommand(c, "HEXISTS %s %s", idx->element[j]->str, uuid);
+                published = h->integer == 1;
+                freeReplyObject(h);
+            }
+            redisReply *ttl = redisCommand(c, "PTTL %s", keys->element[i]->str);
+            if (!published) { /* at most ten minutes and a second per MB of the ~37 MB entry */
+                assert_true(ttl->integer > 0 && ttl->integer <= 600000 + 40 * 1000);
+                unpublished++;
+            }
+            freeReplyObject(ttl);
+        }
+        print_message("attempt %d: %zu chunk keys, %d of an unpublished upload, all expiring\n",
+                      attempt, keys->elements, unpublished);
+        freeReplyObject(keys);
+        freeReplyObject(idx);
+        free(cmd);
+        free(pfx);
+    }
+    assert_true(unpublished > 0);
+
+    /* a published entry's chunks are permanent */
+    kvt_remote *r = open_remote(redis_url(&S, "persisted"), 64 << 10);
+    assert_int_equal(put(r, 92, N_TOK), 0);
+    redisReply *keys = redisCommand(c, "KEYS persisted:*:{*}:*");
+    assert_true(keys->elements > 1);
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *ttl = redisCommand(c, "PTTL %s", keys->element[i]->str);
+        assert_int_equal(ttl->integer, -1);
+        freeReplyObject(ttl);
+    }
+    freeReplyObject(keys);
+    assert_int_equal(restore(r, 92, N_TOK), 1);
+    kvt_remote_close(r);
+    redisFree(c);
+}
+
 /* Bytes changed in Redis: a tensor byte, a header byte, an oversized value, a deleted chunk. */
 static void test_corrupt_and_missing_chunks(void **state)
 {
@@ -682,6 +766,7 @@ int main(void)
         T(test_killed_mid_transfer),
         T(test_restarted_empty),
         T(test_paused_server),
+        T(test_orphan_chunks_expire),
         T(test_corrupt_and_missing_chunks),
         T(test_hostile_index_records),
         T(test_maxmemory_eviction),

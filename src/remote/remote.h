@@ -150,9 +150,13 @@ struct kvt_rentry {
 };
 
 struct kvt_image;
-/** SET every chunk of the file image @p im (pipelined, one node). 0 or a negative code. */
+/** SET every chunk of the file image @p im (pipelined, one node), each expiring after
+ * @p ttl_ms: chunks of an upload that never publishes vanish by themselves. 0 or < 0. */
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   const struct kvt_image *im);
+                   const struct kvt_image *im, uint64_t ttl_ms);
+/** PERSIST every chunk (pipelined): a published entry's chunks stay. 0 or < 0. */
+int kvt_rentry_persist(struct kvt_rclient *rc, const struct kvt_rkeys *k,
+                       const struct kvt_rentry *e);
 /** GET every chunk, in order, into @p sink. 0, KVT_R_NIL (a chunk is missing), the sink's
  * error, or a negative code. */
 int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,

@@ -1,10 +1,11 @@
 /*
  * Uploads: the entry's .mlxkv bytes (the format is the wire format, hashes included) are
  * laid out in memory as an image of the file (format.h: its tensors hashed once, the header
- * rendered), its chunks are SET straight from the entry's memory, and only then is its index
- * record published, so no reader ever sees a partial entry. Room is made first
- * by deleting the oldest entries beyond max_bytes; once published, the records the new entry
- * supersedes (same tokens, and shorter prefixes when it is trimmable) are deleted, as the
+ * rendered), its chunks are SET straight from the entry's memory with a time to live, and only
+ * then is its index record published (no reader ever sees a partial entry) and the chunks'
+ * time to live lifted: the chunks of an upload whose writer dies before publishing expire. Room is
+ * made first by deleting the oldest entries beyond max_bytes; once published, the records the new
+ * entry supersedes (same tokens, and shorter prefixes when it is trimmable) are deleted, as the
  * store does on disk.
  */
 #include <errno.h>
@@ -64,16 +65,29 @@ static void make_room(struct kvt_remote *r, uint64_t need)
     }
 }
 
-/* Chunks, then the record; on failure nothing of the entry is left behind. */
+/*
+ * How long an upload's chunks live until the PERSISTs after its publish: long enough for any
+ * upload (ten minutes, and a second per megabyte), so that the chunks of a writer that dies
+ * before it publishes expire instead of staying in Redis for good.
+ */
+static uint64_t orphan_ttl_ms(uint64_t bytes)
+{
+    return 600000 + bytes / 1000000 * 1000;
+}
+
+/* Chunks, then the record, then the chunks made permanent; on failure nothing of the entry is
+ * left behind (or only what expires). */
 static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_image *im)
 {
     struct kvt_rentry re = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
     pthread_mutex_lock(&r->put_mu);
     make_room(r, rec->bytes);
-    int rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im);
+    int rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, orphan_ttl_ms(rec->bytes));
     if (rc == 0)
         rc = kvt_rindex_publish(&r->put_rc, &r->keys, rec);
-    if (rc < 0)
+    if (rc == 0)
+        rc = kvt_rentry_persist(&r->put_rc, &r->keys, &re);
+    if (rc < 0) /* a record published without its PERSISTs is a miss once its chunks expire */
         kvt_rentry_del(&r->put_rc, &r->keys, &re);
     pthread_mutex_unlock(&r->put_mu);
     return rc;

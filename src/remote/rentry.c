@@ -1,11 +1,12 @@
 /*
  * An entry's bytes as chunk keys on the master of its hash tag: SETs go out pipelined with
- * writev straight from the entry's memory (its file image), GET replies go in order to a sink (a
- * fed load), each checked against the chunk length the index record promised before a byte is read.
- * A window bounds the requests in flight. A redirection (resharding, failover) restarts the whole
- * transfer once on the node it names; a connection failure fails the node and the transfer; a
- * sink that refuses its bytes ends the transfer and drops the connection, which has replies
- * left unread.
+ * writev straight from the entry's memory (its file image), each with a time to live that
+ * PERSISTs (pipelined the same way) lift once the entry is published; GET replies go in order
+ * to a sink (a fed load), each checked against the chunk length the index record promised
+ * before a byte is read. A window bounds the requests in flight. A redirection (resharding,
+ * failover) restarts the whole transfer once on the node it names; a connection failure
+ * fails the node and the transfer; a sink that refuses its bytes ends the transfer and drops
+ * the connection, which has replies left unread.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -22,13 +23,16 @@
 #define WINDOW 8
 #define KEY_MAX 256
 
+enum op { PUT, GET, PERSIST };
+
 struct xfer {
     struct kvt_rclient *rc;
     const struct kvt_rkeys *k;
     const struct kvt_rentry *e;
-    const struct kvt_image *im;   /* put: the entry's bytes */
-    const struct kvt_rsink *sink; /* get */
-    bool get;
+    enum op op;
+    const struct kvt_image *im;   /* PUT: the entry's bytes */
+    uint64_t ttl_ms;              /* PUT: the chunks' time to live until PERSIST */
+    const struct kvt_rsink *sink; /* GET */
 };
 
 static size_t chunk_len(const struct kvt_rentry *e, uint32_t i)
@@ -38,20 +42,27 @@ static size_t chunk_len(const struct kvt_rentry *e, uint32_t i)
 }
 
 /* Send request @p i (ASKING first when @p ask): a SET's value goes out as pieces of the
- * entry's memory, IOV pieces per writev. */
+ * entry's memory, IOV pieces per writev, followed by its PX argument. */
 static int send_req(const struct xfer *x, int fd, uint32_t i, bool ask)
 {
     enum { IOV = 64 };
-    char key[KEY_MAX], head[KEY_MAX + 96];
+    char key[KEY_MAX], head[KEY_MAX + 96], tail[64];
     kvt_rkeys_chunk(x->k, x->e->ns, x->e->uuid, i, key, sizeof(key));
     size_t kl = strlen(key), vl = chunk_len(x->e, i);
-    int hl = x->get ? snprintf(head, sizeof(head), "%s*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n",
-                               ask ? "*1\r\n$6\r\nASKING\r\n" : "", kl, key)
-                    : snprintf(head, sizeof(head), "%s*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
-                               ask ? "*1\r\n$6\r\nASKING\r\n" : "", kl, key, vl);
+    const char *asking = ask ? "*1\r\n$6\r\nASKING\r\n" : "";
+    int hl = x->op == GET ? snprintf(head, sizeof(head), "%s*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n",
+                                     asking, kl, key)
+             : x->op == PERSIST
+                 ? snprintf(head, sizeof(head), "%s*2\r\n$7\r\nPERSIST\r\n$%zu\r\n%s\r\n", asking,
+                            kl, key)
+                 : snprintf(head, sizeof(head), "%s*5\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
+                            asking, kl, key, vl);
     struct iovec iov[IOV + 2] = {{head, (size_t)hl}};
-    if (x->get)
+    if (x->op != PUT)
         return kvt_rio_send(fd, iov, 1);
+    char ttl[24];
+    int tl = snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)x->ttl_ms);
+    int sl = snprintf(tail, sizeof(tail), "\r\n$2\r\nPX\r\n$%d\r\n%s\r\n", tl, ttl);
     int n = 1;
     for (uint64_t at = (uint64_t)i * x->e->chunk, left = vl;;) {
         uint64_t covered;
@@ -59,7 +70,7 @@ static int send_req(const struct xfer *x, int fd, uint32_t i, bool ask)
         at += covered;
         left -= covered;
         if (left == 0) {
-            iov[n++] = (struct iovec){(void *)"\r\n", 2};
+            iov[n++] = (struct iovec){tail, (size_t)sl};
             return kvt_rio_send(fd, iov, n);
         }
         int rc = kvt_rio_send(fd, iov, n);
@@ -78,7 +89,7 @@ static int recv_reply(const struct xfer *x, struct kvt_rio *io, uint32_t i, bool
         if (rc != KVT_R_OK)
             return rc < 0 ? rc : kvt_fail(-EPROTO, "redis: ASKING refused: %s", io->err);
     }
-    if (!x->get)
+    if (x->op != GET)
         return kvt_rio_reply(io, NULL, 0);
     return kvt_rio_reply_sink(io, chunk_len(x->e, i), ok ? x->sink : NULL);
 }
@@ -90,7 +101,7 @@ static int pass(const struct xfer *x, struct kvt_rnode *n, bool ask, struct kvt_
         return kvt_fail(-EPROTO, "redis: unread reply bytes on the connection");
     io->fd = n->c->fd;
     io->pos = io->len = 0;
-    if (x->get)
+    if (x->op == GET)
         x->sink->restart(x->sink->ud);
     uint32_t sent = 0, got = 0;
     int result = KVT_R_OK;
@@ -150,17 +161,23 @@ static int run(const struct xfer *x)
 }
 
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
-                   const struct kvt_image *im)
+                   const struct kvt_image *im, uint64_t ttl_ms)
 {
-    struct xfer x = {rc, k, e, im, NULL, false};
-    int r = run(&x);
+    int r = run(&(struct xfer){rc, k, e, PUT, im, ttl_ms, NULL});
     return r == KVT_R_NIL ? kvt_fail(-EPROTO, "redis: nil reply to SET") : r;
+}
+
+int kvt_rentry_persist(struct kvt_rclient *rc, const struct kvt_rkeys *k,
+                       const struct kvt_rentry *e)
+{
+    int r = run(&(struct xfer){rc, k, e, PERSIST, NULL, 0, NULL});
+    return r == KVT_R_NIL ? kvt_fail(-EPROTO, "redis: nil reply to PERSIST") : r;
 }
 
 int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
                    const struct kvt_rsink *sink)
 {
-    return run(&(struct xfer){rc, k, e, NULL, sink, true});
+    return run(&(struct xfer){rc, k, e, GET, NULL, 0, sink});
 }
 
 int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e)
