@@ -13,7 +13,8 @@
  *     system prompt) merged by a fresh reader, its first sync time, and the cross-host delay:
  *     from a publish by one client to a find hit by another polling every poll_ms.
  *
- * Usage: bench_remote [--sizes 64M,256M,1G] [--reps N] [--url redis://host:port/prefix]
+ * Usage: bench_remote [--sizes 64M,256M,1G] [--reps N (4; even, so that each side reads fresh
+ *                     values first equally often)] [--url redis://host:port/prefix]
  *                     [--dir DIR]   (the server's files and the local store; default /tmp)
  * Without --url it starts its own redis-server on a free port (killed at the end).
  * Prints figures and ratios; a benchmark, not a test: it asserts nothing.
@@ -379,12 +380,12 @@ static size_t parse_size(const char *s)
 int main(int argc, char **argv)
 {
     const char *sizes = "64M,256M", *url = NULL;
-    int reps = 3;
+    int reps = 4; /* even: each side reads fresh values first in half the repetitions */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--sizes"))
             sizes = argv[i + 1];
         else if (!strcmp(argv[i], "--reps"))
-            reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 16 ? atoi(argv[i + 1]) : 3;
+            reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 16 ? atoi(argv[i + 1]) : 4;
         else if (!strcmp(argv[i], "--url"))
             url = argv[i + 1];
         else if (!strcmp(argv[i], "--dir"))

@@ -4,7 +4,9 @@
  * bytes flipped one at a time (every fifth byte the loaders check, every 251st other; a flip of
  * a checked byte must fail), truncations and a wrong identity give
  * exactly the file loader's result code, and a failed feed hands nothing out. Feeding too few
- * or too many bytes is refused, and a reset feed starts over cleanly.
+ * or too many bytes is refused, and a reset feed starts over cleanly. A large entry fed into
+ * fresh memory (no buffer cache: the restore helper faults destinations in ahead) lands the
+ * file loader's bytes.
  */
 #include "support/support.h"
 
@@ -240,6 +242,37 @@ static void test_short_long_and_reset(void **state)
     kvt_feed_free(f);
 }
 
+static void test_large_into_fresh_memory(void **state)
+{
+    (void)state;
+    int32_t *tok = malloc(3000 * sizeof(*tok));
+    assert_non_null(tok);
+    for (int i = 0; i < 3000; i++)
+        tok[i] = (i * 13) % 5000;
+    struct kvt_entry *e = synth_random_entry(tok, 3000, 17, "m", "f", "t");
+    char *big = strf("%s/big.mlxkv", dir);
+    struct kvt_save_opts o = {.no_sync = true};
+    assert_int_equal(kvt_file_save(big, e, &o, NULL), 0);
+    size_t n;
+    uint8_t *bytes = read_file(big, &n);
+    assert_non_null(bytes);
+    size_t limit = kvt_buf_cache_limit(0); /* every destination is a fresh mapping */
+    struct kvt_entry *got = NULL;
+    assert_int_equal(feed(bytes, n, n, 0, NULL, &got, NULL), 0);
+    kvt_buf_cache_limit(limit);
+    size_t na, nb;
+    uint8_t *a = synth_entry_bytes(e, &na), *b = synth_entry_bytes(got, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    kvt_entry_free(got);
+    kvt_entry_free(e);
+    free(bytes);
+    free(big);
+    free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +281,7 @@ int main(void)
         cmocka_unit_test(test_truncations_as_the_file_loader),
         cmocka_unit_test(test_identity_mismatch),
         cmocka_unit_test(test_short_long_and_reset),
+        cmocka_unit_test(test_large_into_fresh_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

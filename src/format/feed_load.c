@@ -6,6 +6,8 @@
  * destinations are allocated as kvt_file_load() allocates them, the feeder writes each slot's
  * bytes straight into place, and they are hashed (L3) as they land, while they are still in
  * the cache. Bytes outside the slots (padding, gaps, a tail) go to a scratch buffer, unread.
+ * Destinations that are fresh memory are faulted in ahead of the feeder by the restore helper
+ * on another core, as a file load does, so the feeder's copies do not stop at every page.
  * The first failed check stops the feed; nothing fed is ever handed out.
  */
 #include "format/format.h"
@@ -16,8 +18,12 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "io/stream.h"
+#include "mem/restore_helper.h"
 
 #define SCRATCH ((size_t)64 << 10)
+/* With a prefault helper, destinations are handed out in pieces of at most this size. */
+#define PREFAULT_PIECE ((size_t)256 << 10)
 
 struct kvt_feed {
     char *name;
@@ -32,6 +38,8 @@ struct kvt_feed {
     size_t ci;            /* slot's cache and index in it */
     int sj;
     uint64_t in_slot; /* its bytes already in */
+    struct kvt_restore_helper *pf; /* faults fresh destinations in ahead, or NULL */
+    size_t pf_next;                /* the next slot whose destination it is to be given */
     struct kvt_wyhash_state st;
     int rc; /* sticky */
     uint8_t scratch[SCRATCH];
@@ -39,6 +47,8 @@ struct kvt_feed {
 
 static void drop_load(struct kvt_feed *f)
 {
+    kvt_restore_helper_stop(f->pf); /* before the memory it may be touching is freed */
+    f->pf = NULL;
     kvt_load_bufs_free(&f->b);
     kvt_header_free(f->h);
     free(f->json);
@@ -90,6 +100,40 @@ static const struct kvt_slot_dst *cur_dst(const struct kvt_feed *f)
     return &f->b.d[f->slot];
 }
 
+/* The whole destination buffer of slot @p o, and its length (0: nothing to fault in). */
+static uint8_t *dst_span(const struct kvt_feed *f, size_t o, size_t *len)
+{
+    const struct kvt_slot_dst *d = &f->b.d[o];
+    *len = d->dst && d->blocks ? (size_t)(d->blocks * d->stride) : 0;
+    return d->dst;
+}
+
+/* Give the helper the destinations of the next slots, as many as its queue takes. */
+static void prefault_ahead(struct kvt_feed *f)
+{
+    for (; f->pf && f->pf_next < f->n_slots; f->pf_next++) {
+        size_t len;
+        uint8_t *p = dst_span(f, f->pf_next, &len);
+        if (len >= KVT_PREFAULT_MIN && !kvt_restore_helper_add(f->pf, p, len))
+            return; /* full: again at the next slot */
+    }
+}
+
+/* A helper when some large destination is not resident yet (fresh memory). */
+static void start_prefault(struct kvt_feed *f)
+{
+    for (size_t o = 0; o < f->n_slots; o++) {
+        size_t len;
+        uint8_t *p = dst_span(f, o, &len);
+        if (len >= KVT_PREFAULT_MIN && kvt_restore_helper_wanted(p, len)) {
+            f->pf = kvt_restore_helper_start();
+            f->pf_next = 0;
+            prefault_ahead(f);
+            return;
+        }
+    }
+}
+
 /* Record failure @p rc (its message already set) and return it. */
 static int stop(struct kvt_feed *f, int rc)
 {
@@ -130,6 +174,7 @@ static int next_slot(struct kvt_feed *f, bool first)
             return 0;
         f->in_slot = 0;
         kvt_wyhash_init(&f->st, 0);
+        prefault_ahead(f);
         const struct kvt_slot *s = cur_slot(f);
         if (s->bytes == 0) {
             int rc = slot_done(f);
@@ -175,6 +220,7 @@ static int header_in(struct kvt_feed *f)
     f->n_slots = f->b.made;
     f->slot = f->ci = 0;
     f->sj = 0;
+    start_prefault(f);
     return next_slot(f, true);
 }
 
@@ -212,6 +258,13 @@ int kvt_feed_next(struct kvt_feed *f, uint8_t **at, size_t *len)
     if (f->pos >= f->size)
         return kvt_fail(-EINVAL, "%s: fed past its %" PRIu64 " bytes", f->name, f->size);
     *at = run(f, len);
+    if (f->pf && *at != f->scratch && f->pos >= KVT_PREFIX_LEN + (uint64_t)f->p.header_len) {
+        /* a piece at a time, so that the helper stays ahead rather than this thread faulting
+         * in all the rest of a large block itself */
+        if (*len > PREFAULT_PIECE)
+            *len = PREFAULT_PIECE;
+        kvt_restore_helper_ensure(f->pf, *at, *len);
+    }
     return 0;
 }
 
@@ -250,6 +303,8 @@ int kvt_feed_finish(struct kvt_feed *f, struct kvt_entry **out, struct kvt_heade
     if (f->pos < f->size || !f->h)
         return kvt_fail(-EINVAL, "%s: %" PRIu64 " of %" PRIu64 " bytes fed", f->name, f->pos,
                         f->size);
+    kvt_restore_helper_stop(f->pf); /* every byte is in: nothing is left to fault in */
+    f->pf = NULL;
     int rc = kvt_load_bufs_entry(f->h, f->name, &f->b, out);
     if (rc)
         return stop(f, rc);
