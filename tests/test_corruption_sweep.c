@@ -118,16 +118,7 @@ static int recorded_load(const struct kvt_expect *x, struct kvt_entry **e)
 /* Whether a flip at @p off must make a load with hash checks fail. */
 static bool is_protected(uint64_t off)
 {
-    if (off < PREFIX + (uint64_t)hdr->header_len)
-        return true;
-    for (size_t i = 0; i < hdr->n_caches; i++)
-        for (int j = 0; j < hdr->caches[i].n_slots; j++) {
-            const struct kvt_slot *s = &hdr->caches[i].slots[j];
-            uint64_t a = (uint64_t)hdr->data_start + s->off;
-            if (off >= a && off < a + s->bytes)
-                return true;
-        }
-    return false;
+    return loader_checks_byte(hdr, off);
 }
 
 /* The slot whose bytes hold @p off, or false. */

@@ -125,20 +125,6 @@ static int file_result(const uint8_t *data, size_t n, const struct kvt_expect *x
     return rc;
 }
 
-/* Whether the loaders check byte @p off: the prefix, the JSON, the slots' bytes. */
-static bool is_checked(uint64_t off)
-{
-    if (off < KVT_PREFIX_LEN + (uint64_t)hdr->header_len)
-        return true;
-    for (size_t i = 0; i < hdr->n_caches; i++)
-        for (int j = 0; j < hdr->caches[i].n_slots; j++) {
-            uint64_t a = kvt_slot_abs(hdr, &hdr->caches[i].slots[j]);
-            if (off >= a && off < a + hdr->caches[i].slots[j].bytes)
-                return true;
-        }
-    return false;
-}
-
 static void test_flips_as_the_file_loader(void **state)
 {
     (void)state;
@@ -146,7 +132,7 @@ static void test_flips_as_the_file_loader(void **state)
     assert_non_null(bad);
     size_t failed = 0, tried = 0, checked = 0;
     for (size_t off = 0; off < img_len; off++) {
-        bool is = is_checked(off);
+        bool is = loader_checks_byte(hdr, off);
         checked += is;
         if (is ? checked % PROTECTED_STRIDE != 1 : off % UNREAD_STRIDE != 0)
             continue;

@@ -314,6 +314,19 @@ void set_mem(bool no_hugepages, bool no_parallel)
         abort();
 }
 
+bool loader_checks_byte(const struct kvt_header *h, uint64_t off)
+{
+    if (off < 26 + (uint64_t)h->header_len) /* the prefix and the JSON */
+        return true;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++) {
+            uint64_t a = (uint64_t)h->data_start + h->caches[i].slots[j].off;
+            if (off >= a && off < a + h->caches[i].slots[j].bytes)
+                return true;
+        }
+    return false;
+}
+
 void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t mask)
 {
     struct kvt_header *h;

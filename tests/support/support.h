@@ -66,6 +66,10 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total);
  * (a corruption the slot's hash must catch). */
 void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t mask);
 
+/** Whether a load with hash checks protects byte @p off of a file with header @p h: the
+ * prefix, the JSON and every slot's bytes (a flip there must make the load fail). */
+bool loader_checks_byte(const struct kvt_header *h, uint64_t off);
+
 /** kvt_store_opts_init(@p o) and the identity @p model, @p fp, @p tok. */
 void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok);
 
