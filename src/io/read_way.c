@@ -11,7 +11,8 @@
  *             so whole ranges are copied on several cores;
  *   ring      the read-ahead ring, with O_DIRECT unless it is turned off (the stream falls
  *             back to the page cache, "buffered", where the file system refuses it), and the
- *             prefault helper where some destination page is not resident yet.
+ *             prefault helper where some destination page is not resident yet; in smaller
+ *             chunks when nearly every byte is copied out of its staging.
  */
 #include "io/stream.h"
 
@@ -25,6 +26,13 @@
 #include "mem/par.h"
 #include "mem/restore_helper.h"
 
+/*
+ * The ring's chunk when nearly every byte is copied out of staging (destinations off the
+ * block grid, or none): its staging (8 chunks) then stays in the last-level cache while it
+ * is copied out. Cold restores of a 64 MiB llama.cpp state, kvtier-llama bench, four paired
+ * runs: 20.0-24.2 ms with 1 MiB chunks against 24.6-28.6 ms with the 2 MiB default.
+ */
+#define COPY_CHUNK ((size_t)1 << 20)
 /* Reads smaller than this take the plain path. */
 #define FAST_MIN ((uint64_t)1 << 20)
 /* Reads of at least this many bytes, all in the page cache, are copied on up to PAR_THREADS
@@ -104,6 +112,20 @@ static unsigned parallel_threads(int fd, const struct kvt_range *r, size_t n, ui
     return t < PAR_THREADS ? t : PAR_THREADS;
 }
 
+/* Whether at least three quarters of the bytes of a ring reading @p direct are copied out of
+ * staging: ranges without a destination, or with one a direct read cannot land in (off the
+ * file's block grid). */
+static bool mostly_copied(const struct kvt_range *r, size_t n, uint64_t total, bool direct)
+{
+    uint64_t copied = 0;
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t to = (uintptr_t)kvt_range_target(&r[i]);
+        if (!direct || !to || (to - r[i].off) % 4096)
+            copied += r[i].len;
+    }
+    return copied >= total - total / 4;
+}
+
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o, bool parallel)
 {
@@ -118,10 +140,12 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
     unsigned t = parallel ? parallel_threads(fd, r, n, total) : 1;
     if (t > 1)
         return (struct kvt_read_way){.path = KVT_READ_PARALLEL, .threads = t};
+    bool direct = kvt_mem_direct() && !o->no_direct;
     return (struct kvt_read_way){
         .path = KVT_READ_RING,
-        .direct = kvt_mem_direct() && !o->no_direct,
+        .direct = direct,
         .helper = kvt_mem_helper() && !o->no_prefault && prefault_wanted(r, n),
         .threads = 1,
+        .chunk = mostly_copied(r, n, total, direct) ? COPY_CHUNK : 0,
     };
 }

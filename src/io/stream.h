@@ -80,6 +80,7 @@ struct kvt_read_way {
     bool direct;      /* ring: read with O_DIRECT (where the file system takes it) */
     bool helper;      /* ring: fault destinations in on the prefault helper thread */
     unsigned threads; /* parallel: the cores to copy on (1 otherwise) */
+    size_t chunk;     /* ring: the chunk size it should read in (0: the stream's default) */
 };
 
 /**

@@ -411,7 +411,7 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
         *out = s;
         return 0;
     }
-    s->chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
+    s->chunk = o->chunk ? o->chunk : way.chunk ? way.chunk : DEFAULT_CHUNK;
     s->chunk = s->chunk > MAX_CHUNK ? MAX_CHUNK : (s->chunk + BLK - 1) / BLK * BLK;
     s->depth = o->depth ? o->depth : DEFAULT_DEPTH;
     if (s->depth > KVT_AQ_MAX_DEPTH)
