@@ -42,6 +42,23 @@ int kvt_rio_send(int fd, struct iovec *iov, int n)
     return 0;
 }
 
+/* One read of up to @p n bytes into @p dst (EINTR retried): *@p got > 0, or -errno
+ * (-ECONNRESET when the server closed the connection). */
+static int read_some(int fd, void *dst, size_t n, size_t *got)
+{
+    for (;;) {
+        ssize_t k = read(fd, dst, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return io_errno();
+        if (k == 0)
+            return -ECONNRESET;
+        *got = (size_t)k;
+        return 0;
+    }
+}
+
 static int fill(struct kvt_rio *r)
 {
     if (r->pos == r->len)
@@ -51,17 +68,11 @@ static int fill(struct kvt_rio *r)
         r->len -= r->pos;
         r->pos = 0;
     }
-    for (;;) {
-        ssize_t got = read(r->fd, r->buf + r->len, sizeof(r->buf) - r->len);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0)
-            return io_errno();
-        if (got == 0)
-            return -ECONNRESET;
-        r->len += (size_t)got;
-        return 0;
-    }
+    size_t got;
+    int rc = read_some(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, &got);
+    if (rc == 0)
+        r->len += got;
+    return rc;
 }
 
 /* One CRLF-terminated line into @p line (without the CRLF). */
@@ -97,15 +108,10 @@ static int read_exact(struct kvt_rio *r, uint8_t *dst, size_t n)
     size_t take = have < n ? have : n;
     memcpy(dst, r->buf + r->pos, take);
     r->pos += take;
-    for (size_t done = take; done < n;) {
-        ssize_t got = read(r->fd, dst + done, n - done);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0)
-            return io_errno();
-        if (got == 0)
-            return -ECONNRESET;
-        done += (size_t)got;
+    for (size_t done = take, got; done < n; done += got) {
+        int rc = read_some(r->fd, dst + done, n - done, &got);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -137,14 +143,9 @@ static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
                 memcpy(at, r->buf + r->pos, got);
             r->pos += got;
         } else {
-            ssize_t n = read(r->fd, at, len);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0)
-                return io_errno();
-            if (n == 0)
-                return -ECONNRESET;
-            got = (size_t)n;
+            int rc = read_some(r->fd, at, len, &got);
+            if (rc < 0)
+                return rc;
         }
         if (s && (r->sink_rc = s->wrote(s->ud, got)) != 0)
             return KVT_R_SINK;
