@@ -113,16 +113,13 @@ static unsigned parallel_threads(int fd, const struct kvt_range *r, size_t n, ui
 }
 
 /* Whether at least three quarters of the bytes of a ring reading @p direct are copied out of
- * staging: ranges without a destination, or with one a direct read cannot land in (off the
- * file's block grid). */
+ * staging: all of them without O_DIRECT, else those of ranges off the block grid. */
 static bool mostly_copied(const struct kvt_range *r, size_t n, uint64_t total, bool direct)
 {
     uint64_t copied = 0;
-    for (size_t i = 0; i < n; i++) {
-        uintptr_t to = (uintptr_t)kvt_range_target(&r[i]);
-        if (!direct || !to || (to - r[i].off) % 4096)
+    for (size_t i = 0; i < n; i++)
+        if (!direct || !kvt_range_on_grid(&r[i]))
             copied += r[i].len;
-    }
     return copied >= total - total / 4;
 }
 

@@ -42,8 +42,8 @@ struct kvt_range {
  * picks the engine when a stream names none.
  */
 struct kvt_stream_opts {
-    size_t chunk;       /* bytes per request; 0 = 2 MiB reading, 16 MiB writing (rounded up
-                           to 4096) */
+    size_t chunk;       /* bytes per request; 0 = 2 MiB reading (1 MiB for reads copied out
+                           of staging, kvt_read_choose()), 16 MiB writing (rounded up to 4096) */
     unsigned depth;     /* requests in flight; 0 = 8 reading, 4 writing */
     bool no_direct;     /* never use O_DIRECT */
     bool no_prefault;   /* do not fault destination pages in on a helper thread */
@@ -67,6 +67,13 @@ bool kvt_stream_cached(int fd, uint64_t off, uint64_t len);
 static inline void *kvt_range_target(const struct kvt_range *r)
 {
     return r->dst ? r->dst : r->copy_to;
+}
+
+/** Whether a direct read can land the bytes of @p r in place: it has a destination on the
+ *  file's 4096-byte block grid (else they are copied out of staging). */
+static inline bool kvt_range_on_grid(const struct kvt_range *r)
+{
+    return r->dst && ((uintptr_t)r->dst - (uintptr_t)r->off) % 4096 == 0;
 }
 
 enum kvt_read_path {

@@ -108,7 +108,7 @@ static void direct_span(const struct kvt_rstream *s, const struct kvt_range *r, 
                         uint64_t *db)
 {
     *da = *db = 0;
-    if (!r->dst || s->dfd < 0 || ((uintptr_t)r->dst - (uintptr_t)r->off) % BLK)
+    if (s->dfd < 0 || !kvt_range_on_grid(r))
         return;
     uint64_t a = (r->off + BLK - 1) / BLK * BLK, b = range_end(r) / BLK * BLK;
     if (a < b) {
