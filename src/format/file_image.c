@@ -63,14 +63,11 @@ static int take_run(void *ud, const void *p, size_t n)
     return rc;
 }
 
-/* Hash every view, note its runs, and the zeros before each. */
-static int lay_out(struct kvt_image *im)
+/* Hash the @p n views @p v of slots @p slot, note their runs and the zeros before each. */
+static int lay_out(struct kvt_image *im, const struct kvt_tensor *v, struct kvt_slot *const *slot,
+                   size_t n, const struct kvt_header *h)
 {
-    const struct kvt_tensor *v;
-    struct kvt_slot *const *slot;
-    const struct kvt_header *h;
-    size_t n = kvt_save_plan_views(im->plan, &v, &slot, &h);
-    uint64_t at = h->data_start; /* the head (added last) covers [0, data_start) */
+    uint64_t at = h->data_start; /* the head covers [0, data_start) */
     for (size_t k = 0; k < n; k++) {
         if (kvt_tensor_on_device(&v[k]))
             return kvt_fail(KVT_E_UNSUPPORTED, "entry: a tensor in device memory has no image");
@@ -103,11 +100,11 @@ int kvt_image_new(const struct kvt_entry *e, const struct kvt_save_opts *o, stru
         const struct kvt_tensor *v;
         struct kvt_slot *const *slot;
         const struct kvt_header *h;
-        kvt_save_plan_views(im->plan, &v, &slot, &h);
+        size_t n = kvt_save_plan_views(im->plan, &v, &slot, &h);
         rc = add(im, 0, h->data_start, NULL); /* the head: rendered once the hashes are in */
+        if (rc == 0)
+            rc = lay_out(im, v, slot, n, h);
     }
-    if (rc == 0)
-        rc = lay_out(im);
     if (rc == 0 && !(im->head = kvt_save_plan_head(im->plan, &im->header_hash)))
         rc = kvt_fail(-ENOMEM, "entry: out of memory for its header");
     if (rc) {
