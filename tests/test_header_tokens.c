@@ -108,11 +108,33 @@ static void test_rejected_spellings(void **state)
     expect_error("\"tokens\":{}", KVT_E_CORRUPT, "V11");
 }
 
+/* The byte a V7 message names for @p spelling. */
+static long error_byte(const char *spelling)
+{
+    struct kvt_header *h;
+    assert_int_equal(parse_with(spelling, &h), KVT_E_CORRUPT);
+    const char *at = strstr(kvt_last_error(), "at byte ");
+    assert_non_null(at);
+    return strtol(at + strlen("at byte "), NULL, 10);
+}
+
+/* An error after a token list the fast path cut out is reported at its byte in the header as
+ * written: where the general path, reading the same list, reports it. */
+static void test_error_position_past_the_tokens(void **state)
+{
+    (void)state;
+    long fast = error_byte("\"tokens\":[1,2,3,4]]");
+    long general = error_byte("\"tok\\u0065ns\":[1,2,3,4]]"); /* 5 bytes longer */
+    assert_true(fast > (long)strlen("\"tokens\":[1,2,3,4]"));
+    assert_int_equal(general - fast, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepted_spellings),
         cmocka_unit_test(test_rejected_spellings),
+        cmocka_unit_test(test_error_position_past_the_tokens),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -141,19 +141,28 @@ struct kvt_prefix {
 int kvt_prefix_check(const uint8_t *buf, size_t n, uint64_t file_size, size_t max_header_bytes,
                      const char *name, struct kvt_prefix *out);
 
+/* The header JSON with its token list parsed apart (header_tokens.c). */
+struct kvt_token_split {
+    uint8_t *json;  /* a copy of the JSON with the array's contents cut out */
+    size_t len;     /* its length */
+    size_t cut_at;  /* where the contents were: bytes from here on came from cut_len later */
+    size_t cut_len;
+    int32_t *tok;   /* the n_tok tokens */
+    size_t n_tok;
+};
+
+/**
+ * Fast path for the top-level "tokens" array: 1 with *@p out filled when it is a plain array
+ * of integers in [0, 2^31); 0 (*@p out zeroed) when the general parser must read it; -ENOMEM.
+ * The caller frees out->json and out->tok.
+ */
+int kvt_header_split_tokens(const uint8_t *json, size_t n, struct kvt_token_split *out);
+
 /**
  * V6-V20 on the @p p->header_len JSON bytes at @p json, for a file of @p file_size bytes whose
  * prefix passed kvt_prefix_check(). @return 0 with *out set, KVT_E_UNSUPPORTED, KVT_E_CORRUPT
  * or -ENOMEM.
  */
-/**
- * Fast path for the top-level "tokens" array (header_tokens.c): 1 with *tok (n_tok values)
- * and *blanked (a copy of the @p n JSON bytes with the array's contents turned to spaces) when
- * it is a plain array of integers in [0, 2^31); 0 when the general parser must read it;
- * -ENOMEM. The caller frees both.
- */
-int kvt_header_split_tokens(const uint8_t *json, size_t n, uint8_t **blanked, int32_t **tok,
-                            size_t *n_tok);
 int kvt_header_parse_json(const uint8_t *json, const struct kvt_prefix *p, uint64_t file_size,
                           const char *name, struct kvt_header **out);
 

@@ -419,15 +419,19 @@ static int extract(const json_t *root, int32_t **fast_tok, size_t n_fast, struct
 static int load_json(const uint8_t *json, uint32_t len, const char *name, json_t **root,
                      int32_t **fast_tok, size_t *n_fast)
 {
-    uint8_t *blanked;
-    if (kvt_header_split_tokens(json, len, &blanked, fast_tok, n_fast) < 0)
+    struct kvt_token_split sp;
+    if (kvt_header_split_tokens(json, len, &sp) < 0)
         return kvt_fail(-ENOMEM, "%s: out of memory parsing the header", nm(name));
+    *fast_tok = sp.tok;
+    *n_fast = sp.n_tok;
     json_error_t jerr;
-    *root = json_loadb((const char *)(blanked ? blanked : json), len,
+    *root = json_loadb((const char *)(sp.json ? sp.json : json), sp.json ? sp.len : len,
                        JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
-    free(blanked);
+    free(sp.json);
     if (*root)
         return 0;
+    if (jerr.position >= 0 && (size_t)jerr.position > sp.cut_at)
+        jerr.position += (int)sp.cut_len; /* the error's byte in the header as written */
     free(*fast_tok);
     *fast_tok = NULL;
     if (json_error_code(&jerr) == json_error_out_of_memory)

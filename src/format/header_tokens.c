@@ -2,8 +2,9 @@
  * A fast path for the header's `tokens` array, which is most of a large header: jansson builds
  * one object per token (about 3.5 ms for 16k tokens), which made a store's startup scan
  * allocation-bound. When the top-level `tokens` value is a plain array of decimal integers in
- * [0, 2^31), it is parsed here and blanked to spaces in a copy of the JSON that jansson then
- * parses as usual; the byte positions of everything else are unchanged. Any other spelling
+ * [0, 2^31), it is parsed here and cut out of a copy of the JSON (leaving `[]`) that jansson
+ * then parses as usual. Cut, not blanked to spaces: jansson reads whitespace a byte at a time,
+ * 0.22 ms for the 30 KB of an 8k-token header against 0.05 ms for the rest of it. Any other spelling
  * (escapes in the key, signs, fractions, exponents, leading zeros, nesting, out-of-range
  * values) takes the general jansson path, so both paths accept and reject exactly the same
  * headers.
@@ -54,12 +55,9 @@ static size_t find_tokens(const uint8_t *j, size_t n)
     return n;
 }
 
-int kvt_header_split_tokens(const uint8_t *json, size_t n, uint8_t **blanked, int32_t **tok,
-                            size_t *n_tok)
+int kvt_header_split_tokens(const uint8_t *json, size_t n, struct kvt_token_split *out)
 {
-    *blanked = NULL;
-    *tok = NULL;
-    *n_tok = 0;
+    *out = (struct kvt_token_split){0};
     size_t open = find_tokens(json, n);
     if (open >= n)
         return 0;
@@ -97,16 +95,15 @@ int kvt_header_split_tokens(const uint8_t *json, size_t n, uint8_t **blanked, in
     if (i >= n || want_value)
         goto slow;
 
-    uint8_t *copy = malloc(n);
+    size_t cut = i - open - 1;
+    uint8_t *copy = malloc(n - cut);
     if (!copy) {
         free(v);
         return -ENOMEM;
     }
-    memcpy(copy, json, n);
-    memset(copy + open + 1, ' ', i - open - 1);
-    *blanked = copy;
-    *tok = v;
-    *n_tok = count;
+    memcpy(copy, json, open + 1);
+    memcpy(copy + open + 1, json + i, n - i);
+    *out = (struct kvt_token_split){copy, n - cut, open + 1, cut, v, count};
     return 1;
 
 slow:
