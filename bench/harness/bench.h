@@ -66,7 +66,7 @@ int bench_raw_write(const char *path, const struct bench_span *s, size_t n, uint
  */
 int bench_raw_read(const char *path, const struct bench_span *s, size_t n, double *secs,
                    bool *was_direct);
-/* Make @p path cold: fsync, then drop its pages from the page cache. */
+/* Make @p path cold: fdatasync, then drop its pages from the page cache. */
 int bench_make_cold(const char *path);
 /** Commit the file system holding @p dir (syncfs), so that the blocks of files removed
  * before are freed (and discarded, on a disk mounted with discard) before a timed write
