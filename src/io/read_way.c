@@ -26,13 +26,6 @@
 #include "mem/par.h"
 #include "mem/restore_helper.h"
 
-/*
- * The ring's chunk when nearly every byte is copied out of staging (destinations off the
- * block grid, or none): its staging (8 chunks) then stays in the last-level cache while it
- * is copied out. Cold restores of a 64 MiB llama.cpp state, kvtier-llama bench, four paired
- * runs: 20.0-24.2 ms with 1 MiB chunks against 24.6-28.6 ms with the 2 MiB default.
- */
-#define COPY_CHUNK ((size_t)1 << 20)
 /* Reads smaller than this take the plain path. */
 #define FAST_MIN ((uint64_t)1 << 20)
 /* Reads of at least this many bytes, all in the page cache, are copied on up to PAR_THREADS
@@ -143,6 +136,6 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
         .direct = direct,
         .helper = kvt_mem_helper() && !o->no_prefault && prefault_wanted(r, n),
         .threads = 1,
-        .chunk = mostly_copied(r, n, total, direct) ? COPY_CHUNK : 0,
+        .chunk = mostly_copied(r, n, total, direct) ? KVT_COPY_CHUNK : 0,
     };
 }

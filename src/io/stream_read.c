@@ -30,6 +30,7 @@
 #include "io/aq.h"
 #include "hash/hash.h"
 #include "io/io.h"
+#include "mem/mem.h"
 #include "mem/restore_helper.h"
 #include "mem/staging.h"
 
@@ -431,6 +432,13 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     top_up(s);
     *out = s;
     return 0;
+}
+
+void kvt_rstream_warm(void)
+{
+    if (kvt_stream_fast_ok() && kvt_mem_direct())
+        kvt_staging_put(kvt_staging_get(KVT_COPY_CHUNK * DEFAULT_DEPTH),
+                        KVT_COPY_CHUNK * DEFAULT_DEPTH);
 }
 
 const char *kvt_rstream_engine(const struct kvt_rstream *s)

@@ -14,7 +14,8 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-/* a save's write stream, and the read streams of a device load that reads on several cores */
+/* a save's write stream, a restore's read stream, or the read streams of a device load that
+ * reads on several cores */
 #define SLOTS 3
 #define POPULATE_PIECE ((size_t)2 << 20)
 

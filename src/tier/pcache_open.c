@@ -170,9 +170,11 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
 
     log_recovered(o, store);
 
-    /* The writer's staging memory, faulted in now rather than during the first write-behind
-     * while the engine decodes (populating fresh memory holds the process's mmap lock). */
+    /* The streams' staging memory, faulted in now rather than during the first write-behind
+     * while the engine decodes (populating fresh memory holds the process's mmap lock) or
+     * during the first restore, which the user waits on. */
     kvt_wstream_warm(NULL);
+    kvt_rstream_warm();
     rc = open_remote(o, &cfg, store);
     if (rc < 0)
         return rc;
