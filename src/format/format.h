@@ -143,11 +143,11 @@ int kvt_prefix_check(const uint8_t *buf, size_t n, uint64_t file_size, size_t ma
 
 /* The header JSON with its token list parsed apart (header_tokens.c). */
 struct kvt_token_split {
-    uint8_t *json;  /* a copy of the JSON with the array's contents cut out */
-    size_t len;     /* its length */
-    size_t cut_at;  /* where the contents were: bytes from here on came from cut_len later */
+    uint8_t *json; /* a copy of the JSON with the array's contents cut out */
+    size_t len;    /* its length */
+    size_t cut_at; /* where the contents were: bytes from here on came from cut_len later */
     size_t cut_len;
-    int32_t *tok;   /* the n_tok tokens */
+    int32_t *tok; /* the n_tok tokens */
     size_t n_tok;
 };
 

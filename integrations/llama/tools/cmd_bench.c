@@ -215,8 +215,7 @@ static void report(const struct bench_run *b, const struct bench_args *a)
                b->n, b->blob_size, (unsigned long long)b->file_size, n, b->prefill, load,
                med(b->load_lim, n), med(b->load_ratio, n), med(b->read, n), med(b->set, n), save,
                med(b->save_lim, n), med(b->save_ratio, n), med(b->kvt_set, n), b->first_load,
-               med(b->ram_load, n),
-               b->prefill / load, b->identical ? "true" : "false");
+               med(b->ram_load, n), b->prefill / load, b->identical ? "true" : "false");
         return;
     }
     printf("kvtier-llama bench: %zu-token context of %s, %.1f MiB state, %d repetitions "
