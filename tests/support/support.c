@@ -296,6 +296,16 @@ uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total)
     return out;
 }
 
+bool synth_same_entry_bytes(const struct kvt_entry *a, const struct kvt_entry *b)
+{
+    size_t na, nb;
+    uint8_t *x = synth_entry_bytes(a, &na), *y = synth_entry_bytes(b, &nb);
+    bool same = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
 void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok)
 {
     kvt_store_opts_init(o);

@@ -62,6 +62,8 @@ struct kvt_entry *synth_random_entry(const int32_t *tok, size_t n, uint64_t seed
                                      const char *fp, const char *tok_hash);
 /** The bytes of every persisted tensor of @p e in slot order (malloc'd; *@p total their count). */
 uint8_t *synth_entry_bytes(const struct kvt_entry *e, size_t *total);
+/** Whether entries @p a and @p b persist the same tensor bytes (synth_entry_bytes()). */
+bool synth_same_entry_bytes(const struct kvt_entry *a, const struct kvt_entry *b);
 /** XOR byte @p at of slot @p sj of cache @p ci of the file at @p path with @p mask, in place
  * (a corruption the slot's hash must catch). */
 void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t mask);
