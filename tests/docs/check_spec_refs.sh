@@ -10,6 +10,8 @@
 set -u
 root=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
 spec=$root/docs/spec
+results=$(mktemp "${TMPDIR:-/tmp}/check_spec_refs.XXXXXX")
+trap 'rm -f "$results"' EXIT
 passed=0
 failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
@@ -68,13 +70,10 @@ printf '%s\n%s\n' "$refs" "$own" | awk 'NF == 3 {print $2, $3, $1}' | sort -u -k
         if grep -qE "$pat" "$target"; then echo PASS; else
             echo "FAIL: $file cites $doc.md §$sec, which docs/spec/$doc.md has no heading for"
         fi
-    done > "${TMPDIR:-/tmp}/check_spec_refs.$$"
-p=$(grep -c '^PASS$' "${TMPDIR:-/tmp}/check_spec_refs.$$")
-grep '^FAIL' "${TMPDIR:-/tmp}/check_spec_refs.$$"
-f=$(grep -c '^FAIL' "${TMPDIR:-/tmp}/check_spec_refs.$$")
-rm -f "${TMPDIR:-/tmp}/check_spec_refs.$$"
-passed=$((passed + p))
-failed=$((failed + f))
+    done > "$results"
+grep '^FAIL' "$results"
+passed=$((passed + $(grep -c '^PASS$' "$results")))
+failed=$((failed + $(grep -c '^FAIL' "$results")))
 
 echo "[  PASSED  ] $passed test(s)."
 [ "$failed" = 0 ] || echo "[  FAILED  ] $failed test(s), listed below:"
