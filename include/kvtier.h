@@ -534,12 +534,18 @@ struct kvt_store_opts {
                                        NULL = leave the settings as they are */
 };
 
-/** A find result: valid until kvt_store_close(); prefix_len == 0 means a miss. */
+/**
+ * A find result: valid until kvt_store_close(); prefix_len == 0 means a miss. Restore a hit
+ * only in the store that found it: @c store tells them apart, and a restore of another
+ * store's hit (or of one no find made) returns -EINVAL. (@c store fills padding the struct
+ * already had: its size and the other fields' offsets are those of 0.1.0.)
+ */
 struct kvt_hit {
     size_t prefix_len;
     size_t n_tokens; /* tokens of the matched entry */
     uint64_t id;     /* the record (opaque) */
     bool trimmable;
+    uint32_t store; /* the store that found it: a nonzero number unique in the process */
 };
 
 struct kvt_store_stats {
