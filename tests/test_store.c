@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,6 +371,9 @@ static void test_hit_of_another_store_refused(void **state)
     assert_int_equal(ha.id, hb.id); /* the same record id in both: only the source tells */
     assert_int_not_equal(ha.store, 0);
     assert_int_not_equal(ha.store, hb.store);
+    /* the field sits in the padding after trimmable: 0.1.0's size and offsets */
+    assert_int_equal(offsetof(struct kvt_hit, store), offsetof(struct kvt_hit, trimmable) + 4);
+    assert_int_equal(sizeof(struct kvt_hit), 3 * sizeof(uint64_t) + 8);
 
     struct kvt_entry *e = (struct kvt_entry *)1;
     assert_int_equal(kvt_store_restore(b, &ha, &e), -EINVAL);
