@@ -621,7 +621,8 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const cha
                            struct kvt_hit *hit);
 /**
  * Restore a hit. @return 0 with *out set, or 0 with *out NULL on a miss (vanished, corrupt,
- * foreign: handled per STORE.md §12.1). Negative only for bad arguments.
+ * foreign: handled per STORE.md §12.1). Negative only for bad arguments: -EINVAL, also for a
+ * hit that another store found.
  */
 KVT_API int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
 /**
