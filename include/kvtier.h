@@ -575,12 +575,18 @@ struct kvt_store_opts {
                                        NULL = leave the settings as they are */
 };
 
-/** A find result: valid until kvt_store_close(); prefix_len == 0 means a miss. */
+/**
+ * A find result: valid until kvt_store_close(); prefix_len == 0 means a miss. Restore a hit
+ * only in the store that found it: @c store tells them apart, and a restore of another
+ * store's hit (or of one no find made) returns -EINVAL. (@c store fills padding the struct
+ * already had: its size and the other fields' offsets are those of 0.1.0.)
+ */
 struct kvt_hit {
     size_t prefix_len;
     size_t n_tokens; /* tokens of the matched entry */
     uint64_t id;     /* the record (opaque) */
     bool trimmable;
+    uint32_t store; /* the store that found it: a nonzero number unique in the process */
 };
 
 struct kvt_store_stats {
@@ -661,7 +667,8 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const cha
                            struct kvt_hit *hit);
 /**
  * Restore a hit. @return 0 with *out set, or 0 with *out NULL on a miss (vanished, corrupt,
- * foreign: handled per STORE.md §12.1). Negative only for bad arguments.
+ * foreign: handled per STORE.md §12.1). Negative only for bad arguments: -EINVAL, also for a
+ * hit that another store found.
  */
 KVT_API int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
 /**

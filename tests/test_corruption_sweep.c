@@ -674,9 +674,13 @@ static void test_wrong_arguments(void **state)
     e = (struct kvt_entry *)1;
     assert_int_equal(kvt_store_restore(s, NULL, &e), -EINVAL);
     assert_null(e);
-    struct kvt_hit bogus = {.prefix_len = 1, .n_tokens = 2, .id = 987654};
+    struct kvt_hit bogus = hit; /* this store's, naming no record */
+    bogus.prefix_len = 1, bogus.n_tokens = 2, bogus.id = 987654;
     e = (struct kvt_entry *)1;
     assert_int_equal(kvt_store_restore(s, &bogus, &e), 0); /* an unknown record is a miss */
+    assert_null(e);
+    bogus.store = 0; /* no store's */
+    assert_int_equal(kvt_store_restore(s, &bogus, &e), -EINVAL);
     assert_null(e);
     assert_int_equal(kvt_store_put(s, NULL, NULL, NULL), -EINVAL);
     assert_int_equal(kvt_store_put(NULL, ref, NULL, NULL), -EINVAL);

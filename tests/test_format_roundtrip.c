@@ -1,7 +1,7 @@
 /*
  * Writer and loader round trips for every cache kind and mixed lists (CACHES.md §11): save,
  * load with hash checks, save again gives identical files, slots and scalars, also after an
- * append + trim on the restored cache; restore capacity (§12); strided and large tensors
+ * append + trim on the restored cache; restore capacity; strided and large tensors
  * through the chunked paths; loads of files in the page cache spread over several cores; the
  * gated N + 1 write steps; argument and cap errors.
  */
@@ -295,11 +295,15 @@ static void expect_zero_slack(kvt_cache *c, int64_t cap)
     }
 }
 
-/* Restore capacity ceil((offset + 1) / 256) * 256, zero slack, in-place first append. */
+/*
+ * Restore capacity: the entry's rows and an eighth (rounded up, at least one row), at most
+ * up to the next 256-row step; zero slack, in-place first append.
+ */
 static void test_restore_capacity(void **state)
 {
     (void)state;
-    const int64_t offsets[] = {1, 255, 256, 300};
+    const int64_t offsets[] = {1, 8, 9, 255, 256, 300, 1000, 2048};
+    const int64_t caps[] = {2, 9, 11, 256, 288, 338, 1024, 2304};
     const int kinds[3] = {KVT_KIND_KV, KVT_KIND_QKV, KVT_KIND_TURBOQUANT};
     for (size_t oi = 0; oi < sizeof(offsets) / sizeof(offsets[0]); oi++) {
         for (int ki = 0; ki < 3; ki++) {
@@ -310,7 +314,7 @@ static void test_restore_capacity(void **state)
             char *a = save(&o.e, "cap.mlxkv");
             struct kvt_entry *e = load(a);
             kvt_cache *c = e->caches[0];
-            int64_t cap = (offsets[oi] + 1 + 255) / 256 * 256;
+            int64_t cap = caps[oi];
             assert_int_equal(kvt_cache_capacity(c), cap);
             assert_int_equal(kvt_cache_offset(c), offsets[oi]);
 
@@ -356,7 +360,7 @@ static void test_empty_tensors(void **state)
     kvt_header_free(h);
     struct kvt_entry *e = load(a);
     assert_int_equal(kvt_cache_offset(e->caches[1]), 0);
-    assert_int_equal(kvt_cache_capacity(e->caches[1]), 256);
+    assert_int_equal(kvt_cache_capacity(e->caches[1]), 1);
     char *b = save(e, "empty-last-2.mlxkv");
     expect_same_file(a, b);
     kvt_entry_free(e);
@@ -623,7 +627,7 @@ static void test_restore_into_kept_buffers(void **state)
 {
     (void)state;
     /* capacity 1280 rows: K tensors of 8 x 1280 x 256 x 4 bytes = 10 MiB, V of 5 MiB */
-    const struct geom g = {.heads = 8, .head_dim = 256, .tokens = 1100, .dtype = KVT_FLOAT32};
+    const struct geom g = {.heads = 8, .head_dim = 256, .tokens = 1200, .dtype = KVT_FLOAT32};
     const int kinds[2] = {KVT_KIND_KV, KVT_KIND_KV};
     struct owned_entry o;
     make_entry(&o, kinds, 2, &g, 43);
@@ -694,8 +698,8 @@ static size_t resident_slack_pages(kvt_cache *c, int64_t cap)
 static void test_restore_leaves_fresh_slack_untouched(void **state)
 {
     (void)state;
-    /* capacity 1280 rows: 180 slack rows of 1 KiB after each of 8 blocks of each tensor */
-    const struct geom g = {.heads = 8, .head_dim = 256, .tokens = 1100, .dtype = KVT_FLOAT32};
+    /* capacity 1280 rows: 80 slack rows of 1 KiB after each of 8 blocks of each tensor */
+    const struct geom g = {.heads = 8, .head_dim = 256, .tokens = 1200, .dtype = KVT_FLOAT32};
     const int kinds[1] = {KVT_KIND_KV};
     struct owned_entry o;
     make_entry(&o, kinds, 1, &g, 47);
@@ -800,14 +804,14 @@ static void test_restore_slack_bounded_by_file(void **state)
     assert_true(kvt_entry_bytes(e) <= 2 * file_size + (64u << 20));
     kvt_entry_free(e);
 
-    /* ordinary empty layers still get the step capacity */
+    /* an ordinary small layer (one row) still gets restore capacity: one row more */
     struct geom g = {.heads = 8, .head_dim = 128, .tokens = 0, .dtype = KVT_BFLOAT16};
     const int kinds[1] = {KVT_KIND_KV};
     struct owned_entry o;
     make_entry(&o, kinds, 1, &g, 9);
     char *saved = save(&o.e, "empty-layer.mlxkv");
     assert_int_equal(kvt_file_load(saved, NULL, &e, NULL), 0);
-    assert_int_equal(kvt_cache_capacity(e->caches[0]), 256);
+    assert_int_equal(kvt_cache_capacity(e->caches[0]), 2);
     kvt_entry_free(e);
     free(saved);
     free_entry(&o);

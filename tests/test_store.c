@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,6 +344,62 @@ static void test_ns_isolation(void **state)
     kvt_store_close(s);
     rm_rf(dir);
     free(dir);
+}
+
+/* A placement that must not be reached: its refusal would be -EPERM. */
+static int refuse_placement(void *ud, const struct kvt_header *h, void **dst)
+{
+    (void)ud, (void)h, (void)dst;
+    return -EPERM;
+}
+
+/* A hit names the store that found it: another store's restores refuse it (-EINVAL) rather
+ * than serving their own record of the same id. */
+static void test_hit_of_another_store_refused(void **state)
+{
+    (void)state;
+    char *da = scratch_dir("hit-a"), *db = scratch_dir("hit-b");
+    kvt_store *a = open_store(da, 0, NULL), *b = open_store(db, 0, NULL);
+    const int32_t ta[] = {1, 2, 3, 4}, pa[] = {1, 2, 3, 4, 5};
+    const int32_t tb[] = {7, 8, 9, 10}, pb[] = {7, 8, 9, 10, 11};
+    put_ok(a, ta, 4, "", true);
+    put_ok(b, tb, 4, "", true);
+    struct kvt_hit ha, hb;
+    assert_int_equal(kvt_store_find(a, pa, 5, "", &ha), 0);
+    assert_int_equal(kvt_store_find(b, pb, 5, "", &hb), 0);
+    assert_int_equal(ha.prefix_len, 4);
+    assert_int_equal(ha.id, hb.id); /* the same record id in both: only the source tells */
+    assert_int_not_equal(ha.store, 0);
+    assert_int_not_equal(ha.store, hb.store);
+    /* the field sits in the padding after trimmable: 0.1.0's size and offsets */
+    assert_int_equal(offsetof(struct kvt_hit, store), offsetof(struct kvt_hit, trimmable) + 4);
+    assert_int_equal(sizeof(struct kvt_hit), 3 * sizeof(uint64_t) + 8);
+
+    struct kvt_entry *e = (struct kvt_entry *)1;
+    assert_int_equal(kvt_store_restore(b, &ha, &e), -EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(kvt_last_error(), "another store"));
+    struct kvt_header *h = (struct kvt_header *)1;
+    assert_int_equal(kvt_store_restore_into(b, &ha, refuse_placement, NULL, &h), -EINVAL);
+    assert_null(h);
+    struct kvt_hit none = ha;
+    none.store = 0; /* a hit no store made */
+    assert_int_equal(kvt_store_restore(a, &none, &e), -EINVAL);
+
+    struct kvt_store_stats st;
+    kvt_store_get_stats(b, &st);
+    assert_int_equal(st.entries, 1); /* b's record is kept and still restores */
+    assert_int_equal(st.restore_misses, 0);
+    expect_hit(b, pb, 5, "", 4, tb, 4, true);
+    assert_int_equal(kvt_store_restore(a, &ha, &e), 0);
+    assert_entry_is(e, ta, 4, "", true);
+    kvt_entry_free(e);
+    kvt_store_close(a);
+    kvt_store_close(b);
+    rm_rf(da);
+    rm_rf(db);
+    free(da);
+    free(db);
 }
 
 static void test_find_rules(void **state)
@@ -1215,6 +1272,7 @@ int main(void)
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_restart_recovery),
         cmocka_unit_test(test_ns_isolation),
+        cmocka_unit_test(test_hit_of_another_store_refused),
         cmocka_unit_test(test_find_rules),
         cmocka_unit_test(test_supersede_and_duplicates),
         cmocka_unit_test(test_cap_eviction),

@@ -56,10 +56,11 @@ def load_to_device(path: PathLike, device: Device, place: Place, *,
                    tokenizer_hash: Optional[str] = None, namespace: Optional[str] = None,
                    n_layers: int = 0, verify: bool = True, keep_cache: bool = False) -> Header:
     """:func:`kvtier.load_into` into device memory: ``place`` gives one destination per slot,
-    a contiguous CUDA tensor on ``device`` of at least the slot's bytes (or a device address,
-    or None). The file streams through page-locked staging, each chunk hashed there and copied
-    to the device while the next is read; every copy has finished on return. On failure the
-    destinations may hold part of the bytes. Returns the header."""
+    a contiguous CUDA tensor on ``device`` of the slot's dtype and shape, or a 1-D uint8 one
+    of at least its bytes (or a device address, or None). The file streams through
+    page-locked staging, each chunk hashed there and copied to the device while the next is
+    read; every copy has finished on return. On failure the destinations may hold part of
+    the bytes. Returns the header."""
     return header_of(_ext.file_load_to_device(**dict(
         _expect(path, model_id, config_fingerprint, tokenizer_hash, namespace, n_layers,
                 verify, keep_cache), device=device_handle(device), place=place_arg(place))))

@@ -108,9 +108,11 @@ def load_into(path: PathLike, place: Place, *, model_id: Optional[str] = None,
     """Load the file's tensors into memory you own: an engine's preallocated KV buffers.
 
     ``place`` gives one destination per tensor slot (caches in order, each cache's slots in
-    FORMAT.md order): a writable, C-contiguous numpy array or torch tensor (or any writable
-    buffer) of at least the slot's bytes, which receives them exactly as the file holds
-    them (rows ``[0, offset)``, no capacity), or None to skip the slot. Pass the sequence,
+    FORMAT.md order): a writable, C-contiguous numpy array or torch tensor of the slot's
+    dtype and shape (numpy: uint16 for bfloat16), or raw bytes (a bytearray, a 1-D uint8
+    array) of at least the slot's bytes; it receives them exactly as the file holds them
+    (rows ``[0, offset)``, no capacity). None skips the slot. Anything else raises
+    ValueError naming the slot, before any byte is read. Pass the sequence,
     or a callable that receives the validated :class:`Header` (shapes, dtypes, scalars)
     before any tensor byte is read. Same checks as :func:`load`, hashes verified in the
     same pass; on failure the destinations may hold part of the bytes. The GIL is released

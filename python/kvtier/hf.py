@@ -65,16 +65,19 @@ def restore_cache(store: Store, input_ids: Any, *, device: Any = None,
                   namespace: Optional[str] = None, cache_cls: Any = None
                   ) -> Tuple[int, Optional[Any]]:
     """The longest stored prefix of ``input_ids`` as a new ``DynamicCache`` on ``device``
-    (default: CUDA device 0): ``(n, cache)`` with the first ``n`` tokens served, or
-    ``(0, None)`` on a miss (a corrupt entry is a miss). ``n`` is at most
-    ``len(input_ids) - 1``: the last token is left for the model to compute its logits."""
-    from transformers import DynamicCache
+    (default: CUDA device 0; :meth:`Device.host` gives CPU tensors): ``(n, cache)`` with the
+    first ``n`` tokens served, or ``(0, None)`` on a miss (a corrupt entry is a miss). ``n`` is
+    at most ``len(input_ids) - 1``: the last token is left for the model to compute its
+    logits. ``cache_cls`` (default ``transformers.DynamicCache``) builds the cache."""
+    if cache_cls is None:
+        from transformers import DynamicCache as cache_cls
     tok = _tokens(input_ids)
     hit = store.find(tok, namespace)
     if not hit:
         return 0, None
     dev = device if isinstance(device, Device) else Device.cuda(
         torch.device(device or "cuda").index or 0)
+    where = "cpu" if dev.ordinal < 0 else f"cuda:{dev.ordinal}"  # the host stand-in: CPU
     tensors: List[torch.Tensor] = []
 
     def place(h: Any) -> List[torch.Tensor]:
@@ -83,12 +86,12 @@ def restore_cache(store: Store, input_ids: Any, *, device: Any = None,
                 raise UnsupportedError(f"a {c['kind']} cache is not a DynamicCache layer")
             for t in c["tensors"]:
                 tensors.append(torch.empty(t["shape"], dtype=_TORCH_DTYPES[t["dtype"]],
-                                           device=f"cuda:{dev.ordinal}"))
+                                           device=where))
         return tensors
 
     if store.restore_to_device(hit, dev, place) is None:
         return 0, None
-    cache = (cache_cls or DynamicCache)()
+    cache = cache_cls()
     n = hit.prefix_len
     for i in range(0, len(tensors), 2):
         cache.update(tensors[i][:, :, :n].contiguous(), tensors[i + 1][:, :, :n].contiguous(),

@@ -1,7 +1,7 @@
 """The store level: one directory of entries for one model, with a prefix index."""
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _ext
 from .device import device_handle
@@ -13,15 +13,20 @@ from .tensors import as_tokens
 @dataclass(frozen=True)
 class Hit:
     """A find result. ``prefix_len == 0`` is a miss (``bool(hit)`` is False). Valid for the
-    store that returned it."""
+    store that returned it, which ``store`` names: another store's restores raise
+    ValueError."""
 
     prefix_len: int
     n_tokens: int
     id: int
     trimmable: bool
+    store: int = 0
 
     def __bool__(self) -> bool:
         return self.prefix_len > 0
+
+    def _t(self) -> Tuple[int, int, int, bool, int]:
+        return (self.prefix_len, self.n_tokens, self.id, self.trimmable, self.store)
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class Store:
         entry is cut to ``hit.prefix_len`` tokens, ready to continue the prompt."""
         if not hit:
             return None
-        t = self._s.restore((hit.prefix_len, hit.n_tokens, hit.id, hit.trimmable))
+        t = self._s.restore(hit._t())
         if t is None:
             return None
         entry = Entry._from_ext(t)
@@ -116,8 +121,7 @@ class Store:
         trimming to ``hit.prefix_len`` is yours), or None on a miss."""
         if not hit:
             return None
-        d = self._s.restore_into((hit.prefix_len, hit.n_tokens, hit.id, hit.trimmable),
-                                 place_arg(place))
+        d = self._s.restore_into(hit._t(), place_arg(place))
         return None if d is None else header_of(d)
 
     def restore_to_device(self, hit: Hit, device: Any, place: Place) -> Optional[Header]:
@@ -126,8 +130,8 @@ class Store:
         corrupt entry is a miss, and its record is removed)."""
         if not hit:
             return None
-        d = self._s.restore_to_device((hit.prefix_len, hit.n_tokens, hit.id, hit.trimmable),
-                                      device_handle(device), place_arg(place))
+        d = self._s.restore_to_device(hit._t(), device_handle(device),
+                                      place_arg(place))
         return None if d is None else header_of(d)
 
     def get(self, tokens: Any, namespace: Optional[str] = None) -> Optional[Entry]:

@@ -119,8 +119,10 @@ struct dplace {
     bool py_error;
 };
 
-/* The device address of destination @p o for @p need bytes; 0 or -1 with an exception. */
-static int dest_addr(struct dplace *c, PyObject *o, size_t k, uint64_t need, uint64_t *out)
+/* The device address of destination @p o for slot @p sj of cache @p ci of @p h; 0 or -1 with
+ * an exception. */
+static int dest_addr(struct dplace *c, PyObject *o, size_t k, const struct kvt_header *h, size_t ci,
+                     int sj, uint64_t *out)
 {
     if (PyLong_Check(o)) {
         *out = PyLong_AsUnsignedLongLong(o);
@@ -154,9 +156,8 @@ static int dest_addr(struct dplace *c, PyObject *o, size_t k, uint64_t need, uin
                      "device %d:%d)", k, t->device.device_type, t->device.device_id);
     else if (!kvtpy_dl_contiguous(t, &bytes))
         PyErr_Format(PyExc_ValueError, "destination %zu: not contiguous", k);
-    else if (bytes < need)
-        PyErr_Format(PyExc_ValueError, "destination %zu holds %zu bytes, the slot has %llu", k,
-                     bytes, (unsigned long long)need);
+    else
+        kvtpy_dest_fits(k, h, ci, sj, kvtpy_dl_dtype(t->dtype), t->ndim, t->shape, bytes);
     *out = (uint64_t)(uintptr_t)t->data + t->byte_offset;
     return PyErr_Occurred() ? -1 : 0;
 }
@@ -175,7 +176,7 @@ static int dplace_cb(void *ud, const struct kvt_header *h, uint64_t *dst)
             PyObject *o = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)k);
             dst[k] = 0;
             if (o != Py_None)
-                dest_addr(c, o, k, h->caches[i].slots[j].bytes, &dst[k]);
+                dest_addr(c, o, k, h, i, j, &dst[k]);
         }
     Py_XDECREF(seq);
     int rc = PyErr_Occurred() ? -EINVAL : 0;

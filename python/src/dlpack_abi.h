@@ -47,5 +47,7 @@ typedef struct DLManagedTensor {
 
 /* Whether @p t is C-contiguous; *@p bytes receives its size. (import.c) */
 int kvtpy_dl_contiguous(const DLTensor *t, size_t *bytes);
+/* The kvtier dtype of DLPack type @p t, or -1. (import.c) */
+int kvtpy_dl_dtype(DLDataType t);
 
 #endif

@@ -58,6 +58,16 @@ PyObject *kvtpy_tensor_new(const struct kvt_tensor *t);
  * Returns 0, or -1 with a Python exception set.
  */
 int kvtpy_tensor_import(PyObject *o, int as_dtype, const char *what, struct kvt_tensor *out);
+/* The kvtier dtype of buffer-protocol format @p f with item size @p item, or -1. */
+int kvtpy_format_dtype(const char *f, Py_ssize_t item);
+/*
+ * Whether a destination of @p dtype and shape @p shape[@p ndim] (@p bytes in all) may receive
+ * slot @p sj of cache @p ci of @p h, destination @p k of the placement: a 1-D uint8 buffer
+ * of at least the slot's bytes, or a typed one of exactly the slot's dtype and shape. 0, or
+ * -1 with a ValueError naming the slot.
+ */
+int kvtpy_dest_fits(size_t k, const struct kvt_header *h, size_t ci, int sj, int dtype, int ndim,
+                    const int64_t *shape, size_t bytes);
 /* @p o.__dlpack__(): for CUDA memory with stream=1 (ready on the legacy default stream, which
  * the library's copies wait for). New reference, or NULL with an exception. */
 PyObject *kvtpy_dlpack(PyObject *o);

@@ -43,7 +43,7 @@ static void hold_release(void *ud, void *data)
     free(h);
 }
 
-static int format_dtype(const char *f, Py_ssize_t item)
+int kvtpy_format_dtype(const char *f, Py_ssize_t item)
 {
     if (!f)
         return KVT_UINT8;
@@ -74,7 +74,7 @@ static int format_dtype(const char *f, Py_ssize_t item)
     }
 }
 
-static int dl_to_dtype(DLDataType t)
+int kvtpy_dl_dtype(DLDataType t)
 {
     if (t.lanes != 1)
         return -1;
@@ -154,7 +154,7 @@ static int import_buffer(PyObject *o, int as_dtype, const char *what, struct kvt
     h->has_view = true;
     Py_buffer *v = &h->view;
     int64_t shape[KVT_MAX_RANK];
-    int dtype = format_dtype(v->format, v->itemsize);
+    int dtype = kvtpy_format_dtype(v->format, v->itemsize);
     const char *why = NULL;
     if (!PyBuffer_IsContiguous(v, 'C'))
         why = "is not C-contiguous (copy it first, e.g. numpy.ascontiguousarray)";
@@ -279,7 +279,7 @@ static int import_dlpack(PyObject *o, int as_dtype, const char *what, struct kvt
     DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
     DLTensor *t = &m->dl_tensor;
     char msg[160];
-    int dtype = dl_to_dtype(t->dtype);
+    int dtype = kvtpy_dl_dtype(t->dtype);
     PyObject *err = dl_refusal(t, dtype, msg, sizeof(msg));
     if (msg[0]) {
         PyErr_Format(err, "%s %s", what, msg);

@@ -24,16 +24,24 @@ struct place_ctx {
     bool py_error; /* a Python exception is set: report it rather than the library's code */
 };
 
-/* Writable contiguous memory of @p o, at least @p need bytes; 0 or -1 with an exception. */
-static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void **out)
+/* Writable contiguous memory of @p o that fits slot @p sj of cache @p ci of @p h (destination
+ * @p k); 0 or -1 with an exception. */
+static int writable(PyObject *o, size_t k, const struct kvt_header *h, size_t ci, int sj,
+                    struct dest *d, void **out)
 {
+    int64_t shape[KVT_MAX_RANK];
+    int ndim, dtype;
     size_t have;
     if (PyObject_CheckBuffer(o)) {
-        if (PyObject_GetBuffer(o, &d->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        if (PyObject_GetBuffer(o, &d->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             return -1;
         d->has_view = true;
         *out = d->view.buf;
         have = (size_t)d->view.len;
+        dtype = kvtpy_format_dtype(d->view.format, d->view.itemsize);
+        ndim = d->view.ndim;
+        for (int i = 0; i < ndim && i < KVT_MAX_RANK; i++)
+            shape[i] = d->view.shape[i];
     } else if (PyObject_HasAttrString(o, "__dlpack__")) {
         PyObject *cap = PyObject_CallMethod(o, "__dlpack__", NULL);
         if (!cap)
@@ -53,6 +61,10 @@ static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void *
             return -1;
         }
         *out = (char *)t->data + t->byte_offset;
+        dtype = kvtpy_dl_dtype(t->dtype);
+        ndim = t->ndim;
+        for (int i = 0; i < ndim && i < KVT_MAX_RANK; i++)
+            shape[i] = t->shape[i];
     } else {
         PyErr_Format(PyExc_TypeError,
                      "destination %zu: expected a writable array or tensor, "
@@ -60,12 +72,7 @@ static int writable(PyObject *o, size_t k, uint64_t need, struct dest *d, void *
                      k, Py_TYPE(o)->tp_name);
         return -1;
     }
-    if (have < need) {
-        PyErr_Format(PyExc_ValueError, "destination %zu holds %zu bytes, the slot has %llu", k,
-                     have, (unsigned long long)need);
-        return -1;
-    }
-    return 0;
+    return kvtpy_dest_fits(k, h, ci, sj, dtype, ndim, shape, have);
 }
 
 PyObject *kvtpy_place_seq(PyObject *place, const struct kvt_header *h, size_t *n_slots)
@@ -110,7 +117,7 @@ static int place_cb(void *ud, const struct kvt_header *h, void **dst)
                 PyObject *o = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)k);
                 dst[k] = NULL;
                 if (o != Py_None)
-                    writable(o, k, h->caches[i].slots[j].bytes, &c->dests[k], &dst[k]);
+                    writable(o, k, h, i, j, &c->dests[k], &dst[k]);
             }
     }
     Py_XDECREF(seq);

@@ -5,6 +5,7 @@
 #include "ext.h"
 
 #include <errno.h>
+#include <string.h>
 
 typedef struct {
     PyObject_HEAD
@@ -143,20 +144,32 @@ static PyObject *store_find(KvtStore *self, PyObject *args)
     PyBuffer_Release(&view);
     if (rc < 0)
         return kvtpy_raise(rc);
-    return Py_BuildValue("(nnKO)", (Py_ssize_t)hit.prefix_len, (Py_ssize_t)hit.n_tokens,
-                         (unsigned long long)hit.id, hit.trimmable ? Py_True : Py_False);
+    return Py_BuildValue("(nnKOk)", (Py_ssize_t)hit.prefix_len, (Py_ssize_t)hit.n_tokens,
+                         (unsigned long long)hit.id, hit.trimmable ? Py_True : Py_False,
+                         (unsigned long)hit.store);
+}
+
+/* A hit from the tuple find() returned (prefix_len, n_tokens, id, trimmable, store). */
+static int hit_arg(PyObject *t, struct kvt_hit *hit)
+{
+    Py_ssize_t prefix, ntok;
+    unsigned long long id;
+    int trimmable;
+    unsigned int store;
+    memset(hit, 0, sizeof(*hit));
+    if (!PyArg_ParseTuple(t, "nnKpI", &prefix, &ntok, &id, &trimmable, &store))
+        return -1;
+    hit->prefix_len = (size_t)prefix, hit->n_tokens = (size_t)ntok, hit->id = id;
+    hit->trimmable = trimmable, hit->store = store;
+    return 0;
 }
 
 static PyObject *store_restore(KvtStore *self, PyObject *args)
 {
-    struct kvt_hit hit = {0};
-    Py_ssize_t prefix, ntok;
-    unsigned long long id;
-    int trimmable;
-    if (!PyArg_ParseTuple(args, "(nnKp)", &prefix, &ntok, &id, &trimmable))
+    struct kvt_hit hit;
+    PyObject *t;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &t) || hit_arg(t, &hit) < 0)
         return NULL;
-    hit.prefix_len = (size_t)prefix, hit.n_tokens = (size_t)ntok, hit.id = id;
-    hit.trimmable = trimmable;
     if (enter(self) < 0)
         return NULL;
     struct kvt_entry *e = NULL;
@@ -174,15 +187,10 @@ static PyObject *store_restore(KvtStore *self, PyObject *args)
 
 static PyObject *store_restore_into(KvtStore *self, PyObject *args)
 {
-    struct kvt_hit hit = {0};
-    Py_ssize_t prefix, ntok;
-    unsigned long long id;
-    int trimmable;
-    PyObject *place;
-    if (!PyArg_ParseTuple(args, "(nnKp)O", &prefix, &ntok, &id, &trimmable, &place))
+    struct kvt_hit hit;
+    PyObject *t, *place;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &t, &place) || hit_arg(t, &hit) < 0)
         return NULL;
-    hit.prefix_len = (size_t)prefix, hit.n_tokens = (size_t)ntok, hit.id = id;
-    hit.trimmable = trimmable;
     if (enter(self) < 0)
         return NULL;
     PyObject *r = kvtpy_store_restore_into(self->s, &hit, place);
@@ -192,15 +200,10 @@ static PyObject *store_restore_into(KvtStore *self, PyObject *args)
 
 static PyObject *store_restore_to_device(KvtStore *self, PyObject *args)
 {
-    struct kvt_hit hit = {0};
-    Py_ssize_t prefix, ntok;
-    unsigned long long id;
-    int trimmable;
-    PyObject *dev, *place;
-    if (!PyArg_ParseTuple(args, "(nnKp)OO", &prefix, &ntok, &id, &trimmable, &dev, &place))
+    struct kvt_hit hit;
+    PyObject *t, *dev, *place;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyTuple_Type, &t, &dev, &place) || hit_arg(t, &hit) < 0)
         return NULL;
-    hit.prefix_len = (size_t)prefix, hit.n_tokens = (size_t)ntok, hit.id = id;
-    hit.trimmable = trimmable;
     if (enter(self) < 0)
         return NULL;
     PyObject *r = kvtpy_store_restore_to_device(self->s, &hit, dev, place);

@@ -104,3 +104,29 @@ def test_load_releases_the_gil(tmp_path):
     # Holding the GIL, a call would let no tick happen inside it.
     inside = sum(1 for x in ticks for a, b in calls if a < x < b)
     assert inside >= 10, (inside, calls)
+
+
+def test_restores_allocate_the_entry_plus_a_proportional_margin(tmp_path):
+    # 8 tokens of a Llama-3-8B-like geometry (32 layers x K, V of 8 heads x 128, bfloat16):
+    # 1 MiB of tensors, restored into about that much memory, not 256 rows per tensor
+    g = torch.Generator().manual_seed(5)
+    caches = [kvtier.KVCache(*(torch.randn(1, 8, 8, 128, generator=g).to(torch.bfloat16)
+                               for _ in range(2))) for _ in range(32)]
+    kvtier.save(tmp_path / "small.mlxkv", kvtier.Entry(range(8), caches))
+    with kvtier.Store(tmp_path / "s", **IDENT) as s:
+        s.put(kvtier.Entry(range(8), caches))
+        restored = [kvtier.load(tmp_path / "small.mlxkv"), s.get(range(9))]
+    for e in restored:
+        held = sum(c.nbytes for c in e.caches)
+        assert 1 << 20 < held <= (1 << 20) * 9 // 8, held  # one row of margin on 8
+        assert all(c.capacity == 9 for c in e.caches)
+        # the margin is there for the next decode step: it writes in place
+        c = e.caches[0]
+        before = c.state()[0].data_ptr
+        c.append(*(torch.zeros(1, 8, 1, 128, dtype=torch.bfloat16) for _ in range(2)))
+        assert c.offset == 9 and c.capacity == 9 and c.state()[0].data_ptr == before
+    # the margin grows with the entry (an eighth) up to the 256-row step of large ones
+    for n, cap in ((100, 113), (300, 338), (1000, 1024), (2048, 2304)):
+        kvtier.save(tmp_path / f"{n}.mlxkv", kvtier.Entry(range(n), [kvtier.KVCache(
+            *(torch.zeros(1, 2, n, 16, dtype=torch.bfloat16) for _ in range(2)))]))
+        assert kvtier.load(tmp_path / f"{n}.mlxkv").caches[0].capacity == cap, n

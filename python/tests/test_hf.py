@@ -1,7 +1,16 @@
-"""The transformers adapter on a GPU: a random-weight LlamaForCausalLM prefills a prompt and
+"""The transformers adapter (kvtier.hf).
+
+On every machine, through the host stand-in device: a small torch decoder whose attention keeps
+its keys and values in a DynamicCache-shaped cache (transformers is not packaged in Debian 12,
+so its DynamicCache is stood in for by a class with the same interface the adapter uses)
+prefills a prompt, stores the cache, continues greedily; a restore from a reopened store into
+CPU tensors continues with the same tokens and bit-identical logits.
+
+On a GPU with transformers installed: a random-weight LlamaForCausalLM prefills a prompt and
 stores its DynamicCache straight from CUDA memory; a new process restores it straight into CUDA
 memory and continues greedily. Tokens and logits must equal the uninterrupted run's."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,11 +18,104 @@ import sys
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device on this machine")
+import kvtier
+import kvtier.hf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+IDENT = dict(model_id="hf/standin", config_fingerprint="fp-hf-cpu", tokenizer_hash="tk-hf")
+
+
+class StandInDynamicCache:
+    """transformers' DynamicCache as the adapter uses it (its layout before 4.56):
+    ``key_cache``/``value_cache`` lists, ``update`` appending along the token axis."""
+
+    def __init__(self):
+        self.key_cache, self.value_cache = [], []
+
+    def update(self, k, v, layer_idx):
+        if layer_idx == len(self.key_cache):
+            self.key_cache.append(k)
+            self.value_cache.append(v)
+        else:
+            self.key_cache[layer_idx] = torch.cat([self.key_cache[layer_idx], k], dim=-2)
+            self.value_cache[layer_idx] = torch.cat([self.value_cache[layer_idx], v], dim=-2)
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+    def get_seq_length(self):
+        return self.key_cache[0].shape[-2] if self.key_cache else 0
+
+
+class TinyDecoder:
+    """Three attention layers (4 query heads over 2 KV heads of 16, bfloat16 caches, float32
+    compute), random weights from a fixed seed, continuing whatever cache it is given."""
+
+    VOCAB, DIM, HEADS, KV_HEADS, HD = 64, 64, 4, 2, 16
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(7)
+        d, h = self.DIM, self.HEADS * self.HD
+
+        def w(*shape):
+            return torch.randn(*shape, generator=g) / math.sqrt(shape[0])
+        self.embed = torch.randn(self.VOCAB, d, generator=g)
+        self.layers = [dict(q=w(d, h), k=w(d, self.KV_HEADS * self.HD),
+                            v=w(d, self.KV_HEADS * self.HD), o=w(h, d)) for _ in range(3)]
+        self.out = w(d, self.VOCAB)
+
+    def __call__(self, ids, cache):
+        """Logits [L, VOCAB] of ids (1-D), appended to cache."""
+        L, start = len(ids), cache.get_seq_length()
+        x = self.embed[ids][None]
+        for i, p in enumerate(self.layers):
+            q = (x @ p["q"]).view(1, L, self.HEADS, self.HD).transpose(1, 2)
+            k = (x @ p["k"]).view(1, L, self.KV_HEADS, self.HD).transpose(1, 2)
+            v = (x @ p["v"]).view(1, L, self.KV_HEADS, self.HD).transpose(1, 2)
+            ks, vs = cache.update(k.to(torch.bfloat16), v.to(torch.bfloat16), i)
+            rep = self.HEADS // self.KV_HEADS
+            ks = ks.float().repeat_interleave(rep, dim=1)
+            vs = vs.float().repeat_interleave(rep, dim=1)
+            att = q @ ks.transpose(-1, -2) / math.sqrt(self.HD)
+            kpos, qpos = torch.arange(ks.shape[2]), torch.arange(start, start + L)
+            att = att.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
+            a = torch.softmax(att, dim=-1) @ vs
+            x = x + a.transpose(1, 2).reshape(1, L, -1) @ p["o"]
+        return x[0] @ self.out
+
+
+def greedy(model, cache, last, steps=8):
+    """Feed ``last``, then ``steps`` greedy tokens: the tokens and the first step's logits."""
+    tokens, first = [], None
+    for _ in range(steps):
+        logits = model(torch.tensor([last]), cache)[-1]
+        first = logits if first is None else first
+        last = int(logits.argmax())
+        tokens.append(last)
+    return tokens, first
+
+
+def test_host_standin_restore_continues_identically(tmp_path):
+    model = TinyDecoder()
+    prompt = torch.randint(0, TinyDecoder.VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = StandInDynamicCache()
+        model(prompt[0, :-1], cache)
+        with kvtier.Store(tmp_path, **IDENT) as store:
+            kvtier.hf.save_cache(store, prompt[:, :-1], cache)
+        saved = [t.clone() for t in cache.key_cache + cache.value_cache]
+        ref_tokens, ref_logits = greedy(model, cache, int(prompt[0, -1]))
+
+        with kvtier.Store(tmp_path, **IDENT) as store:  # reopened: found on disk
+            n, restored = kvtier.hf.restore_cache(store, prompt, device=kvtier.Device.host(),
+                                                  cache_cls=StandInDynamicCache)
+            assert kvtier.hf.restore_cache(store, prompt + 1, device=kvtier.Device.host(),
+                                           cache_cls=StandInDynamicCache) == (0, None)
+        assert n == 39 and isinstance(restored, StandInDynamicCache)
+        got = restored.key_cache + restored.value_cache
+        assert all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in got)
+        assert all(torch.equal(a, b) for a, b in zip(got, saved))
+        tokens, logits = greedy(model, restored, int(prompt[0, -1]))
+    assert tokens == ref_tokens
+    assert torch.equal(logits, ref_logits)
 
 
 def run(mode, work, store):
@@ -24,7 +126,9 @@ def run(mode, work, store):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_restart_continues_identically(tmp_path):
+    pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,

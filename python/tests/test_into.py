@@ -46,8 +46,10 @@ def test_bad_destinations_raise(tmp_path):
     p = tmp_path / "e.mlxkv"
     kvtier.save(p, kvtier.Entry(range(40), [kvtier.KVCache(k, v)]))
     small = torch.empty(1, 4, 39, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="holds"):
+    with pytest.raises(ValueError, match=r"layer 0, tensor 0\) is bfloat16 \[1, 4, 39, 16\]"):
         kvtier.load_into(p, [small, None])
+    with pytest.raises(ValueError, match="holds 100 bytes, the slot has 5120"):
+        kvtier.load_into(p, [bytearray(100), None])
     ro = np.zeros(1 * 4 * 40 * 16, dtype=np.uint16)
     ro.setflags(write=False)
     with pytest.raises((BufferError, ValueError)):
@@ -71,3 +73,45 @@ def test_store_restore_into(tmp_path):
         assert h.caches[0]["offset"] == 64
         assert same(out[0][:, :, :hit.prefix_len], k[:, :, :30]) and same(out[1], v)
         assert s.restore_into(s.find([5000, 5001], "n"), []) is None
+
+
+def test_typed_destinations_must_be_the_slots_dtype_and_shape(tmp_path):
+    k, v = kv_pair(200, heads=4, dim=64)
+    p = tmp_path / "e.mlxkv"
+    kvtier.save(p, kvtier.Entry(range(200), [kvtier.KVCache(k, v)]))
+    bf16 = dict(dtype=torch.bfloat16)
+    wrong = {
+        "float32": ([torch.zeros(1, 4, 200, 64), torch.zeros(1, 4, 200, 64, **bf16)],
+                    r"destination 0 \(layer 0, tensor 0\) is float32 \[1, 4, 200, 64\], the "
+                    r"slot is bfloat16 \[1, 4, 200, 64\]"),
+        "more rows": ([torch.zeros(1, 4, 200, 64, **bf16), torch.zeros(1, 4, 256, 64, **bf16)],
+                      r"\(layer 0, tensor 1\) is bfloat16 \[1, 4, 256, 64\], the slot is "
+                      r"bfloat16 \[1, 4, 200, 64\]"),
+        "flat bf16": ([torch.zeros(4 * 200 * 64, **bf16), None], r"\[51200\]"),
+        "numpy float16": ([np.zeros((1, 4, 200, 64), np.float16), None], "float16"),
+        "torch uint8 4-D": ([torch.zeros(1, 4, 200, 128, dtype=torch.uint8), None], "uint8"),
+    }
+    for name, (dests, msg) in wrong.items():
+        with pytest.raises(ValueError, match=msg):
+            kvtier.load_into(p, dests)
+        for d in dests:
+            assert d is None or not torch.as_tensor(d).float().any(), name  # nothing read
+        with kvtier.Store(tmp_path / "s", **IDENT) as s:  # a restore checks the same way
+            s.put(kvtier.Entry(range(200), [kvtier.KVCache(k, v)]))
+            with pytest.raises(ValueError, match=msg):
+                s.restore_into(s.find(range(201)), dests)
+            with pytest.raises(ValueError, match=msg):
+                s.restore_to_device(s.find(range(201)), kvtier.Device.host(), dests)
+
+    # what fits: the exact tensors; numpy's bfloat16 stand-in (the bit patterns as uint16);
+    # raw bytes of at least the slot's size
+    kt, vn = torch.empty(1, 4, 200, 64, **bf16), np.empty((1, 4, 200, 64), np.uint16)
+    kvtier.load_into(p, [kt, vn])
+    assert same(kt, k) and same(torch.from_numpy(vn.view(np.int16)).view(torch.bfloat16), v)
+    raw, mv = bytearray(k.numel() * 2 + 10), memoryview(bytearray(v.numel() * 2))
+    kvtier.load_into(p, [raw, mv])
+    assert bytes(raw[:k.numel() * 2]) == k.view(torch.int16).numpy().tobytes()
+    assert mv.tobytes() == v.view(torch.int16).numpy().tobytes()
+    flat = torch.empty(k.numel() * 2, dtype=torch.uint8)
+    kvtier.load_into(p, [flat, None])
+    assert flat.numpy().tobytes() == k.view(torch.int16).numpy().tobytes()

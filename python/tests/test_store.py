@@ -45,6 +45,24 @@ def test_namespace_and_fingerprint_separate_entries(tmp_path):
         assert s.find(range(31), "a").prefix_len == 30
 
 
+def test_a_hit_of_another_store_is_refused(tmp_path):
+    ea, _ = kv_entry(range(30), seed=1)
+    eb, _ = kv_entry(range(100, 130), seed=2)
+    with kvtier.Store(tmp_path / "a", **IDENT) as a, kvtier.Store(tmp_path / "b", **IDENT) as b:
+        a.put(ea)
+        b.put(eb)
+        hit = a.find(range(31))
+        assert hit.id == b.find(range(100, 131)).id  # only the store tells the records apart
+        with pytest.raises(ValueError, match="another store"):
+            b.restore(hit)
+        with pytest.raises(ValueError, match="another store"):
+            b.restore_into(hit, [None, None])
+        with pytest.raises(ValueError, match="another store"):
+            b.restore_to_device(hit, kvtier.Device.host(), [None, None])
+        assert b.stats()["entries"] == 1 and b.stats()["restore_misses"] == 0
+        assert np.array_equal(a.restore(hit).tokens, np.arange(30))
+
+
 def test_byte_cap_evicts_least_recently_used(tmp_path):
     with kvtier.Store(tmp_path, **IDENT) as s:
         s.put(kv_entry(range(50))[0])

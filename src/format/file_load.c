@@ -4,10 +4,10 @@
  * every tensor, then the tensors are read straight into them (the read stream knows every
  * destination up front, so its direct reads land in place ahead of the hashing), hashed in
  * the same pass (L3), and their file ranges dropped from the page cache. Token-axis kinds
- * (kv, qkv, turboquant) get restore capacity ceil((offset + 1) / 256) * 256 rows so that the
- * first append after a restore writes in place; the file holds [B, H, offset, D]
- * contiguously, so that is B*H row blocks read into a [B, H, cap, D] buffer with the slack
- * zeroed. On any failure everything built is freed.
+ * (kv, qkv, turboquant) get restore capacity beyond offset (restore_cap()) so that the first
+ * appends after a restore write in place; the file holds [B, H, offset, D] contiguously, so
+ * that is B*H row blocks read into a [B, H, cap, D] buffer with the slack zeroed. On any
+ * failure everything built is freed.
  */
 #include "format/format.h"
 
@@ -36,17 +36,31 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
 #define FREE_SLACK_BYTES (64ull << 20)
 
 /*
- * Rows on the token axis for cache @p c: ceil((offset + 1) / 256) * 256 for token-axis kinds
- * while the entry's zeroed slack stays within @p budget (the file's tensor bytes or 64 MiB,
- * whichever is larger), else exactly offset. The header sizes B, H and D freely even at
- * offset 0, so without this bound a 16 KiB file could make a load allocate gigabytes.
+ * Restore capacity of a token-axis cache of @p offset rows: a margin of an eighth of the
+ * entry (rounded up, at least one row), never past the next 256-row step (CACHES.md §12's
+ * capacity, which is what large entries get). Proportional, so that a small entry is not
+ * restored into buffers mostly of slack (8 tokens into 256 rows: 32 times the entry); at
+ * least one row, so that the first decode step writes in place.
+ */
+static uint64_t restore_cap(uint64_t offset)
+{
+    uint64_t step = (offset + KVT_STEP) / KVT_STEP * KVT_STEP;
+    uint64_t margin = offset > 8 ? (offset + 7) / 8 : 1;
+    return offset + margin < step ? offset + margin : step;
+}
+
+/*
+ * Rows on the token axis for cache @p c: restore_cap() for token-axis kinds while the
+ * entry's zeroed slack stays within @p budget (the file's tensor bytes or 64 MiB, whichever
+ * is larger), else exactly offset. The header sizes B, H and D freely even at offset 0, so
+ * without this bound a 16 KiB file could make a load allocate gigabytes.
  */
 static uint64_t restore_rows(const struct kvt_cache_header *c, uint64_t *budget)
 {
     uint64_t offset = (uint64_t)c->info.offset;
     if (!has_capacity(c->info.kind))
         return offset;
-    uint64_t cap = (offset + KVT_STEP) / KVT_STEP * KVT_STEP, slack = 0;
+    uint64_t cap = restore_cap(offset), slack = 0;
     for (int i = 0; i < c->n_slots; i++) {
         const struct kvt_slot *s = &c->slots[i];
         uint64_t row = kvt_dtype_size(s->dtype), extra;

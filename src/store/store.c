@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -98,6 +99,17 @@ static int check_open_args(const char *dir, const struct kvt_store_opts *o)
     return o->mem ? kvt_mem_configure(o->mem) : 0;
 }
 
+/* A number per store opened in the process, never 0 (kvt_hit.store of no store). */
+static uint32_t next_serial(void)
+{
+    static _Atomic uint32_t last;
+    uint32_t n;
+    do
+        n = atomic_fetch_add(&last, 1) + 1;
+    while (n == 0); /* wrapped after 2^32 opens */
+    return n;
+}
+
 int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out)
 {
     if (!out)
@@ -129,6 +141,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     s->tmp_grace_ms = o->tmp_grace_ms;
     s->log = o->log;
     s->log_ud = o->log_ud;
+    s->serial = next_serial();
 
     if (!s->read_only) {
         rc = kvt_mkdir_durable(s->root);
@@ -174,6 +187,7 @@ int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const char *ns, s
         hit->id = r->seq;
         hit->trimmable = r->trimmable;
     }
+    hit->store = s->serial;
     pthread_mutex_unlock(&s->lock);
     return 0;
 }
@@ -313,6 +327,11 @@ static int restore(kvt_store *s, const struct kvt_hit *hit, struct restore_load 
 {
     if (hit->prefix_len == 0)
         return 0;
+    if (hit->store != s->serial) /* its id names a record of another index */
+        return kvt_fail(-EINVAL,
+                        "restore: the hit is of another store (found in store %u, "
+                        "restored in store %u)",
+                        hit->store, s->serial);
     struct restore_job j;
     int rc = restore_job_get(s, hit->id, &j);
     if (rc < 0) {

@@ -64,6 +64,7 @@ struct kvt_store {
     uint64_t tmp_reaped;
     double restore_ms_last;
     bool warned_store_failure;
+    uint32_t serial; /* kvt_hit.store: which store a hit came from */
 };
 
 /** Paths collected under the lock and acted on after it. */
