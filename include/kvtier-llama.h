@@ -23,7 +23,8 @@
  *    llama_set_adapter_cvec()) is not seen: close the handle and open one that declares them.
  *  - Pending memory updates: a K-shift after llama_memory_seq_add()/seq_div() is applied by
  *    llama.cpp only when it next decodes; kvt_llama_save() applies it first, so the entry
- *    holds the rows the context will attend to.
+ *    holds the rows the context will attend to. A shift llama.cpp cannot run (a memory
+ *    whose llama_memory_can_shift() is false) aborts there as at llama.cpp's next decode.
  *  - Mapping (docs/LLAMA.md): attention layers become `kv` caches, sliding-window layers
  *    `rotating` caches, recurrent layers `ssm` caches. Hybrid memories, M-RoPE cells and
  *    shared-memory contexts are refused (KVT_E_UNSUPPORTED) rather than mapped
@@ -81,15 +82,15 @@ struct kvt_llama_opts {
      * meaning-changing fields are part of the identity. */
     const struct llama_context_params *cparams;
     /* What the context runs on top of the model: kvt_llama_open() sets exactly these LoRA
-     * adapters and this control vector on it (none declared: it clears any), and they are
-     * part of the identity. */
+     * adapters and this control vector (NULL: none) on it, clearing any others, and they
+     * are part of the identity. */
     const struct kvt_llama_lora *loras;
     size_t n_loras;
-    const struct kvt_llama_cvec *cvec; /* NULL: none */
-    uint64_t ram_max_bytes;            /* RAM tier; default 1 GiB */
-    uint64_t disk_max_bytes;           /* store cap; default 32 GiB */
-    int64_t demote_idle_ms;            /* move RAM entries idle this long to disk; default 300000 */
-    const char *background_cpus;       /* CPUs of kvtier's writer and timer threads; NULL = all */
+    const struct kvt_llama_cvec *cvec;
+    uint64_t ram_max_bytes;      /* RAM tier; default 1 GiB */
+    uint64_t disk_max_bytes;     /* store cap; default 32 GiB */
+    int64_t demote_idle_ms;      /* move RAM entries idle this long to disk; default 300000 */
+    const char *background_cpus; /* CPUs of kvtier's writer and timer threads; NULL = all */
     kvt_log_fn log;
     void *log_ud;
 };

@@ -240,8 +240,16 @@ static int run(const struct args *a, struct llama_context *ctx, struct llama_con
         int kept = a->n_tok - a->shift, saved = rc;
         if (rc == 0 && a->settle && (rc = decode(ctx, all + a->n_tok, 1)) == 0)
             llama_memory_seq_rm(llama_get_memory(ctx), 0, kept, -1);
+        size_t lb = (size_t)n_vocab * sizeof(float);
+        float *before = rc == 0 ? malloc(lb) : NULL; /* the last decode's logits */
+        if (before)
+            memcpy(before, llama_get_logits_ith(ctx, -1), lb);
         if (rc == 0 && (saved = kvt_llama_save(kl, a->seq, all + a->shift, (size_t)kept)))
             rc = refused(ctx, "kvt_llama_save", saved, a->seq);
+        const float *after = rc == 0 ? llama_get_logits_ith(ctx, -1) : NULL;
+        if (rc == 0 && (!after || memcmp(before, after, lb)))
+            rc = die("the save changed the logits of the last decode");
+        free(before);
         if (rc == 0 && kvt_llama_flush(kl, -1))
             rc = die("kvt_llama_flush");
         if (rc == 0 && a->reload)
