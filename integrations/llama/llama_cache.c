@@ -192,8 +192,8 @@ static int entry_of_blob(kvt_llama *kl, kvt_buf *buf, llama_seq_id seq, const ll
     return rc;
 }
 
-/* -EINVAL unless @p seq is one of the context's sequences (llama.cpp itself would take an
- * id up to its internal maximum into a unified cache, and assert beyond it). */
+/* -EINVAL unless @p seq is one of the context's sequences (llama.cpp's state calls take any
+ * id below its internal limit of 256 and place the cells there, and assert beyond it). */
 static int check_seq(const kvt_llama *kl, llama_seq_id seq, const char *fn)
 {
     uint32_t n_seq = llama_n_seq_max(kl->ctx);

@@ -115,6 +115,8 @@ static void context_params(struct canon *c, const struct llama_context_params *p
 /* The LoRA adapters and control vector the handle declares (llama.h cannot report them). */
 static int adapters(struct canon *c, const struct kvt_llama_opts *o)
 {
+    if (o->n_loras && !o->loras)
+        return kvt_set_error(-EINVAL, "kvt_llama_open: %zu LoRA adapters but no list", o->n_loras);
     for (size_t i = 0; i < o->n_loras; i++) {
         const struct kvt_llama_lora *l = &o->loras[i];
         if (!l->adapter || (!l->path && !l->digest))

@@ -19,7 +19,8 @@
  * --settle it first decodes --next and removes it again, so that llama.cpp's own decode has
  * applied the shift to the rows before the save.
  * --lora FILE [--lora-scale S] and --cvec SEED declare a LoRA adapter and a control vector
- * (generated from the seed) to kvtier, which sets them on the context.
+ * (generated from the seed; --cvec-embd declares another width) to kvtier, which sets them
+ * on the context.
  * Prints "loaded=N entry=M disk=D pos_max=P" for load; exits 0, or 1 with a message; a
  * refused load or save prints "failed rc=R pos_max=P" (P: the sequence's, after the call).
  */
@@ -37,6 +38,7 @@ struct args {
     int n_ctx, n_seq, unified, swa_full, seq, shift;
     float lora_scale;
     unsigned cvec_seed;
+    int cvec_embd; /* declared n_embd of the control vector; 0: the model's */
     float rope_base;
     llama_token *tok;
     int n_tok;
@@ -221,8 +223,8 @@ static int run(const struct args *a, struct llama_context *ctx, struct llama_con
     if (a->cvec_seed) {
         const struct llama_model *m = llama_get_model(ctx);
         int n_embd = llama_model_n_embd(m), n_layer = llama_model_n_layer(m);
-        cvec =
-            (struct kvt_llama_cvec){NULL, (size_t)n_embd * (size_t)n_layer, n_embd, 1, n_layer - 1};
+        cvec = (struct kvt_llama_cvec){NULL, (size_t)n_embd * (size_t)n_layer,
+                                       a->cvec_embd ? a->cvec_embd : n_embd, 1, n_layer - 1};
         cvec.data = control_vector(a->cvec_seed, cvec.len);
         o.cvec = &cvec;
     }
@@ -284,31 +286,19 @@ int main(int argc, char **argv)
 {
     struct args a = {
         .type = "f16", .fa = 1, .n_ctx = 1024, .n_seq = 1, .swa_full = 1, .lora_scale = 1.0f};
-    static const struct option opts[] = {{"model", 1, 0, 'm'},
-                                         {"dir", 1, 0, 'd'},
-                                         {"out", 1, 0, 'o'},
-                                         {"ns", 1, 0, 'n'},
-                                         {"type", 1, 0, 't'},
-                                         {"fa", 1, 0, 'f'},
-                                         {"prefill", 1, 0, 'p'},
-                                         {"steps", 1, 0, 's'},
-                                         {"tokens", 1, 0, 'k'},
-                                         {"next", 1, 0, 'x'},
-                                         {"split", 1, 0, 'S'},
-                                         {"ctx", 1, 0, 'c'},
-                                         {"rope-base", 1, 0, 'r'},
-                                         {"reload", 0, 0, 'R'},
-                                         {"reload-tokens", 1, 0, 'T'},
-                                         {"n-seq", 1, 0, 'N'},
-                                         {"unified", 0, 0, 'U'},
-                                         {"swa-full", 1, 0, 'W'},
-                                         {"seq", 1, 0, 'q'},
-                                         {"shift", 1, 0, 'h'},
-                                         {"lora", 1, 0, 'l'},
-                                         {"lora-scale", 1, 0, 'L'},
-                                         {"cvec", 1, 0, 'v'},
-                                         {"settle", 0, 0, 'E'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},         {"dir", 1, 0, 'd'},
+                                         {"out", 1, 0, 'o'},           {"ns", 1, 0, 'n'},
+                                         {"type", 1, 0, 't'},          {"fa", 1, 0, 'f'},
+                                         {"prefill", 1, 0, 'p'},       {"steps", 1, 0, 's'},
+                                         {"tokens", 1, 0, 'k'},        {"next", 1, 0, 'x'},
+                                         {"split", 1, 0, 'S'},         {"ctx", 1, 0, 'c'},
+                                         {"rope-base", 1, 0, 'r'},     {"reload", 0, 0, 'R'},
+                                         {"reload-tokens", 1, 0, 'T'}, {"n-seq", 1, 0, 'N'},
+                                         {"unified", 0, 0, 'U'},       {"swa-full", 1, 0, 'W'},
+                                         {"seq", 1, 0, 'q'},           {"shift", 1, 0, 'h'},
+                                         {"lora", 1, 0, 'l'},          {"lora-scale", 1, 0, 'L'},
+                                         {"cvec", 1, 0, 'v'},          {"settle", 0, 0, 'E'},
+                                         {"cvec-embd", 1, 0, 'e'},     {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'm': a.model = optarg; break;
@@ -335,6 +325,7 @@ int main(int argc, char **argv)
         case 'L': a.lora_scale = strtof(optarg, NULL); break;
         case 'v': a.cvec_seed = (unsigned)atoi(optarg); break;
         case 'E': a.settle = 1; break;
+        case 'e': a.cvec_embd = atoi(optarg); break;
         default: return 2;
         }
     }

@@ -648,6 +648,17 @@ static void test_adapters_are_identity(void **s)
     char *base = adapter_case("base", "", not_base, 2);
     assert_true(files_differ(l, base)); /* each changes what the model computes */
     assert_true(files_differ(v, base));
+    /* a vector llama.cpp refuses fails the open, with its reason */
+    char *m = model_path("llama"), *dir = strf("%s/adapters-bad", test_dir), *out;
+    assert_int_equal(worker(&out,
+                            "load --model %s --dir %s --tokens 1,2,3 --cvec 7 "
+                            "--cvec-embd 63 2>&1",
+                            m, dir),
+                     1);
+    assert_non_null(strstr(out, "llama.cpp refused the control vector (n_embd 63"));
+    free(out);
+    free(dir);
+    free(m);
     free(l);
     free(v);
     free(base);
