@@ -277,7 +277,7 @@ int kvt_cache_check_state(const struct kvt_cache_info *info, const struct kvt_te
     if (rc)
         return rc;
     char what[64];
-    snprintf(what, sizeof(what), "%s restore", kvt_kind_name(info->kind));
+    snprintf(what, sizeof(what), "%s cache from tensors", kvt_kind_name(info->kind));
     if (info->offset < 0)
         return BAD("%s: offset %lld < 0", what, (long long)info->offset);
     if (info->kind == KVT_KIND_TURBOQUANT && !tq_head_dim_ok(info->head_dim))
