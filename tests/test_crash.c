@@ -5,7 +5,8 @@
  * directory, every published file must pass kvt_file_verify; then the store must reopen,
  * reap the dead writer's .tmp (tmp_grace_ms 0: the writer is gone), and every acknowledged
  * entry must be found and restore with exactly the bytes the writer stored (they derive from
- * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here.
+ * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here. A loop in
+ * which no put was acknowledged over a path it ran fails: it would have checked nothing.
  *
  * Each store directory serves ten kills (later writers recover what earlier ones left), then a
  * new one starts, which keeps each check small; every other directory's writers save over the
@@ -33,7 +34,8 @@
 #define TWO_WRITER_GRACE_MS 2000
 
 struct counts {
-    long kills, acked, checks, tmp_seen, visible, corrupt, lost, tmp_left, mismatched, scan_corrupt;
+    long kills, acked, acked_plain, checks, tmp_seen, visible, corrupt, lost, tmp_left, mismatched,
+        scan_corrupt;
 };
 
 static long env_long(const char *name, long def)
@@ -246,6 +248,7 @@ static void test_kill_loop(void **state)
     for (long k = 0; k < kills; k++) {
         if (k % KILLS_PER_DIR == 0) {
             c.acked += (long)n_ids;
+            c.acked_plain += writer_plain ? (long)n_ids : 0;
             n_ids = 0;
             if (dir)
                 rm_rf(dir);
@@ -292,12 +295,14 @@ static void test_kill_loop(void **state)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     c.acked += (long)n_ids;
-    printf("crash: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld restores checked), "
+    c.acked_plain += writer_plain ? (long)n_ids : 0;
+    printf("crash: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld over the plain path; "
+           "%ld restores checked), "
            "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored "
            "with different bytes, %ld .tmp left (%.1f s); %ld kills over the fast path, %ld over "
            "the plain one\n",
-           c.kills, c.tmp_seen, c.acked, c.checks, c.visible, c.corrupt, c.scan_corrupt, c.lost,
-           c.mismatched, c.tmp_left,
+           c.kills, c.tmp_seen, c.acked, c.acked_plain, c.checks, c.visible, c.corrupt,
+           c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
            c.kills - kills_plain, kills_plain);
     if (dir)
@@ -308,6 +313,11 @@ static void test_kill_loop(void **state)
     free(ids);
     free(exe);
     assert_int_equal(c.kills, kills);
+    /* writers killed before any put was acknowledged leave nothing to check: over each path
+     * that ran, some puts must have been acknowledged (and so restored and compared) */
+    if (c.acked - c.acked_plain == 0 || (kills_plain > 0 && c.acked_plain == 0))
+        fail_msg("no put acknowledged over the %s path: the loop checked nothing",
+                 c.acked - c.acked_plain == 0 ? "fast" : "plain");
     assert_int_equal(c.corrupt, 0);
     assert_int_equal(c.scan_corrupt, 0);
     assert_int_equal(c.lost, 0);
