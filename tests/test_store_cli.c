@@ -383,6 +383,24 @@ static void test_usage(void **state)
     free(want);
 }
 
+/* Every command's --help: its usage on stdout, exit 0, nothing run. */
+static void test_help_of_every_command(void **state)
+{
+    (void)state;
+    const char *cmds[] = {"inspect", "verify", "synth", "ls",  "find",
+                          "gc",      "stats",  "bench", "demo"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char *args = strf("%s --help", cmds[i]), *out;
+        int rc = run_cli(args, false, &out);
+        char *want = strf("usage: kvtier %s", cmds[i]);
+        if (rc != 0 || !strstr(out, want))
+            fail_msg("kvtier %s: exit %d, stdout:\n%s", args, rc, out);
+        free(want);
+        free(out);
+        free(args);
+    }
+}
+
 /* A store directory that is missing or a file: the message names the path and what is wrong. */
 static void test_bad_dir(void **state)
 {
@@ -411,8 +429,11 @@ static void test_bad_dir(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ls_and_stats), cmocka_unit_test(test_find),
-        cmocka_unit_test(test_gc),           cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_ls_and_stats),
+        cmocka_unit_test(test_find),
+        cmocka_unit_test(test_gc),
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_help_of_every_command),
         cmocka_unit_test(test_bad_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
