@@ -117,11 +117,11 @@ static void stats_print(const struct rargs *a, const struct kvt_remote_stats *s)
     }
 }
 
-int cmd_remote(int argc, char **argv)
+int cmd_remote(int argc, char **argv, const char *usage)
 {
     struct rargs a;
     if (!parse(argc, argv, &a))
-        return EXIT_USAGE;
+        return cli_usage(stderr, usage, EXIT_USAGE);
     kvt_remote *r;
     int rc = open_remote(&a, &r);
     if (rc)

@@ -5,6 +5,7 @@
  * against the length expected, so a hostile or confused server can never make us allocate
  * or write past what the index record promised.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -86,6 +87,8 @@ static int read_line(struct kvt_rio *r, char *line, size_t cap)
             if (n == 0 || s[n - 1] != '\r')
                 return kvt_fail(KVT_E_CORRUPT, "redis: malformed reply line");
             n--;
+            if (memchr(s, '\0', n)) /* the line is used as a C string: "$3\0..." is no 3 */
+                return kvt_fail(KVT_E_CORRUPT, "redis: NUL byte in a reply line");
             if (n >= cap)
                 n = cap - 1; /* error texts are truncated, never overrun */
             memcpy(line, s, n);
@@ -154,13 +157,20 @@ static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
     return 0;
 }
 
+/* Whether @p s is a length as Redis writes it: -1, or digits with no leading zero (strtoll
+ * alone would take "", " 5", "+5" and "-0"). */
+static bool canonical_len(const char *s)
+{
+    size_t n = strspn(s, "0123456789");
+    return !strcmp(s, "-1") || (n > 0 && s[n] == '\0' && (s[0] != '0' || n == 1));
+}
+
 /* The bulk's announced length, checked against @p want. */
 static int bulk_len(const char *line, bool have_dst, size_t want)
 {
-    char *end;
     errno = 0;
-    long long len = strtoll(line + 1, &end, 10);
-    if (errno || *end || len < -1)
+    long long len = strtoll(line + 1, NULL, 10);
+    if (!canonical_len(line + 1) || errno)
         return kvt_fail(KVT_E_CORRUPT, "redis: bad bulk length \"%.32s\"", line);
     if (len == -1)
         return KVT_R_NIL;
@@ -200,7 +210,11 @@ static int reply_line(struct kvt_rio *r, char *line, size_t cap, bool bulk_wante
                            : KVT_R_OK;
     case '-': snprintf(r->err, sizeof(r->err), "%s", line + 1); return KVT_R_ERR;
     case '$': return BULK;
-    default: return kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0]);
+    default:
+        return isgraph((unsigned char)line[0])
+                   ? kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0])
+                   : kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type 0x%02x",
+                              (unsigned char)line[0]);
     }
 }
 
