@@ -152,8 +152,8 @@ KVT_API size_t kvt_buf_cache_bytes(void);
  * the helper threads of restores and saves and the read path. Zero (kvt_mem_opts_init()) is
  * the default everywhere. They apply to every later call of the process: set them with
  * kvt_mem_configure(), or through the `mem` member of struct kvt_store_opts (a prompt
- * cache's `cold` among them) at open. The library reads no environment variable (the kvtier CLI
- * maps its KVT_* variables onto these).
+ * cache's `cold` among them) once an open succeeds. The library reads no environment
+ * variable (the kvtier CLI maps its KVT_* variables onto these).
  *
  * Threads: a restore of a large entry may start one helper thread (faulting destination pages
  * in and hashing ahead; no_helper turns it off), its reads a few I/O threads (when io_uring
@@ -571,8 +571,8 @@ struct kvt_store_opts {
                        bump on disk; corrupt files are counted and left; put: KVT_E_STATE */
     kvt_log_fn log; /* one call at a time, on the calling thread or a scan worker thread */
     void *log_ud;
-    const struct kvt_mem_opts *mem; /* applied to the process at open (kvt_mem_configure());
-                                       NULL = leave the settings as they are */
+    const struct kvt_mem_opts *mem; /* applied to the process once open succeeds
+                                       (kvt_mem_configure()); NULL = leave the settings */
 };
 
 /**
@@ -652,8 +652,11 @@ KVT_API int kvt_store_check(const char *dir, const struct kvt_store_opts *so,
 
 /**
  * Open (creating if needed) and recover @p dir: index headers, reap dead .tmp, evict to cap.
- * @return 0, -EINVAL (a missing identity field, a bad fingerprint or an unusable value, see
- * struct kvt_store_opts), -errno or KVT_E_* of the directory.
+ * Outside @p dir, the one change open makes to the process is applying o->mem
+ * (kvt_mem_configure()), and only once the store is open: a failed open leaves the settings
+ * as they were (open's own header reads run with those).
+ * @return 0, -EINVAL (a missing identity field, a bad fingerprint, bad memory settings or an
+ * unusable value, see struct kvt_store_opts), -errno or KVT_E_* of the directory.
  */
 KVT_API int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out);
 /**

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "io/io_fault.h"
+#include "mem/mem.h"
 #include "support/synth.h"
 
 static const char *const MODEL = "test/model";
@@ -1071,6 +1072,41 @@ static void test_read_only(void **state)
     free(dir);
 }
 
+/* An open that fails leaves the process's memory settings as they were; one that succeeds
+ * applies them (the control). */
+static void test_failed_open_changes_nothing(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("open-fails");
+    char *file = strf("%s/a-file", dir);
+    assert_int_equal(write_file(file, "x", 1), 0);
+    const size_t limit = kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(limit);
+    const bool direct = kvt_mem_direct();
+
+    struct kvt_mem_opts m;
+    kvt_mem_opts_init(&m);
+    m.buf_cache_bytes = (int64_t)(limit / 2 + 4096);
+    m.no_direct = direct;
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, FP, TOK);
+    o.mem = &m;
+    kvt_store *s = NULL;
+    assert_int_equal(kvt_store_open(file, &o, &s), -ENOTDIR); /* a file, not a directory */
+    assert_null(s);
+    assert_int_equal(kvt_buf_cache_limit(limit), limit);
+    assert_int_equal(kvt_mem_direct(), direct);
+
+    assert_int_equal(kvt_store_open(dir, &o, &s), 0);
+    kvt_store_close(s);
+    assert_int_equal(kvt_buf_cache_limit(limit), (size_t)m.buf_cache_bytes);
+    assert_int_equal(kvt_mem_direct(), !direct);
+    assert_int_equal(kvt_mem_configure(NULL), 0); /* back to the defaults for later tests */
+    free(file);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* Every failure point of a put (each io call in turn fails): the put fails softly or
  * succeeds; no partial file is ever left; the store keeps serving. */
 static void test_io_fault_loop(void **state)
@@ -1285,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_tmp_reaping),
         cmocka_unit_test(test_vanished_and_refresh),
         cmocka_unit_test(test_read_only),
+        cmocka_unit_test(test_failed_open_changes_nothing),
         cmocka_unit_test(test_io_fault_loop),
         cmocka_unit_test(test_disk_full_fault),
         cmocka_unit_test(test_disk_full_tmpfs),

@@ -25,25 +25,37 @@ void kvt_mem_opts_init(struct kvt_mem_opts *o)
     memset(o, 0, sizeof(*o));
 }
 
+/* @p o's engine as a string literal and its CPU set, or -EINVAL; changes nothing. */
+static int parse(const struct kvt_mem_opts *o, const char **e, cpu_set_t *set)
+{
+    *e = NULL;
+    if (o->io_engine && !strcmp(o->io_engine, "io_uring"))
+        *e = "io_uring";
+    else if (o->io_engine && !strcmp(o->io_engine, "threads"))
+        *e = "threads";
+    else if (o->io_engine)
+        return kvt_fail(-EINVAL, "io_engine \"%s\": not io_uring or threads", o->io_engine);
+    CPU_ZERO(set);
+    return o->helper_cpus ? kvt_cpus_parse(o->helper_cpus, set) : 0;
+}
+
+int kvt_mem_check(const struct kvt_mem_opts *o)
+{
+    const char *e;
+    cpu_set_t set;
+    return o ? parse(o, &e, &set) : 0;
+}
+
 int kvt_mem_configure(const struct kvt_mem_opts *o)
 {
     struct kvt_mem_opts def = {0};
     if (!o)
         o = &def;
-    const char *e = NULL;
-    if (o->io_engine && !strcmp(o->io_engine, "io_uring"))
-        e = "io_uring";
-    else if (o->io_engine && !strcmp(o->io_engine, "threads"))
-        e = "threads";
-    else if (o->io_engine)
-        return kvt_fail(-EINVAL, "io_engine \"%s\": not io_uring or threads", o->io_engine);
+    const char *e;
     cpu_set_t set;
-    CPU_ZERO(&set);
-    if (o->helper_cpus) {
-        int rc = kvt_cpus_parse(o->helper_cpus, &set);
-        if (rc < 0)
-            return rc;
-    }
+    int rc = parse(o, &e, &set);
+    if (rc < 0)
+        return rc;
     atomic_store(&no_hugepages, o->no_hugepages);
     atomic_store(&no_helper, o->no_helper);
     atomic_store(&no_parallel, o->no_parallel);

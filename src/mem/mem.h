@@ -11,6 +11,9 @@
 
 #include "kvtier.h"
 
+/** kvt_mem_configure()'s checks of @p o (NULL: the defaults) without applying anything:
+ * 0 or -EINVAL, as kvt_mem_configure() would return. */
+int kvt_mem_check(const struct kvt_mem_opts *o);
 bool kvt_mem_hugepages(void);
 bool kvt_mem_helper(void);
 bool kvt_mem_parallel(void);

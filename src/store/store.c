@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "io/io.h"
+#include "mem/mem.h"
 #include "store/layout.h"
 
 #define DEFAULT_MAX_BYTES ((uint64_t)32 << 30)
@@ -79,7 +80,7 @@ void kvt_store_opts_init(struct kvt_store_opts *o)
     o->tmp_grace_ms = DEFAULT_TMP_GRACE_MS;
 }
 
-/* kvt_store_open()'s arguments; the memory settings, when given, apply from here on. */
+/* kvt_store_open()'s arguments, the memory settings among them (checked, not applied). */
 static int check_open_args(const char *dir, const struct kvt_store_opts *o)
 {
     if (!dir || !dir[0] || !o)
@@ -96,7 +97,7 @@ static int check_open_args(const char *dir, const struct kvt_store_opts *o)
         return kvt_fail(-EINVAL,
                         "kvt_store_open: max_bytes and max_header_bytes must be positive and "
                         "tmp_grace_ms not negative (start from kvt_store_opts_init())");
-    return o->mem ? kvt_mem_configure(o->mem) : 0;
+    return kvt_mem_check(o->mem);
 }
 
 /* A number per store opened in the process, never 0 (kvt_hit.store of no store). */
@@ -154,6 +155,9 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     if (rc < 0)
         goto out_free;
     evict(s); /* STORE.md §12.6: a lowered cap applies at open */
+    /* the process changes only once the store exists (the settings were checked above) */
+    if (o->mem)
+        kvt_mem_configure(o->mem);
     *out = s;
     return 0;
 
