@@ -805,6 +805,16 @@ struct kvt_take {
     bool from_remote;        /* restored from the remote tier (from_disk is set too) */
 };
 
+/** Where kvt_pcache_take_into() puts a disk hit's bytes, and what it put there. */
+struct kvt_take_into {
+    kvt_place_fn place; /* required: as for kvt_store_restore_into() */
+    void *ud;
+    struct kvt_header *header; /* out: the disk's entry when it served, else NULL; the
+                                  caller frees it (kvt_header_free()) */
+    size_t prefix_len;         /* out: its tokens that match; below header->n_tokens, the
+                                  entry is trimmable and the caller trims the rest */
+};
+
 struct kvt_flush_report {
     bool durable; /* no dirty keys, no pending spills, no drop/failure/missing in the flush */
     uint64_t pending_snapshots, pending_spills, pending_spill_bytes;
@@ -842,6 +852,20 @@ KVT_API void kvt_pcache_close(kvt_pcache *pc);
  */
 KVT_API int kvt_pcache_take(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
                             struct kvt_take *out);
+/**
+ * kvt_pcache_take() for a caller that restores into memory of its own (an engine's state
+ * buffer): the same decision (RAM, then the disk when strictly longer, then the remote tier
+ * when strictly longer still), each tier tried at most once, but a disk hit is restored with
+ * kvt_store_restore_into(into->place, into->ud), not into an entry. Exactly one of these
+ * holds after a 0 return: into->header is set (the disk served: the bytes are in the placed
+ * memory, out->from_disk is set, out->entry is NULL); out->entry is set (RAM or remote, as
+ * kvt_pcache_take() returns it); or both are NULL (a miss). A disk restore that fails (the
+ * file vanished or is corrupt, the placement refused it) falls back to RAM, never to the disk
+ * again; the placed memory then holds nothing usable.
+ * @return as kvt_pcache_take(); -EINVAL also for a NULL @p into or into->place.
+ */
+KVT_API int kvt_pcache_take_into(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
+                                 struct kvt_take_into *into, struct kvt_take *out);
 /**
  * Insert @p e under e->meta.ns (NULL = "") (TIER.md §2.3); takes ownership of @p e and
  * @p retain (may be NULL) on every path. Evicted entries spill to the cold tier.

@@ -2,8 +2,9 @@
  * The tier over a real store directory: entries written behind by the writer thread through
  * the engine gate survive close and reopen, and take restores the longest prefix from disk
  * with byte-identical tensors (trimmed where the prompt diverges); evicted entries spill to
- * disk; a refusing gate leaves no .tmp file and no open descriptor; background_cpus places
- * the writer and timer threads; configuration errors.
+ * disk; take_into places a disk hit in the caller's memory and falls back to RAM after one
+ * refused read; a refusing gate leaves no .tmp file and no open descriptor; background_cpus
+ * places the writer and timer threads; configuration errors.
  */
 #include "support/support.h"
 
@@ -256,6 +257,92 @@ static void test_restart_restores_longest_prefix(void **state)
     free(full);
     free(first80);
     free(lora);
+}
+
+/* A placement into one buffer, slot after slot; refuses with @c refuse when set. */
+struct placement {
+    uint8_t *buf;
+    size_t len;
+    int calls, refuse;
+};
+
+static int place_all(void *ud, const struct kvt_header *h, void **dst)
+{
+    struct placement *pl = ud;
+    pl->calls++;
+    if (pl->refuse)
+        return pl->refuse;
+    size_t total = 0, k = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++)
+            total += h->caches[i].slots[j].bytes;
+    pl->buf = malloc(total);
+    pl->len = total;
+    total = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++) {
+            dst[k++] = pl->buf + total;
+            total += h->caches[i].slots[j].bytes;
+        }
+    return 0;
+}
+
+/*
+ * kvt_pcache_take_into() makes take's decision and delivers a disk hit through the caller's
+ * placement: the disk's longer entry is placed whole (the caller trims), and a placement that
+ * refuses falls back to the RAM entry without a second disk read.
+ */
+static void test_take_into_places_disk_hits(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    kvt_pcache *pc = open_pc(&o);
+    int32_t t1[100], p[101];
+    seq(t1, 0, 100);
+    struct kvt_entry *e1 = make_entry(t1, 100, NULL, 11);
+    size_t n_full;
+    uint8_t *full = entry_bytes(e1, 100, &n_full);
+    assert_int_equal(kvt_pcache_put(pc, e1, NULL), 0);
+    flush_durable(pc, 1);
+    kvt_pcache_close(pc);
+    pc = open_pc(&o);
+    assert_int_equal(kvt_pcache_put(pc, make_entry(t1, 40, NULL, 44), NULL), 0); /* RAM: 40 */
+
+    memcpy(p, t1, sizeof(t1));
+    p[90] = 999; /* the disk matches 90 tokens, RAM 40 */
+    struct placement pl = {0};
+    struct kvt_take_into into = {.place = place_all, .ud = &pl};
+    struct kvt_take t;
+    assert_int_equal(kvt_pcache_take_into(pc, p, 101, "", &into, &t), 0);
+    assert_null(t.entry);
+    assert_true(t.from_disk);
+    assert_non_null(into.header);
+    assert_int_equal(into.header->n_tokens, 100);
+    assert_int_equal(into.prefix_len, 90);
+    assert_int_equal(pl.len, n_full);
+    assert_memory_equal(pl.buf, full, n_full);
+    kvt_header_free(into.header);
+    free(pl.buf);
+
+    pl = (struct placement){.refuse = KVT_E_MISMATCH};
+    into = (struct kvt_take_into){.place = place_all, .ud = &pl};
+    assert_int_equal(kvt_pcache_take_into(pc, p, 101, "", &into, &t), 0);
+    assert_int_equal(pl.calls, 1); /* the disk was tried once */
+    assert_null(into.header);
+    assert_non_null(t.entry); /* RAM served */
+    assert_false(t.from_disk);
+    assert_int_equal(t.entry->n_tokens, 40);
+    kvt_entry_free(t.entry);
+    kvt_retain_release(t.retain);
+
+    into.place = NULL;
+    assert_int_equal(kvt_pcache_take_into(pc, p, 101, "", &into, &t), -EINVAL);
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.cold.restores, 1);
+    kvt_pcache_close(pc);
+    free(full);
 }
 
 static void test_eviction_spills_to_disk(void **state)
@@ -542,6 +629,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_restart_restores_longest_prefix),
+        T(test_take_into_places_disk_hits),
         T(test_eviction_spills_to_disk),
         T(test_refusing_gate_leaves_nothing),
         T(test_background_cpus_place_the_threads),

@@ -211,6 +211,19 @@ int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
     return kvt_ram_lru_take(t->pc, tok, n, ns, out);
 }
 
+int kvt_pcache_take_into(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
+                         struct kvt_take_into *into, struct kvt_take *out)
+{
+    if (!out)
+        return kvt_fail(-EINVAL, "kvt_pcache_take_into: NULL out");
+    memset(out, 0, sizeof(*out));
+    if (!t || !into || !into->place)
+        return kvt_fail(-EINVAL, "kvt_pcache_take_into: NULL cache or placement");
+    into->header = NULL;
+    into->prefix_len = 0;
+    return kvt_ram_lru_take_into(t->pc, tok, n, ns, into, out);
+}
+
 int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)
 {
     if (!t) {

@@ -25,6 +25,7 @@ static const struct kvt_tier_cache_ops real_cache_ops = {
 static const struct kvt_tier_cold_ops real_cold_ops = {
     .find = kvt_store_find,
     .restore = kvt_store_restore,
+    .restore_into = kvt_store_restore_into,
     .put = kvt_store_put,
     .has_durable_prefix = kvt_store_has_durable_prefix,
     .get_stats = kvt_store_get_stats,

@@ -271,11 +271,40 @@ static void promote(struct kvt_ram_lru *lru, const struct kvt_entry *loaded)
         lru->links.spill(lru->links.ud, copy);
 }
 
-/* Step 2's restore (no lock held): 1 = *out is the trimmed entry, 0 = fall back. */
-static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
-                     bool remote, struct kvt_take *out)
+/* Step 2's restore of a disk hit into the caller's memory (no lock held): 1 = delivered,
+ * *into->header set and the entry usable for the prefix; 0 = fall back. */
+static int take_disk_into(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
+                          struct kvt_take_into *into, struct kvt_take *out)
 {
     const struct kvt_tier_cfg *c = &lru->cfg;
+    struct kvt_header *h = NULL;
+    int rc = c->cold->restore_into(c->store, hit, into->place, into->ud, &h);
+    if (rc < 0 || !h)
+        return 0;
+    size_t plen = hit->prefix_len, n = h->n_tokens;
+    const char *why = NULL;
+    if (n < plen || memcmp(h->tokens, tok, plen * sizeof(*tok)) != 0)
+        why = "do not hold the prefix found";
+    else if (n > plen && !kvt_header_is_trimmable(h))
+        why = "need a trim but are untrimmable (wrapped ring/SSM)";
+    if (why) {
+        kvt_header_free(h);
+        return unusable(lru, NULL, "%zu tokens %s (%zu-token prefix) — re-prefilling", n, why,
+                        plen);
+    }
+    into->header = h;
+    into->prefix_len = plen;
+    out->from_disk = true;
+    return 1;
+}
+
+/* Step 2's restore (no lock held): 1 = *out is the trimmed entry, 0 = fall back. */
+static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
+                     bool remote, struct kvt_take_into *into, struct kvt_take *out)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    if (!remote && into && c->cold->restore_into)
+        return take_disk_into(lru, tok, hit, into, out);
     struct kvt_entry *loaded = NULL;
     int rc = remote ? c->remote_ops->restore(c->remote, hit, &loaded)
                     : c->cold->restore(c->store, hit, &loaded);
@@ -332,15 +361,21 @@ static void find_lower(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, co
 
 /* Step 2's restores (no lock held), the longest first: 1 = *out set, 0 = fall back to RAM. */
 static int take_lower(struct kvt_ram_lru *lru, const int32_t *tok, const struct lower *lo,
-                      struct kvt_take *out)
+                      struct kvt_take_into *into, struct kvt_take *out)
 {
-    if (lo->try_remote && take_cold(lru, tok, &lo->remote, true, out))
+    if (lo->try_remote && take_cold(lru, tok, &lo->remote, true, into, out))
         return 1;
-    return lo->try_cold && take_cold(lru, tok, &lo->cold, false, out);
+    return lo->try_cold && take_cold(lru, tok, &lo->cold, false, into, out);
 }
 
 int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                      struct kvt_take *out)
+{
+    return kvt_ram_lru_take_into(lru, tok, n, ns, NULL, out);
+}
+
+int kvt_ram_lru_take_into(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                          struct kvt_take_into *into, struct kvt_take *out)
 {
     memset(out, 0, sizeof(*out));
     if (!tok && n)
@@ -378,7 +413,7 @@ int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, cons
     pthread_mutex_unlock(&lru->mu);
 
     if (try_cold) {
-        if (take_lower(lru, tok, &lo, out)) {
+        if (take_lower(lru, tok, &lo, into, out)) {
             kvt_ram_lru_entry_free(lru, clones);
             kvt_retain_release(share);
             return 0;

@@ -31,6 +31,10 @@ void kvt_ram_lru_free(struct kvt_ram_lru *lru);
 /** TIER.md §2.2. On a miss out->entry is NULL. */
 int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                      struct kvt_take *out);
+/** kvt_pcache_take_into(): the same decision, a disk hit restored into @p into's memory when
+ * the cold tier has restore_into (NULL @p into: kvt_ram_lru_take()). */
+int kvt_ram_lru_take_into(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                          struct kvt_take_into *into, struct kvt_take *out);
 /** TIER.md §2.3: takes @p e and @p retain on every path. */
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain);
 size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,

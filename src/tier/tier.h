@@ -41,6 +41,10 @@ struct kvt_tier_cold_ops {
     int (*find)(kvt_store *s, const int32_t *tok, size_t n, const char *ns, struct kvt_hit *hit);
     /* 0 with *out NULL on a miss; the entry owns its bytes (its retain is a no-op). */
     int (*restore)(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
+    /* Optional: restore into caller memory (kvt_pcache_take_into()); without it those takes
+     * restore disk hits with restore, as kvt_pcache_take() does. */
+    int (*restore_into)(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place, void *ud,
+                        struct kvt_header **out_header);
     /* Persist @p e (borrowed), running each blocking write step inside @p rx (may be NULL). */
     int (*put)(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn rx, void *engine);
     bool (*has_durable_prefix)(kvt_store *s, const int32_t *tok, size_t n, const char *ns);
