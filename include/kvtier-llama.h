@@ -93,6 +93,10 @@ struct kvt_llama_opts {
     const char *background_cpus; /* CPUs of kvtier's writer and timer threads; NULL = all */
     kvt_log_fn log;
     void *log_ud;
+    /* Optional remote tier shared with other hosts (kvt_pcache_opts.remote; its identity
+     * defaults to this handle's): saves are uploaded behind the disk write, loads consult it
+     * after RAM and disk. NULL = none. */
+    const struct kvt_remote_opts *remote;
 };
 
 /** Fill @p o with the defaults (no directory, no model path). */
@@ -131,11 +135,12 @@ KVT_API int kvt_llama_save(kvt_llama *kl, llama_seq_id seq, const llama_token *t
 
 /** What kvt_llama_load() did. */
 struct kvt_llama_loaded {
-    size_t n_tokens; /* tokens now in the sequence (0: a miss; the sequence is then empty) */
-    size_t n_entry;  /* tokens of the entry it came from (> n_tokens when trimmed) */
-    bool from_disk;  /* read from the store (else from the RAM tier) */
-    double ms;       /* wall time of the load, llama_state_seq_set_data included */
-    double set_ms;   /* of which llama_state_seq_set_data */
+    size_t n_tokens;  /* tokens now in the sequence (0: a miss; the sequence is then empty) */
+    size_t n_entry;   /* tokens of the entry it came from (> n_tokens when trimmed) */
+    bool from_disk;   /* read from the store (else from the RAM tier) */
+    double ms;        /* wall time of the load, llama_state_seq_set_data included */
+    double set_ms;    /* of which llama_state_seq_set_data */
+    bool from_remote; /* read from the remote tier (from_disk is set too) */
 };
 
 /**
@@ -143,9 +148,11 @@ struct kvt_llama_loaded {
  * it held: at least one token is always left for the caller to decode (the logits of the
  * next token come from that decode). The caller then decodes @p tok[r->n_tokens..n) at
  * positions r->n_tokens onward. An attention entry longer than the match is trimmed with
- * llama_memory_seq_rm(); recurrent state only serves exact prefixes. A corrupt, vanished or
- * foreign entry file is a miss and never reaches llama.cpp. From disk, the tensor bytes go
- * from the file straight into the state buffer that llama_state_seq_set_data() reads.
+ * llama_memory_seq_rm(); recurrent state only serves exact prefixes. The prompt cache picks
+ * the tier (kvt_pcache_take_into(): RAM, then disk, then the remote tier when o->remote is
+ * set) and reads each at most once per load. A corrupt, vanished or foreign entry file is a
+ * miss and never reaches llama.cpp. From disk, the tensor bytes go from the file straight
+ * into the state buffer that llama_state_seq_set_data() reads.
  * An entry llama.cpp refuses (no room in the context, rows of another size) is a miss too.
  * @return 0 (see r->n_tokens; a miss is not an error; the sequence is then empty), -EINVAL
  *         (no handle, result or tokens, or @p seq outside [0, llama_n_seq_max()): nothing is

@@ -1,9 +1,10 @@
 /*
  * The prompt cache of a llama.cpp context (kvtier-llama.h): saves turn a sequence's state
  * blob into an entry whose caches are views of that blob (one copy out of llama.cpp, none
- * after), kept by the RAM tier and written behind to the store; loads build the blob
- * llama_state_seq_set_data() reads, straight from the file's tensor bytes on a disk hit
- * (kvt_store_restore_into) or from the RAM entry's tensors on a RAM hit.
+ * after), kept by the RAM tier and written behind to the store; loads take what the tier
+ * chooses (kvt_pcache_take_into) and build the blob llama_state_seq_set_data() reads,
+ * straight from the file's tensor bytes on a disk hit or from the entry's tensors on a RAM
+ * or remote hit.
  */
 #include "kvtier-llama.h"
 
@@ -106,6 +107,7 @@ int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kv
     po.background_cpus = o->background_cpus;
     po.log = o->log;
     po.log_ud = o->log_ud;
+    po.remote = o->remote;
     rc = kvt_pcache_open(&po, &kl->pc);
     if (rc == 0 && (rc = adapters_apply(ctx, o)))
         kvt_pcache_close(kl->pc);
@@ -324,18 +326,15 @@ static int build_apply(struct blob_build *b, double *ms)
     return 0;
 }
 
-static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
-                         struct kvt_llama_loaded *r)
+/* Build the blob from a taken entry (RAM or remote) and hand it to llama.cpp; takes @p t. */
+static int load_entry(kvt_llama *kl, llama_seq_id seq, struct kvt_take *t,
+                      struct kvt_llama_loaded *r)
 {
-    struct kvt_take t;
-    int rc = kvt_pcache_take(kl->pc, tok, n, kl->ns, &t);
-    if (rc || !t.entry)
-        return rc;
-    struct kvt_entry *e = t.entry;
+    struct kvt_entry *e = t->entry;
     struct kvt_tensor *ts = calloc(2 * e->n_caches + 1, sizeof(*ts));
     struct kvt_header h = {0};
     struct blob_build b = {.kl = kl, .seq = seq};
-    rc = ts ? blob_describe(e, &h, ts) : kvt_set_error(-ENOMEM, "out of memory");
+    int rc = ts ? blob_describe(e, &h, ts) : kvt_set_error(-ENOMEM, "out of memory");
     if (rc == 0)
         rc = build_begin(&b, &h);
     bool misfit = rc == KVT_E_MISMATCH; /* never the case for this process's own saves */
@@ -345,40 +344,39 @@ static int load_from_ram(kvt_llama *kl, llama_seq_id seq, const llama_token *tok
     if (rc == 0)
         rc = build_apply(&b, &set_ms);
     if (rc == 0)
-        *r = (struct kvt_llama_loaded){e->n_tokens, e->n_tokens, t.from_disk, 0, set_ms};
+        *r = (struct kvt_llama_loaded){.n_tokens = e->n_tokens,
+                                       .n_entry = e->n_tokens,
+                                       .from_disk = t->from_disk,
+                                       .set_ms = set_ms,
+                                       .from_remote = t->from_remote};
     for (size_t k = 0; ts && k < 2 * e->n_caches; k++)
         kvt_tensor_release(&ts[k]);
     free(ts);
     free(h.caches);
     build_free(&b);
-    kvt_retain_release(t.retain);
+    kvt_retain_release(t->retain);
     kvt_entry_free(e);
-    return misfit ? 0 : rc;
+    /* a remote entry llama.cpp refuses is a miss, as a disk one is */
+    return misfit || (rc == KVT_E_STATE && t->from_remote) ? 0 : rc;
 }
 
-static int load_from_disk(kvt_llama *kl, llama_seq_id seq, const struct kvt_hit *hit,
-                          struct kvt_llama_loaded *r)
+/* Hand llama.cpp the blob a disk restore placed: entry @p h, of which @p plen tokens match. */
+static int load_placed(kvt_llama *kl, struct blob_build *b, const struct kvt_header *h, size_t plen,
+                       struct kvt_llama_loaded *r)
 {
-    struct blob_build b = {.kl = kl, .seq = seq};
-    struct kvt_header *h = NULL;
-    int rc = kvt_store_restore_into(kvt_pcache_store(kl->pc), hit, place, &b, &h);
-    if (rc == KVT_E_MISMATCH) /* the entry does not fit this context: a miss, never loaded */
-        rc = 0;
     double set_ms = 0;
-    if (rc == 0 && h) {
-        rc = build_apply(&b, &set_ms);
-        /* an entry longer than the match is trimmable (the store's find says so) */
-        if (rc == 0 && hit->prefix_len < h->n_tokens &&
-            !llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, (llama_pos)hit->prefix_len, -1)) {
-            llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, -1, -1);
-            rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp cannot trim the state");
-        }
-        if (rc == 0)
-            *r = (struct kvt_llama_loaded){hit->prefix_len, h->n_tokens, true, 0, set_ms};
+    int rc = build_apply(b, &set_ms);
+    /* an entry longer than the match is trimmable (the tier checked) */
+    if (rc == 0 && plen < h->n_tokens &&
+        !llama_memory_seq_rm(llama_get_memory(kl->ctx), b->seq, (llama_pos)plen, -1)) {
+        llama_memory_seq_rm(llama_get_memory(kl->ctx), b->seq, -1, -1);
+        rc = kvt_set_error(KVT_E_STATE, "kvtier-llama: llama.cpp cannot trim the state");
     }
-    kvt_header_free(h);
-    build_free(&b);
-    return rc;
+    if (rc == 0)
+        *r = (struct kvt_llama_loaded){
+            .n_tokens = plen, .n_entry = h->n_tokens, .from_disk = true, .set_ms = set_ms};
+    /* llama.cpp refused the state (and emptied the sequence): a miss */
+    return rc == KVT_E_STATE ? 0 : rc;
 }
 
 int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
@@ -393,16 +391,17 @@ int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size
     if (rc)
         return rc;
     double t0 = mono_ms();
-    size_t ram = kvt_pcache_peek_prefix_len(kl->pc, tok, n, kl->ns);
-    struct kvt_hit hit;
-    rc = kvt_store_find(kvt_pcache_store(kl->pc), tok, n, kl->ns, &hit);
-    if (rc == 0 && hit.prefix_len > ram) {
-        rc = load_from_disk(kl, seq, &hit, r);
-        if (rc == KVT_E_STATE) /* llama.cpp refused the state (and emptied the sequence) */
-            rc = 0;
-    }
-    if (rc == 0 && r->n_tokens == 0 && ram > 0) /* the RAM entry, or a vanished file's fallback */
-        rc = load_from_ram(kl, seq, tok, n, r);
+    /* the tier decides which tier serves; a disk hit goes straight into the blob */
+    struct blob_build b = {.kl = kl, .seq = seq};
+    struct kvt_take_into into = {.place = place, .ud = &b};
+    struct kvt_take t;
+    rc = kvt_pcache_take_into(kl->pc, tok, n, kl->ns, &into, &t);
+    if (rc == 0 && into.header)
+        rc = load_placed(kl, &b, into.header, into.prefix_len, r);
+    build_free(&b); /* also what a disk restore that fell back to RAM placed */
+    kvt_header_free(into.header);
+    if (rc == 0 && t.entry)
+        rc = load_entry(kl, seq, &t, r);
     if (rc == 0 && r->n_tokens == 0)
         llama_memory_seq_rm(llama_get_memory(kl->ctx), seq, -1, -1);
     r->ms = mono_ms() - t0;

@@ -21,8 +21,12 @@
  * --lora FILE [--lora-scale S] and --cvec SEED declare a LoRA adapter and a control vector
  * (generated from the seed; --cvec-embd declares another width) to kvtier, which sets them
  * on the context.
- * Prints "loaded=N entry=M disk=D pos_max=P" for load; exits 0, or 1 with a message; a
- * refused load or save prints "failed rc=R pos_max=P" (P: the sequence's, after the call).
+ * --remote URL adds a remote tier (a save waits for its upload). --load-only: save's
+ * --reload-tokens load decodes nothing after it.
+ * Prints "disk_reads=K" (the store's restores in this process so far, also for a refused
+ * load), then "loaded=N entry=M disk=D pos_max=P remote=R" for load; exits 0, or 1 with a
+ * message; a refused load or save prints "failed rc=R pos_max=P" (P: the sequence's, after
+ * the call).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -33,8 +37,8 @@
 #include "kvtier-llama.h"
 
 struct args {
-    const char *mode, *model, *dir, *out, *ns, *type, *lora;
-    int fa, prefill, steps, split, reload, settle;
+    const char *mode, *model, *dir, *out, *ns, *type, *lora, *remote;
+    int fa, prefill, steps, split, reload, settle, load_only;
     int n_ctx, n_seq, unified, swa_full, seq, shift;
     float lora_scale;
     unsigned cvec_seed;
@@ -157,10 +161,13 @@ static int load_and_report(kvt_llama *kl, struct llama_context *ctx, llama_seq_i
 {
     struct kvt_llama_loaded r;
     int rc = kvt_llama_load(kl, seq, all, (size_t)n, &r);
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(kvt_llama_pcache(kl), &st);
+    printf("disk_reads=%llu\n", (unsigned long long)st.cold.restores);
     if (rc)
         return refused(ctx, "kvt_llama_load", rc, seq), -1;
-    printf("loaded=%zu entry=%zu disk=%d pos_max=%d\n", r.n_tokens, r.n_entry, r.from_disk,
-           llama_memory_seq_pos_max(llama_get_memory(ctx), seq));
+    printf("loaded=%zu entry=%zu disk=%d pos_max=%d remote=%d\n", r.n_tokens, r.n_entry,
+           r.from_disk, llama_memory_seq_pos_max(llama_get_memory(ctx), seq), r.from_remote);
     fflush(stdout);
     return (int)r.n_tokens;
 }
@@ -208,6 +215,10 @@ static int run(const struct args *a, struct llama_context *ctx, struct llama_con
     o.model_path = a->model;
     o.cparams = cp;
     o.ns = a->ns;
+    struct kvt_remote_opts ro;
+    kvt_remote_opts_init(&ro);
+    ro.url = a->remote;
+    o.remote = a->remote ? &ro : NULL;
     struct kvt_llama_lora lora = {0};
     if (a->lora) {
         lora.adapter = llama_adapter_lora_init((struct llama_model *)llama_get_model(ctx), a->lora);
@@ -254,6 +265,9 @@ static int run(const struct args *a, struct llama_context *ctx, struct llama_con
         free(before);
         if (rc == 0 && kvt_llama_flush(kl, -1))
             rc = die("kvt_llama_flush");
+        if (rc == 0 && a->remote &&
+            kvt_remote_drain(kvt_pcache_remote(kvt_llama_pcache(kl)), 30000))
+            rc = die("kvt_remote_drain");
         if (rc == 0 && a->reload)
             rc = load_and_report(kl, ctx, 0, all + a->shift, kept + 1) < 0;
         if (rc == 0 && a->reload_tok) {
@@ -261,7 +275,7 @@ static int run(const struct args *a, struct llama_context *ctx, struct llama_con
             memcpy(p, a->reload_tok, (size_t)a->n_reload * sizeof(*p));
             p[a->n_reload] = a->next;
             int k = load_and_report(kl, ctx, 0, p, a->n_reload + 1);
-            rc = k < 0 || decode(ctx, p + k, a->n_reload + 1 - k) ||
+            rc = k < 0 || (!a->load_only && decode(ctx, p + k, a->n_reload + 1 - k)) ||
                  (out && continue_greedy(ctx, 0, n_vocab, a->steps, out));
             free(p);
         } else if (rc == 0 && out) {
@@ -298,7 +312,8 @@ int main(int argc, char **argv)
                                          {"seq", 1, 0, 'q'},           {"shift", 1, 0, 'h'},
                                          {"lora", 1, 0, 'l'},          {"lora-scale", 1, 0, 'L'},
                                          {"cvec", 1, 0, 'v'},          {"settle", 0, 0, 'E'},
-                                         {"cvec-embd", 1, 0, 'e'},     {0, 0, 0, 0}};
+                                         {"cvec-embd", 1, 0, 'e'},     {"remote", 1, 0, 'u'},
+                                         {"load-only", 0, 0, 'O'},     {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'm': a.model = optarg; break;
@@ -326,6 +341,8 @@ int main(int argc, char **argv)
         case 'v': a.cvec_seed = (unsigned)atoi(optarg); break;
         case 'E': a.settle = 1; break;
         case 'e': a.cvec_embd = atoi(optarg); break;
+        case 'u': a.remote = optarg; break;
+        case 'O': a.load_only = 1; break;
         default: return 2;
         }
     }

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "model_gen.h"
+#include "support/redis_srv.h"
 
 #define N_TOK 48 /* tokens saved: 32 prefilled in one batch, 16 decoded one at a time */
 #define PREFILL 32
@@ -792,6 +793,97 @@ static void test_entry_that_does_not_fit_is_a_miss(void **s)
     }
 }
 
+/* The number after "@p key=" in @p out. */
+static long field(const char *out, const char *key)
+{
+    char *k = strf("%s=", key);
+    const char *at = strstr(out, k);
+    free(k);
+    if (!at)
+        fail_msg("no %s in:\n%s", key, out);
+    return strtol(at + strlen(key) + 1, NULL, 10);
+}
+
+/*
+ * The prompt cache's one decision serves a load: a process whose store directory is empty
+ * loads a prompt another host saved from the remote tier (a real redis-server), reads
+ * nothing from disk, and continues with the saving process's logits, bit for bit.
+ */
+static void test_load_from_remote(void **s)
+{
+    (void)s;
+    if (!redis_available())
+        skip();
+    char *rdir = strf("%s/redis", test_dir);
+    assert_int_equal(mkdir(rdir, 0755), 0);
+    struct redis_srv srv = {0};
+    assert_int_equal(redis_start(&srv, rdir, 0, ""), 0);
+    char *url = strdup(redis_url(&srv, "llama"));
+    const struct config c = {"llama", "f16", 1};
+    char *saver = strf("%s/remote-saver", test_dir), *loader = strf("%s/remote-loader", test_dir);
+    char *a = strf("%s.uninterrupted", saver), *b = strf("%s.restored", loader);
+    int32_t tok[N_TOK];
+    prompt(tok, N_TOK, 3);
+    char *extra = strf("--remote %s --next %d --steps %d --out %s", url, NEXT, STEPS, a);
+    save(&c, saver, tok, extra);
+
+    char *ca = config_args(&c, loader), *ta = tokens_arg(tok, N_TOK), *out;
+    assert_int_equal(worker(&out, "load %s --tokens %s --next %d --steps %d --out %s --remote %s",
+                            ca, ta, NEXT, STEPS, b, url),
+                     0);
+    struct loaded l = parse_loaded(out);
+    assert_int_equal(l.loaded, N_TOK);
+    assert_int_equal(l.entry, N_TOK);
+    assert_int_equal(l.pos_max, N_TOK - 1);
+    assert_int_equal(field(out, "remote"), 1);
+    assert_int_equal(field(out, "disk_reads"), 0);
+    assert_same_file(a, b);
+    redis_kill(&srv);
+    free(out);
+    free(ca);
+    free(ta);
+    free(extra);
+    free(a);
+    free(b);
+    free(saver);
+    free(loader);
+    free(url);
+    free(rdir);
+}
+
+/*
+ * A load reads the disk at most once: the disk's longer entry (LONG tokens, saved by a
+ * process with a large context) is chosen over the RAM tier's shorter one, and llama.cpp
+ * refuses it in a context too small for it; that is a miss, not a second read of the same
+ * file nor an error.
+ */
+#define LONG 300
+static void test_disk_read_once(void **s)
+{
+    (void)s;
+    const struct config c = {"llama", "f16", 1};
+    char *dir = strf("%s/read-once", test_dir);
+    int32_t tok[LONG];
+    prompt(tok, LONG, 4);
+    char *ca = config_args(&c, dir), *tl = tokens_arg(tok, LONG), *ts = tokens_arg(tok, 40);
+    char *out;
+    assert_int_equal(worker(NULL, "save %s --tokens %s --prefill %d", ca, tl, LONG - 8), 0);
+    int rc = worker(&out,
+                    "save %s --ctx 256 --tokens %s --prefill %d --reload-tokens %s --next %d "
+                    "--load-only",
+                    ca, ts, PREFILL, tl, NEXT);
+    assert_int_equal(field(out, "disk_reads"), 1);
+    assert_int_equal(rc, 0);
+    struct loaded l = parse_loaded(out);
+    assert_int_equal(l.loaded, 0);
+    assert_int_equal(l.pos_max, -1);
+    free(out);
+    free(ca);
+    free(tl);
+    free(ts);
+    free(dir);
+}
+
 /* A llama.cpp reporting another version is refused at open with a clear message. */
 static void test_other_llama_build_refused(void **s)
 {
@@ -884,6 +976,8 @@ int main(void)
         cmocka_unit_test(test_attention_rotation_is_identity),
         cmocka_unit_test(test_corrupt_entry_is_a_miss),
         cmocka_unit_test(test_entry_that_does_not_fit_is_a_miss),
+        cmocka_unit_test(test_load_from_remote),
+        cmocka_unit_test(test_disk_read_once),
         cmocka_unit_test(test_other_llama_build_refused),
         cmocka_unit_test(test_chat_example),
     };
