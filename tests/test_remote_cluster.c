@@ -155,6 +155,7 @@ static void test_redirections(void **state)
     struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = C.node[0].port, .timeout_ms = 500};
     struct kvt_rclient rc;
     assert_int_equal(kvt_rclient_init(&rc, &cfg), 0);
+    kvt_rclient_arm(&rc, 0);
     struct kvt_rnode *n;
     assert_int_equal(kvt_rclient_node(&rc, "cl:probe", &n), 0);
     assert_true(rc.cluster);
@@ -162,6 +163,7 @@ static void test_redirections(void **state)
     uint16_t right = rc.slots[slot];
     rc.slots[slot] = (uint16_t)((right + 1) % rc.n_nodes); /* wrong on purpose */
     int err = 0;
+    kvt_rclient_arm(&rc, 0);
     redisReply *rep =
         kvt_rclient_cmd(&rc, "cl:probe", 3, (const char *[]){"SET", "cl:probe", "1"}, NULL, &err);
     assert_non_null(rep);
@@ -185,6 +187,7 @@ static void test_redirections(void **state)
     char *a2 = strf("CLUSTER SETSLOT %u MIGRATING %s", s2, did);
     assert_int_equal(redis_cli(&C.node[dst], a1, NULL), 0);
     assert_int_equal(redis_cli(&C.node[src], a2, NULL), 0);
+    kvt_rclient_arm(&rc, 0);
     rep = kvt_rclient_cmd(&rc, "cl:ask", 3, (const char *[]){"SET", "cl:ask", "v"}, NULL, &err);
     assert_non_null(rep);
     print_message("SET during migration: %s\n", rep->type == REDIS_REPLY_STATUS ? rep->str : "?");
@@ -302,6 +305,5 @@ int main(void)
         cmocka_unit_test(test_failover_keeps_entries),
         cmocka_unit_test(test_master_without_replica),
     };
-    signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -42,6 +42,7 @@ void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
 static int sync_once(struct kvt_remote *r)
 {
     pthread_mutex_lock(&r->poll_mu);
+    kvt_rclient_arm(&r->poll_rc, 0);
     int rc = kvt_rview_sync(&r->view, &r->mu, &r->poll_rc, &r->keys, r->max_entry_bytes);
     pthread_mutex_unlock(&r->poll_mu);
     pthread_mutex_lock(&r->mu);

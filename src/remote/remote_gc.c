@@ -117,6 +117,7 @@ int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropp
     for (size_t i = 0; rc == 0 && i < n; i++) {
         if (!v[i])
             continue;
+        kvt_rclient_arm(&r->put_rc, 0); /* each record's check and removal is one call */
         int ok = total > cap ? 0 : complete(r, v[i]);
         if (ok < 0)
             rc = ok;

@@ -48,6 +48,7 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
         return rc;
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
     pthread_mutex_lock(&r->get_mu);
+    kvt_rclient_arm(&r->get_rc, rec->bytes);
     rc = kvt_rentry_get(&r->get_rc, &r->keys, &e,
                         &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
     pthread_mutex_unlock(&r->get_mu);
@@ -90,6 +91,7 @@ static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc)
     kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s (%zu tokens) dropped: %s", rec->uuid,
                     rec->n_tokens, rc == KVT_R_NIL ? "a chunk is missing" : kvt_last_error());
     pthread_mutex_lock(&r->get_mu);
+    kvt_rclient_arm(&r->get_rc, 0);
     kvt_remote_delete(r, &r->get_rc, rec);
     pthread_mutex_unlock(&r->get_mu);
 }

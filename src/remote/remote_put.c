@@ -81,6 +81,7 @@ static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_i
 {
     struct kvt_rentry re = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
     pthread_mutex_lock(&r->put_mu);
+    kvt_rclient_arm(&r->put_rc, rec->bytes);
     make_room(r, rec->bytes);
     int rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, orphan_ttl_ms(rec->bytes));
     if (rc == 0)
@@ -169,6 +170,7 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
     struct kvt_rrec **old;
     size_t n_old = superseded(r, e, ns, false, &old);
     pthread_mutex_lock(&r->put_mu);
+    kvt_rclient_arm(&r->put_rc, 0);
     drop_recs(r, old, n_old, uuid);
     pthread_mutex_unlock(&r->put_mu);
     return 0;
