@@ -95,6 +95,13 @@ static int restore(kvt_remote *r, uint64_t seed, size_t n)
     return same;
 }
 
+static struct kvt_remote_stats stats(kvt_remote *r)
+{
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(r, &st);
+    return st;
+}
+
 /* ---- SIGPIPE and the reconnect after a server restart -------------------------------------- */
 
 /* The child: a reader and writer whose connections are all in use when the server restarts
@@ -156,10 +163,68 @@ static void test_restart_no_sigpipe(void **state)
     redis_kill(&k);
 }
 
+/* ---- a reader out of memory ------------------------------------------------------------- */
+
+#define BIG_TOK 8192 /* about 27 MB */
+
+/* The child: its address space capped a few MiB above what it uses, it restores the big
+ * entry. Exit 0: a miss, as it must be; 2: restored anyway (the cap did not bite). */
+static int capped_child(const char *url)
+{
+    kvt_buf_cache_limit(0); /* the writer's freed buffers, inherited, would serve the restore */
+    kvt_remote *r = open_remote(url, 1 << 20, 2000);
+    if (!r || kvt_remote_refresh(r) < 0)
+        return 10;
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f || fscanf(f, "%ld", &pages) != 1)
+        return 11;
+    fclose(f);
+    rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)8 << 20);
+    if (setrlimit(RLIMIT_AS, &(struct rlimit){cap, cap}) != 0)
+        return 12;
+    int got = restore(r, 311, BIG_TOK);
+    fprintf(stderr, "capped reader: restore %d (%s)\n", got, kvt_last_error());
+    kvt_remote_close(r);
+    return got == 0 ? 0 : 2;
+}
+
+/* A reader that runs out of memory (RLIMIT_AS in a child) misses; the entry stays for the next
+ * reader, which restores it byte for byte. */
+static void test_reader_out_of_memory(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    skip(); /* the sanitizers reserve address space far beyond any cap */
+#endif
+    struct redis_srv k = {0};
+    assert_int_equal(redis_start(&k, base, 0, ""), 0);
+    char url[128];
+    snprintf(url, sizeof(url), "%s", redis_url(&k, "oom"));
+    kvt_remote *w = open_remote(url, 1 << 20, 2000);
+    assert_non_null(w);
+    assert_int_equal(put(w, 311, BIG_TOK), 0);
+    kvt_remote_close(w);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(capped_child(url));
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    kvt_remote *r = open_remote(url, 1 << 20, 2000);
+    assert_non_null(r);
+    assert_int_equal(stats(r).entries, 1);
+    assert_int_equal(restore(r, 311, BIG_TOK), 1);
+    kvt_remote_close(r);
+    redis_kill(&k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_no_sigpipe),
+        cmocka_unit_test(test_reader_out_of_memory),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

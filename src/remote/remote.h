@@ -202,6 +202,10 @@ struct kvt_rrec {
 };
 
 void kvt_rrec_free(struct kvt_rrec *r);
+/** Free what @p r points to, not @p r itself. */
+void kvt_rrec_free_fields(struct kvt_rrec *r);
+/** Whether @p a and @p b describe the same entry bytes (uuid, sizes, header hash, time). */
+bool kvt_rrec_same(const struct kvt_rrec *a, const struct kvt_rrec *b);
 /** Encode @p r (malloc'd, *len bytes). */
 uint8_t *kvt_rrec_encode(const struct kvt_rrec *r, size_t *len);
 /** Decode untrusted bytes, every count bounded. 0 or KVT_E_CORRUPT. */
@@ -209,6 +213,9 @@ int kvt_rrec_decode(const uint8_t *p, size_t len, uint64_t max_bytes, struct kvt
 
 /** Publish @p r: record, change log and version in one atomic script. */
 int kvt_rindex_publish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r);
+/** Read the record @p uuid into @p out: 1, 0 (absent), 2 (present but undecodable) or < 0. */
+int kvt_rindex_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid,
+                   uint64_t max_bytes, struct kvt_rrec *out);
 /** Remove the record @p uuid (idempotent). */
 int kvt_rindex_unpublish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid);
 

@@ -67,6 +67,8 @@ static int complete(struct kvt_remote *r, const struct kvt_rrec *rec)
         redisReply *rep = kvt_rclient_cmd(&r->put_rc, argv[1], argc, argv, NULL, &err);
         if (!rep)
             result = err;
+        else if (rep->type == REDIS_REPLY_ERROR) /* says nothing about the chunks (a migration) */
+            result = kvt_fail(-EIO, "redis: EXISTS: %s", rep->str);
         else if (rep->type != REDIS_REPLY_INTEGER || rep->integer != argc - 1)
             result = 0;
         freeReplyObject(rep);

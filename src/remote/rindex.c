@@ -66,6 +66,24 @@ int kvt_rindex_unpublish(struct kvt_rclient *rc, const struct kvt_rkeys *k, cons
     return script(rc, k, UNPUBLISH, uuid, NULL, 0);
 }
 
+int kvt_rindex_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid,
+                   uint64_t max_bytes, struct kvt_rrec *out)
+{
+    const char *argv[3] = {"HGET", k->idx, uuid};
+    int err = 0;
+    redisReply *r = kvt_rclient_cmd(rc, k->ver, 3, argv, NULL, &err);
+    if (!r)
+        return err;
+    if (r->type == REDIS_REPLY_ERROR)
+        err = kvt_fail(-EIO, "redis: HGET: %s", r->str);
+    else if (r->type == REDIS_REPLY_STRING)
+        err = kvt_rrec_decode((const uint8_t *)r->str, r->len, max_bytes, out) == 0 ? 1 : 2;
+    if (err == 2)
+        memset(out, 0, sizeof(*out)); /* a failed decode keeps nothing */
+    freeReplyObject(r);
+    return err;
+}
+
 /* ---- the local view ------------------------------------------------------------------ */
 
 int kvt_rview_init(struct kvt_rview *v)
