@@ -801,8 +801,8 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  *
  * Entries travel as their .mlxkv bytes in chunks; an index record per entry, written after
  * its chunks, makes it visible. Bytes from the server are untrusted: a restore validates them
- * exactly as a file (header checks, tensor hashes while reading). Every socket operation is
- * bounded by timeout_ms; a server that is absent, dead or paused turns remote finds into
+ * exactly as a file (header checks, tensor hashes while reading). Every call has one deadline
+ * (timeout_ms); a server that is absent, dead or paused turns remote finds into
  * misses and remote writes into counted failures, never into errors of the local tiers.
  *
  * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
@@ -820,7 +820,10 @@ struct kvt_remote_opts {
     const char *user, *password;   /* override the URL's (keep secrets out of URLs) */
     const char *model_id, *config_fingerprint, *tokenizer_hash; /* the identity; required
                                       (kvt_pcache_open(): NULL = the cold store's) */
-    int timeout_ms;                /* connect and every socket operation; default 2000 */
+    int timeout_ms;                /* one deadline for each whole call (a restore, an upload, an
+                                      index sync, gc's check of one record), across every
+                                      connect and partial read and write, plus 1 s per 64 MiB
+                                      the call moves; default 2000 */
     int poll_ms;                   /* remote index poll period; default 500 */
     uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
                                       oldest entries are deleted to stay below it */

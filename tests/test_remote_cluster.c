@@ -254,8 +254,7 @@ static void migrate(int src, int dst, char (*keys)[256], uint32_t n, int odd)
 }
 
 /* The record of @p uuid and all @p n chunks exist (redis-cli -c follows MOVED and ASK). */
-static bool entry_intact(const struct kvt_rkeys *k, const char *uuid, char (*keys)[256],
-                         uint32_t n)
+static bool entry_intact(const struct kvt_rkeys *k, const char *uuid, char (*keys)[256], uint32_t n)
 {
     char *cmd = strf("-c HEXISTS '%s' %s", k->idx, uuid);
     char *out = NULL;

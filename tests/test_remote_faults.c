@@ -8,12 +8,17 @@
 #include "support/redis_srv.h"
 #include "support/support.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -220,11 +225,137 @@ static void test_reader_out_of_memory(void **state)
     redis_kill(&k);
 }
 
+/* ---- one deadline per call ---------------------------------------------------------------- */
+
+/* A TCP relay to a server that, once slow, passes 1 KiB every 0.3 s each way, and closes every
+ * connection LIFE_MS after it opened (so that a client without a deadline still returns). */
+#define LIFE_MS 8000
+
+static struct proxy {
+    int lfd, port, to_port;
+    volatile int slow, stop;
+    pthread_t th;
+} P;
+
+/* Move what @p from has (1 KiB once per 0.3 s when slow) to @p to; false at EOF or error. */
+static bool pass_on(int from, int to, int64_t *next_ms)
+{
+    char buf[65536];
+    size_t cap = P.slow ? 1024 : sizeof(buf);
+    ssize_t n = recv(from, buf, cap, 0);
+    if (n <= 0)
+        return false;
+    if (P.slow)
+        *next_ms = now_ms() + 300;
+    for (ssize_t at = 0, w; at < n; at += w)
+        if ((w = send(to, buf + at, (size_t)(n - at), MSG_NOSIGNAL)) <= 0)
+            return false;
+    return true;
+}
+
+static void *relay(void *arg)
+{
+    int c = (int)(intptr_t)arg, s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)P.to_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int64_t end = now_ms() + LIFE_MS, next[2] = {0, 0};
+    bool up = connect(s, (struct sockaddr *)&a, sizeof(a)) == 0;
+    while (up && !P.stop && now_ms() < end) {
+        int64_t t = now_ms();
+        struct pollfd p[2] = {{c, t >= next[0] ? POLLIN : 0, 0}, {s, t >= next[1] ? POLLIN : 0, 0}};
+        if (poll(p, 2, 20) <= 0)
+            continue;
+        if (p[0].revents)
+            up = pass_on(c, s, &next[0]);
+        if (up && p[1].revents)
+            up = pass_on(s, c, &next[1]);
+    }
+    close(c);
+    close(s);
+    return NULL;
+}
+
+static void *accept_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int c = accept(P.lfd, NULL, NULL);
+        if (c < 0)
+            return NULL;
+        pthread_t t;
+        pthread_create(&t, NULL, relay, (void *)(intptr_t)c);
+        pthread_detach(t);
+    }
+}
+
+static void proxy_start(int to_port)
+{
+    P = (struct proxy){.to_port = to_port};
+    P.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof(a);
+    assert_int_equal(bind(P.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(P.lfd, 16), 0);
+    assert_int_equal(getsockname(P.lfd, (struct sockaddr *)&a, &al), 0);
+    P.port = ntohs(a.sin_port);
+    pthread_create(&P.th, NULL, accept_main, NULL);
+}
+
+static void proxy_stop(void)
+{
+    P.stop = 1;
+    shutdown(P.lfd, SHUT_RDWR);
+    pthread_join(P.th, NULL);
+    close(P.lfd);
+    msleep(100); /* the relays see the flag within one poll */
+}
+
+/* Through a link that passes 1 KiB every 0.3 s, a restore and an upload each end within their
+ * one deadline (1 s, plus 1 s per 64 MiB moved), not after every byte trickled through; the
+ * entry stays. */
+static void test_deadline_through_slow_link(void **state)
+{
+    (void)state;
+    struct redis_srv k = {0};
+    assert_int_equal(redis_start(&k, base, 0, ""), 0);
+    char url[128], slow[128];
+    snprintf(url, sizeof(url), "%s", redis_url(&k, "dl"));
+    kvt_remote *w = open_remote(url, 64 << 10, 2000);
+    assert_non_null(w);
+    assert_int_equal(put(w, 321, N_TOK), 0);
+    proxy_start(k.port);
+    snprintf(slow, sizeof(slow), "redis://127.0.0.1:%d/dl", P.port);
+    kvt_remote *r = open_remote(slow, 64 << 10, 1000);
+    assert_non_null(r);
+    assert_int_equal(kvt_remote_refresh(r), 0);
+    P.slow = 1;
+    int64_t t0 = now_ms();
+    int got = restore(r, 321, N_TOK);
+    int64_t restore_ms = now_ms() - t0;
+    t0 = now_ms();
+    int rc = put(r, 322, BIG_TOK);
+    int64_t put_ms = now_ms() - t0;
+    print_message("slow link: restore %d after %lld ms, upload of 27 MB %d after %lld ms\n", got,
+                  (long long)restore_ms, rc, (long long)put_ms);
+    assert_int_equal(got, 0);
+    assert_true(restore_ms < 1000 + 600 * SLACK);
+    assert_true(rc < 0);
+    assert_true(put_ms < 1000 + 400 + 600 * SLACK);
+    assert_int_equal(kvt_remote_refresh(w), 0);
+    assert_int_equal(restore(w, 321, N_TOK), 1); /* kept */
+    kvt_remote_close(r);
+    kvt_remote_close(w);
+    proxy_stop();
+    redis_kill(&k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_no_sigpipe),
         cmocka_unit_test(test_reader_out_of_memory),
+        cmocka_unit_test(test_deadline_through_slow_link),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
