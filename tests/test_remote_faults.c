@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "kvtier.h"
+#include "remote/remote.h"
 
 #define N_TOK 300
 
@@ -350,12 +351,75 @@ static void test_deadline_through_slow_link(void **state)
     redis_kill(&k);
 }
 
+/* ---- the CLI's errors and a failed upload's message ----------------------------------------- */
+
+/* `kvtier ls` against @p url: its exit status, its output in *@p out (caller frees). */
+static int cli_ls(const char *url, char **out)
+{
+    char *args = strf("ls --redis '%s' --model-id %s --config-fingerprint %s --tokenizer-hash %s",
+                      url, REMOTE_MODEL, REMOTE_FP, REMOTE_TOK);
+    int rc = run_cli(args, true, out);
+    print_message("ls: exit %d: %s", rc, *out);
+    free(args);
+    return rc;
+}
+
+/* An ACL user without key permissions and an index key of the wrong type are errors with
+ * the server's own words and no password; a failed upload says why it failed. */
+static void test_cli_errors(void **state)
+{
+    (void)state;
+    struct redis_srv k = {0};
+    assert_int_equal(redis_start(&k, base, 0, "--requirepass sekrit"), 0);
+    char *out = NULL;
+    assert_int_equal(redis_cli(&k,
+                               "-a sekrit --no-auth-warning ACL SETUSER keyless on "
+                               "'>pw3' '~other:*' '+@all'",
+                               &out),
+                     0);
+    free(out);
+    char url[160], *keyless = strf("redis://keyless:pw3@127.0.0.1:%d/cli", k.port);
+    snprintf(url, sizeof(url), "redis://:sekrit@127.0.0.1:%d/cli", k.port);
+    kvt_remote *r = open_remote(url, 64 << 10, 2000);
+    assert_non_null(r);
+    assert_int_equal(put(r, 331, N_TOK), 0);
+
+    assert_int_not_equal(cli_ls(keyless, &out), 0);
+    assert_non_null(strstr(out, "NOPERM"));
+    assert_null(strstr(out, "pw3"));
+    assert_non_null(strstr(out, "keyless:***@"));
+    free(out);
+
+    struct kvt_rkeys keys;
+    assert_int_equal(kvt_rkeys_init(&keys, "cli", REMOTE_MODEL, REMOTE_FP, REMOTE_TOK), 0);
+    char *junk = strf("-a sekrit --no-auth-warning EVAL \"redis.call('DEL', KEYS[1]) return "
+                      "redis.call('SET', KEYS[1], 'x')\" 1 '%s'",
+                      keys.idx);
+    assert_int_equal(redis_cli(&k, junk, NULL), 0);
+    assert_int_not_equal(cli_ls(url, &out), 0);
+    assert_non_null(strstr(out, "WRONGTYPE"));
+    assert_null(strstr(out, "sekrit"));
+    free(out);
+
+    redis_kill(&k);
+    assert_true(put(r, 332, N_TOK) < 0);
+    print_message("failed upload: %s\n", kvt_last_error());
+    assert_non_null(strstr(kvt_last_error(), "connect"));
+    assert_null(strstr(kvt_last_error(), "backing off"));
+    assert_null(strstr(kvt_last_error(), "not retried"));
+    kvt_remote_close(r);
+    kvt_rkeys_free(&keys);
+    free(junk);
+    free(keyless);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_no_sigpipe),
         cmocka_unit_test(test_reader_out_of_memory),
         cmocka_unit_test(test_deadline_through_slow_link),
+        cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -38,6 +38,7 @@ struct kvt_rnode {
     struct redisContext *c; /* NULL while disconnected */
     int64_t retry_at_ms;    /* no new connection attempt before this (backoff) */
     bool used;              /* a reply came on this connection (it may since have gone stale) */
+    char why[200];          /* the last failure, named again while backing off */
 };
 
 /** Connect (with AUTH) unless connected, before @p deadline_ms (monotonic). 0, -ECONNREFUSED /

@@ -9,6 +9,7 @@
  * store does on disk.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,8 +89,12 @@ static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_i
         rc = kvt_rindex_publish(&r->put_rc, &r->keys, rec);
     if (rc == 0)
         rc = kvt_rentry_persist(&r->put_rc, &r->keys, &re);
-    if (rc < 0) /* a record published without its PERSISTs is a miss once its chunks expire */
+    if (rc < 0) { /* a record published without its PERSISTs is a miss once its chunks expire */
+        char why[512]; /* the failure, not the cleanup's own, is what the caller hears */
+        snprintf(why, sizeof(why), "%s", kvt_last_error());
         kvt_rentry_del(&r->put_rc, &r->keys, &re);
+        kvt_fail(rc, "%s", why);
+    }
     pthread_mutex_unlock(&r->put_mu);
     return rc;
 }

@@ -196,7 +196,13 @@ static int fetch_batch(struct kvt_rview *v, pthread_mutex_t *mu, struct kvt_rcli
     redisReply *r = kvt_rclient_cmd(rc, k->ver, argc, argv, len, &err);
     if (!r)
         return err;
-    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+    if (r->type != REDIS_REPLY_ARRAY) { /* the index key holds another type, or no access */
+        err = kvt_fail(-EIO, "redis: HMGET %s: %s", k->idx,
+                       r->type == REDIS_REPLY_ERROR ? r->str : "not a list of records");
+        freeReplyObject(r);
+        return err;
+    }
+    for (size_t i = 0; i < r->elements; i++) {
         const redisReply *e = r->element[i];
         struct kvt_rrec *rec = calloc(1, sizeof(*rec));
         if (!rec || e->type != REDIS_REPLY_STRING ||

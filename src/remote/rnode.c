@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -51,8 +52,7 @@ int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t d
         return 0;
     int64_t now = kvt_tier_mono_ms();
     if (now < n->retry_at_ms)
-        return kvt_fail(-EAGAIN, "redis: %s:%d: backing off after a failure",
-                        n->host ? n->host : cfg->unix_path, n->port);
+        return kvt_fail(-EAGAIN, "%s (not retried yet)", n->why);
     int64_t left = deadline_ms - now;
     if (left <= 0)
         return kvt_fail(-ETIMEDOUT, "redis: the call's deadline passed before a connect");
@@ -64,13 +64,14 @@ int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t d
             kvt_fail(-ECONNREFUSED, "redis: connect %s:%d: %s", n->host ? n->host : cfg->unix_path,
                      n->port, c ? c->errstr : "out of memory");
         redisFree(c);
-        n->retry_at_ms = now + BACKOFF_MS;
+        kvt_rnode_fail(n);
         return rc;
     }
     if (redisSetTimeout(c, tv) != REDIS_OK) {
         redisFree(c);
-        n->retry_at_ms = now + BACKOFF_MS;
-        return kvt_fail(-EIO, "redis: cannot set socket timeouts");
+        int rc = kvt_fail(-EIO, "redis: cannot set socket timeouts");
+        kvt_rnode_fail(n);
+        return rc;
     }
     n->c = c;
     n->used = false;
@@ -79,6 +80,7 @@ int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t d
 
 void kvt_rnode_fail(struct kvt_rnode *n)
 {
+    snprintf(n->why, sizeof(n->why), "%s", kvt_last_error());
     kvt_rnode_close(n);
     n->retry_at_ms = kvt_tier_mono_ms() + BACKOFF_MS;
 }
