@@ -808,8 +808,9 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
  * library threads, which run until kvt_remote_close(): the poll thread (connects, merges the
  * remote index every poll_ms) and an upload writer (the write-behind uploads, FIFO, one at a
- * time). kvt_remote_find() never does network I/O; restores run on the calling thread, one
- * at a time per handle. The log callback may be called from any of these threads.
+ * time). kvt_remote_find() never does network I/O; restores run on the calling thread, and
+ * restores on one handle from several threads run at once (each on a connection of its own,
+ * up to 4 kept idle between restores). The log callback may be called from any of these threads.
  */
 typedef struct kvt_remote kvt_remote;
 

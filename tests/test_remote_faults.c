@@ -6,19 +6,15 @@
  * through a slow link, and the CLI reports the server's own errors without the password.
  */
 #include "support/redis_srv.h"
+#include "support/slow_relay.h"
 #include "support/support.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -228,90 +224,6 @@ static void test_reader_out_of_memory(void **state)
 
 /* ---- one deadline per call ---------------------------------------------------------------- */
 
-/* A TCP relay to a server that, once slow, passes 1 KiB every 0.3 s each way, and closes every
- * connection LIFE_MS after it opened (so that a client without a deadline still returns). */
-#define LIFE_MS 8000
-
-static struct proxy {
-    int lfd, port, to_port;
-    volatile int slow, stop;
-    pthread_t th;
-} P;
-
-/* Move what @p from has (1 KiB once per 0.3 s when slow) to @p to; false at EOF or error. */
-static bool pass_on(int from, int to, int64_t *next_ms)
-{
-    char buf[65536];
-    size_t cap = P.slow ? 1024 : sizeof(buf);
-    ssize_t n = recv(from, buf, cap, 0);
-    if (n <= 0)
-        return false;
-    if (P.slow)
-        *next_ms = now_ms() + 300;
-    for (ssize_t at = 0, w; at < n; at += w)
-        if ((w = send(to, buf + at, (size_t)(n - at), MSG_NOSIGNAL)) <= 0)
-            return false;
-    return true;
-}
-
-static void *relay(void *arg)
-{
-    int c = (int)(intptr_t)arg, s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)P.to_port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int64_t end = now_ms() + LIFE_MS, next[2] = {0, 0};
-    bool up = connect(s, (struct sockaddr *)&a, sizeof(a)) == 0;
-    while (up && !P.stop && now_ms() < end) {
-        int64_t t = now_ms();
-        struct pollfd p[2] = {{c, t >= next[0] ? POLLIN : 0, 0}, {s, t >= next[1] ? POLLIN : 0, 0}};
-        if (poll(p, 2, 20) <= 0)
-            continue;
-        if (p[0].revents)
-            up = pass_on(c, s, &next[0]);
-        if (up && p[1].revents)
-            up = pass_on(s, c, &next[1]);
-    }
-    close(c);
-    close(s);
-    return NULL;
-}
-
-static void *accept_main(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        int c = accept(P.lfd, NULL, NULL);
-        if (c < 0)
-            return NULL;
-        pthread_t t;
-        pthread_create(&t, NULL, relay, (void *)(intptr_t)c);
-        pthread_detach(t);
-    }
-}
-
-static void proxy_start(int to_port)
-{
-    P = (struct proxy){.to_port = to_port};
-    P.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t al = sizeof(a);
-    assert_int_equal(bind(P.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(P.lfd, 16), 0);
-    assert_int_equal(getsockname(P.lfd, (struct sockaddr *)&a, &al), 0);
-    P.port = ntohs(a.sin_port);
-    pthread_create(&P.th, NULL, accept_main, NULL);
-}
-
-static void proxy_stop(void)
-{
-    P.stop = 1;
-    shutdown(P.lfd, SHUT_RDWR);
-    pthread_join(P.th, NULL);
-    close(P.lfd);
-    msleep(100); /* the relays see the flag within one poll */
-}
-
 /* Through a link that passes 1 KiB every 0.3 s, a restore and an upload each end within their
  * one deadline (1 s, plus 1 s per 64 MiB moved), not after every byte trickled through; the
  * entry stays. */
@@ -325,7 +237,8 @@ static void test_deadline_through_slow_link(void **state)
     kvt_remote *w = open_remote(url, 64 << 10, 2000);
     assert_non_null(w);
     assert_int_equal(put(w, 321, N_TOK), 0);
-    proxy_start(k.port);
+    struct slow_relay P;
+    assert_int_equal(slow_relay_start(&P, k.port, 0), 0);
     snprintf(slow, sizeof(slow), "redis://127.0.0.1:%d/dl", P.port);
     kvt_remote *r = open_remote(slow, 64 << 10, 1000);
     assert_non_null(r);
@@ -347,7 +260,7 @@ static void test_deadline_through_slow_link(void **state)
     assert_int_equal(restore(w, 321, N_TOK), 1); /* kept */
     kvt_remote_close(r);
     kvt_remote_close(w);
-    proxy_stop();
+    slow_relay_stop(&P);
     redis_kill(&k);
 }
 

@@ -152,6 +152,7 @@ struct kvt_rkeys {
     char *prefix;
     char ident[17]; /* wyhash of model, fingerprint and tokenizer, hex */
     char ver[160], idx[160], log[160];
+    char gone[160], bytes[160], floor[160]; /* removal log, byte total, trimmed-removals mark */
 };
 
 int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, const char *fp,
@@ -205,6 +206,8 @@ struct kvt_rrec {
 void kvt_rrec_free(struct kvt_rrec *r);
 /** Free what @p r points to, not @p r itself. */
 void kvt_rrec_free_fields(struct kvt_rrec *r);
+/** Free an array of @p n records (their fields, then the array). */
+void kvt_rrecs_free(struct kvt_rrec *v, size_t n);
 /** Whether @p a and @p b describe the same entry bytes (uuid, sizes, header hash, time). */
 bool kvt_rrec_same(const struct kvt_rrec *a, const struct kvt_rrec *b);
 /** Encode @p r (malloc'd, *len bytes). */
@@ -212,8 +215,21 @@ uint8_t *kvt_rrec_encode(const struct kvt_rrec *r, size_t *len);
 /** Decode untrusted bytes, every count bounded. 0 or KVT_E_CORRUPT. */
 int kvt_rrec_decode(const uint8_t *p, size_t len, uint64_t max_bytes, struct kvt_rrec *out);
 
-/** Publish @p r: record, change log and version in one atomic script. */
+/**
+ * In one atomic script: remove the oldest records until @p need bytes and @p r fit under
+ * @p cap (0 = no cap), then publish @p r (NULL: only make room). The records removed are
+ * decoded (bounded by @p max_rec) into *@p gone, n of them (NULL: not wanted; free with
+ * kvt_rrecs_free()), so that their chunks can be deleted. 0 or < 0.
+ */
+int kvt_rindex_admit(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r,
+                     uint64_t need, uint64_t cap, uint64_t max_rec, struct kvt_rrec **gone,
+                     size_t *n_gone);
+/** Publish @p r with no cap: record, change log, byte total and version at once. */
 int kvt_rindex_publish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r);
+/** The changes since version @p last (-1 = everything), read atomically: {version, full,
+ * uuids published since (all when full), uuids removed since}, checked in shape. */
+struct redisReply *kvt_rindex_changes(struct kvt_rclient *rc, const struct kvt_rkeys *k,
+                                      int64_t last, int *err);
 /** Read the record @p uuid into @p out: 1, 0 (absent), 2 (present but undecodable) or < 0. */
 int kvt_rindex_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid,
                    uint64_t max_bytes, struct kvt_rrec *out);

@@ -33,6 +33,35 @@ static void sink_restart(void *ud)
     kvt_feed_reset(ud);
 }
 
+/* A client for one restore: an idle one, or a new one (NULL when out of memory). */
+static struct kvt_rclient *get_client(struct kvt_remote *r)
+{
+    pthread_mutex_lock(&r->get_mu);
+    struct kvt_rclient *c = r->n_get_idle ? r->get_idle[--r->n_get_idle] : NULL;
+    pthread_mutex_unlock(&r->get_mu);
+    if (c || !(c = malloc(sizeof(*c))))
+        return c;
+    if (kvt_rclient_init(c, &r->cfg) < 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Give it back: kept for the next restore (up to KVT_GET_IDLE), else freed. */
+static void put_client(struct kvt_remote *r, struct kvt_rclient *c)
+{
+    pthread_mutex_lock(&r->get_mu);
+    bool keep = r->n_get_idle < KVT_GET_IDLE;
+    if (keep)
+        r->get_idle[r->n_get_idle++] = c;
+    pthread_mutex_unlock(&r->get_mu);
+    if (!keep) {
+        kvt_rclient_free(c);
+        free(c);
+    }
+}
+
 /* Fetch and load the entry of @p rec, and check it against the record. 0, KVT_R_NIL or < 0. */
 static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_entry **out)
 {
@@ -48,11 +77,15 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
     if (rc)
         return rc;
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
-    pthread_mutex_lock(&r->get_mu);
-    kvt_rclient_arm(&r->get_rc, rec->bytes);
-    rc = kvt_rentry_get(&r->get_rc, &r->keys, &e,
-                        &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
-    pthread_mutex_unlock(&r->get_mu);
+    struct kvt_rclient *c = get_client(r);
+    if (!c)
+        rc = kvt_fail(-ENOMEM, "remote: out of memory");
+    if (c) {
+        kvt_rclient_arm(c, rec->bytes);
+        rc = kvt_rentry_get(c, &r->keys, &e,
+                            &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
+        put_client(r, c);
+    }
     struct kvt_header *h = NULL;
     if (rc == 0)
         rc = kvt_feed_finish(f, out, &h);
@@ -79,13 +112,15 @@ static bool entry_fault(int rc)
  * (its chunks were not being replaced under it); one that is gone only leaves the view. */
 static void drop_checked(struct kvt_remote *r, const struct kvt_rrec *rec)
 {
-    pthread_mutex_lock(&r->get_mu);
-    kvt_rclient_arm(&r->get_rc, 0);
+    struct kvt_rclient *c = get_client(r);
+    if (!c)
+        return;
+    kvt_rclient_arm(c, 0);
     struct kvt_rrec now = {0};
-    int found = kvt_rindex_get(&r->get_rc, &r->keys, rec->uuid, r->max_entry_bytes, &now);
+    int found = kvt_rindex_get(c, &r->keys, rec->uuid, r->max_entry_bytes, &now);
     if (found == 1 && kvt_rrec_same(&now, rec))
-        kvt_remote_delete(r, &r->get_rc, rec);
-    pthread_mutex_unlock(&r->get_mu);
+        kvt_remote_delete(r, c, rec);
+    put_client(r, c);
     kvt_rrec_free_fields(&now);
     if (found == 0) {
         pthread_mutex_lock(&r->mu);

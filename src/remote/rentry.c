@@ -24,7 +24,8 @@
 #include "remote/remote.h"
 
 #define WINDOW 8
-#define MAX_HOPS 8 /* redirections and busy waits of one transfer */
+#define DEL_BATCH 256u /* chunks per DEL */
+#define MAX_HOPS 8     /* redirections and busy waits of one transfer */
 #define KEY_MAX 256
 
 enum op { PUT, GET, PERSIST };
@@ -251,17 +252,39 @@ int kvt_rentry_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const stru
     return run(&(struct xfer){rc, k, e, GET, NULL, 0, sink});
 }
 
+/* DEL of chunks [from, to) in one command: they share the entry's hash tag, so one master
+ * holds them all. 0, or < 0 with the error reply (a slot mid-migration) or a failure. */
+static int del_batch(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
+                     uint32_t from, uint32_t to, char (*keys)[KEY_MAX])
+{
+    const char *argv[DEL_BATCH + 1] = {"DEL"};
+    for (uint32_t i = from; i < to; i++) {
+        kvt_rkeys_chunk(k, e->ns, e->uuid, i, keys[i - from], KEY_MAX);
+        argv[1 + i - from] = keys[i - from];
+    }
+    int err = 0;
+    redisReply *r = kvt_rclient_cmd(rc, argv[1], (int)(1 + to - from), argv, NULL, &err);
+    if (r && r->type == REDIS_REPLY_ERROR)
+        err = kvt_fail(-EIO, "redis: DEL: %s", r->str);
+    freeReplyObject(r);
+    return err;
+}
+
 int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e)
 {
-    char key[KEY_MAX];
-    const char *argv[2] = {"DEL", key};
+    char(*keys)[KEY_MAX] = malloc(DEL_BATCH * sizeof(*keys));
+    if (!keys)
+        return kvt_fail(-ENOMEM, "redis: out of memory");
     int err = 0;
-    for (uint32_t i = 0; i < e->n_chunks; i++) {
-        kvt_rkeys_chunk(k, e->ns, e->uuid, i, key, sizeof(key));
-        redisReply *r = kvt_rclient_cmd(rc, key, 2, argv, NULL, &err);
-        if (!r)
-            return err;
-        freeReplyObject(r);
+    for (uint32_t i = 0; err == 0 && i < e->n_chunks; i += DEL_BATCH) {
+        uint32_t to = e->n_chunks - i < DEL_BATCH ? e->n_chunks : i + DEL_BATCH;
+        err = del_batch(rc, k, e, i, to, keys);
+        if (err == -EIO) { /* keys split between two nodes by a migration: one at a time */
+            err = 0;
+            for (uint32_t j = i; j < to && err == 0; j++)
+                err = del_batch(rc, k, e, j, j + 1, keys);
+        }
     }
-    return 0;
+    free(keys);
+    return err;
 }

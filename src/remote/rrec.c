@@ -39,6 +39,13 @@ void kvt_rrec_free_fields(struct kvt_rrec *r)
     r->tokens = NULL;
 }
 
+void kvt_rrecs_free(struct kvt_rrec *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        kvt_rrec_free_fields(&v[i]);
+    free(v);
+}
+
 void kvt_rrec_free(struct kvt_rrec *r)
 {
     if (!r)
