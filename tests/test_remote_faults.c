@@ -46,55 +46,9 @@ static int group_teardown(void **state)
 static kvt_remote *open_remote(const char *url, uint64_t chunk, int timeout_ms)
 {
     struct kvt_remote_opts o;
-    kvt_remote_opts_init(&o);
-    o.url = url;
-    o.model_id = REMOTE_MODEL;
-    o.config_fingerprint = REMOTE_FP;
-    o.tokenizer_hash = REMOTE_TOK;
-    o.timeout_ms = timeout_ms;
-    o.poll_ms = 100;
-    o.chunk_bytes = chunk;
+    remote_opts(&o, url, chunk, timeout_ms, 100);
     kvt_remote *r = NULL;
     return kvt_remote_open(&o, &r) == 0 ? r : NULL;
-}
-
-static struct kvt_entry *entry_of(uint64_t seed, size_t n)
-{
-    int32_t *tok = malloc(n * sizeof(*tok));
-    remote_tokens(seed, n, tok);
-    struct kvt_entry *e = synth_random_entry(tok, n, seed, "m", "f", "t");
-    free(tok);
-    return e;
-}
-
-static int put(kvt_remote *r, uint64_t seed, size_t n)
-{
-    struct kvt_entry *e = entry_of(seed, n);
-    int rc = kvt_remote_put(r, e);
-    kvt_entry_free(e);
-    return rc;
-}
-
-/* Find and restore entry @p seed: 1 identical, 0 miss, -1 not found, -2 wrong bytes. No
- * cmocka asserts: children call it too. */
-static int restore(kvt_remote *r, uint64_t seed, size_t n)
-{
-    int32_t *tok = malloc((n + 1) * sizeof(*tok));
-    remote_tokens(seed, n, tok);
-    tok[n] = 1;
-    struct kvt_hit hit;
-    int found = kvt_remote_find(r, tok, n + 1, "", &hit) == 0 && hit.prefix_len == n;
-    free(tok);
-    if (!found)
-        return -1;
-    struct kvt_entry *got = NULL;
-    if (kvt_remote_restore(r, &hit, &got) != 0 || !got)
-        return 0;
-    struct kvt_entry *want = entry_of(seed, n);
-    int same = synth_same_entry_bytes(got, want) ? 1 : -2;
-    kvt_entry_free(want);
-    kvt_entry_free(got);
-    return same;
 }
 
 static struct kvt_remote_stats stats(kvt_remote *r)
@@ -113,14 +67,15 @@ static int restart_child(const char *url, int sync[2][2])
 {
     signal(SIGPIPE, SIG_DFL); /* what a host that never heard of SIGPIPE has */
     kvt_remote *r = open_remote(url, 64 << 10, 2000);
-    if (!r || kvt_remote_refresh(r) < 0 || put(r, 302, N_TOK) < 0 || restore(r, 301, N_TOK) != 1)
+    if (!r || kvt_remote_refresh(r) < 0 || remote_put(r, 302, N_TOK) < 0 ||
+        remote_restore(r, 301, N_TOK) != 1)
         return 10;
     char c = 'r';
     if (write(sync[0][1], &c, 1) != 1 || read(sync[1][0], &c, 1) != 1)
         return 11;
-    int got = restore(r, 301, N_TOK);
+    int got = remote_restore(r, 301, N_TOK);
     int rc = got == 1 ? 0 : 2;
-    if (rc == 0 && put(r, 303, N_TOK) < 0)
+    if (rc == 0 && remote_put(r, 303, N_TOK) < 0)
         rc = 3;
     fprintf(stderr, "child: restore %d, upload %s (%s)\n", got, rc == 3 ? "failed" : "done",
             kvt_last_error());
@@ -139,7 +94,7 @@ static void test_restart_no_sigpipe(void **state)
     snprintf(url, sizeof(url), "%s", redis_url(&k, "pipe"));
     kvt_remote *w = open_remote(url, 64 << 10, 2000);
     assert_non_null(w);
-    assert_int_equal(put(w, 301, N_TOK), 0);
+    assert_int_equal(remote_put(w, 301, N_TOK), 0);
     kvt_remote_close(w);
     int sync[2][2];
     assert_int_equal(pipe(sync[0]), 0);
@@ -185,7 +140,7 @@ static int capped_child(const char *url)
     rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)8 << 20);
     if (setrlimit(RLIMIT_AS, &(struct rlimit){cap, cap}) != 0)
         return 12;
-    int got = restore(r, 311, BIG_TOK);
+    int got = remote_restore(r, 311, BIG_TOK);
     fprintf(stderr, "capped reader: restore %d (%s)\n", got, kvt_last_error());
     kvt_remote_close(r);
     return got == 0 ? 0 : 2;
@@ -205,7 +160,7 @@ static void test_reader_out_of_memory(void **state)
     snprintf(url, sizeof(url), "%s", redis_url(&k, "oom"));
     kvt_remote *w = open_remote(url, 1 << 20, 2000);
     assert_non_null(w);
-    assert_int_equal(put(w, 311, BIG_TOK), 0);
+    assert_int_equal(remote_put(w, 311, BIG_TOK), 0);
     kvt_remote_close(w);
     pid_t pid = fork();
     if (pid == 0)
@@ -217,7 +172,7 @@ static void test_reader_out_of_memory(void **state)
     kvt_remote *r = open_remote(url, 1 << 20, 2000);
     assert_non_null(r);
     assert_int_equal(stats(r).entries, 1);
-    assert_int_equal(restore(r, 311, BIG_TOK), 1);
+    assert_int_equal(remote_restore(r, 311, BIG_TOK), 1);
     kvt_remote_close(r);
     redis_kill(&k);
 }
@@ -236,7 +191,7 @@ static void test_deadline_through_slow_link(void **state)
     snprintf(url, sizeof(url), "%s", redis_url(&k, "dl"));
     kvt_remote *w = open_remote(url, 64 << 10, 2000);
     assert_non_null(w);
-    assert_int_equal(put(w, 321, N_TOK), 0);
+    assert_int_equal(remote_put(w, 321, N_TOK), 0);
     struct slow_relay P;
     assert_int_equal(slow_relay_start(&P, k.port, 0), 0);
     snprintf(slow, sizeof(slow), "redis://127.0.0.1:%d/dl", P.port);
@@ -245,10 +200,10 @@ static void test_deadline_through_slow_link(void **state)
     assert_int_equal(kvt_remote_refresh(r), 0);
     P.slow = 1;
     int64_t t0 = now_ms();
-    int got = restore(r, 321, N_TOK);
+    int got = remote_restore(r, 321, N_TOK);
     int64_t restore_ms = now_ms() - t0;
     t0 = now_ms();
-    int rc = put(r, 322, BIG_TOK);
+    int rc = remote_put(r, 322, BIG_TOK);
     int64_t put_ms = now_ms() - t0;
     print_message("slow link: restore %d after %lld ms, upload of 27 MB %d after %lld ms\n", got,
                   (long long)restore_ms, rc, (long long)put_ms);
@@ -257,7 +212,7 @@ static void test_deadline_through_slow_link(void **state)
     assert_true(rc < 0);
     assert_true(put_ms < 1000 + 400 + 600 * SLACK);
     assert_int_equal(kvt_remote_refresh(w), 0);
-    assert_int_equal(restore(w, 321, N_TOK), 1); /* kept */
+    assert_int_equal(remote_restore(w, 321, N_TOK), 1); /* kept */
     kvt_remote_close(r);
     kvt_remote_close(w);
     slow_relay_stop(&P);
@@ -295,7 +250,7 @@ static void test_cli_errors(void **state)
     snprintf(url, sizeof(url), "redis://:sekrit@127.0.0.1:%d/cli", k.port);
     kvt_remote *r = open_remote(url, 64 << 10, 2000);
     assert_non_null(r);
-    assert_int_equal(put(r, 331, N_TOK), 0);
+    assert_int_equal(remote_put(r, 331, N_TOK), 0);
 
     assert_int_not_equal(cli_ls(keyless, &out), 0);
     assert_non_null(strstr(out, "NOPERM"));
@@ -315,7 +270,7 @@ static void test_cli_errors(void **state)
     free(out);
 
     redis_kill(&k);
-    assert_true(put(r, 332, N_TOK) < 0);
+    assert_true(remote_put(r, 332, N_TOK) < 0);
     print_message("failed upload: %s\n", kvt_last_error());
     assert_non_null(strstr(kvt_last_error(), "connect"));
     assert_null(strstr(kvt_last_error(), "backing off"));

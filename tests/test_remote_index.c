@@ -43,56 +43,12 @@ static int group_teardown(void **state)
 static kvt_remote *open_remote(const char *url, uint64_t chunk, uint64_t max_bytes)
 {
     struct kvt_remote_opts o;
-    kvt_remote_opts_init(&o);
-    o.url = url;
-    o.model_id = REMOTE_MODEL;
-    o.config_fingerprint = REMOTE_FP;
-    o.tokenizer_hash = REMOTE_TOK;
-    o.timeout_ms = 2000;
-    o.poll_ms = QUIET;
-    if (chunk)
-        o.chunk_bytes = chunk;
+    remote_opts(&o, url, chunk, 2000, QUIET);
     if (max_bytes)
         o.max_bytes = max_bytes;
     kvt_remote *r = NULL;
     assert_int_equal(kvt_remote_open(&o, &r), 0);
     return r;
-}
-
-static struct kvt_entry *entry_of(uint64_t seed, size_t n)
-{
-    int32_t tok[N_TOK];
-    remote_tokens(seed, n, tok);
-    return synth_random_entry(tok, n, seed, "m", "f", "t");
-}
-
-static int put(kvt_remote *r, uint64_t seed, size_t n)
-{
-    struct kvt_entry *e = entry_of(seed, n);
-    int rc = kvt_remote_put(r, e);
-    kvt_entry_free(e);
-    return rc;
-}
-
-/* 1 identical, 0 miss, -1 not found. */
-static int restore(kvt_remote *r, uint64_t seed, size_t n)
-{
-    int32_t tok[N_TOK + 1];
-    remote_tokens(seed, n, tok);
-    tok[n] = 1;
-    struct kvt_hit hit;
-    assert_int_equal(kvt_remote_find(r, tok, n + 1, "", &hit), 0);
-    if (hit.prefix_len != n)
-        return -1;
-    struct kvt_entry *got = NULL;
-    assert_int_equal(kvt_remote_restore(r, &hit, &got), 0);
-    if (!got)
-        return 0;
-    struct kvt_entry *want = entry_of(seed, n);
-    assert_true(synth_same_entry_bytes(got, want));
-    kvt_entry_free(want);
-    kvt_entry_free(got);
-    return 1;
 }
 
 static struct kvt_remote_stats stats(kvt_remote *r)
@@ -131,7 +87,7 @@ static void test_removal_costs_its_uuid(void **state)
     const char *url = redis_url(&S, "delta");
     kvt_remote *w = open_remote(url, 0, 0), *r = open_remote(url, 0, 0);
     for (int i = 0; i < 40; i++)
-        assert_int_equal(put(w, 400 + (uint64_t)i, N_TOK), 0);
+        assert_int_equal(remote_put(w, 400 + (uint64_t)i, N_TOK), 0);
     long long first = refresh_bytes(r);
     assert_int_equal(stats(r).entries, 40);
     size_t dropped = 0;
@@ -143,7 +99,7 @@ static void test_removal_costs_its_uuid(void **state)
     print_message("bytes read: first sync %lld, after a removal %lld, idle %lld\n", first, removal,
                   idle);
     assert_int_equal(stats(r).entries, 39);
-    assert_int_equal(restore(r, 400, N_TOK), -1); /* the oldest went */
+    assert_int_equal(remote_restore(r, 400, N_TOK), -1); /* the oldest went */
     assert_true(removal < 1000);
     assert_true(removal * 20 < first);
     kvt_remote_close(w);
@@ -157,7 +113,7 @@ static void test_eviction_against_shared_state(void **state)
     (void)state;
     const char *url = redis_url(&S, "shared");
     kvt_remote *probe = open_remote(url, 0, 0);
-    assert_int_equal(put(probe, 450, N_TOK), 0);
+    assert_int_equal(remote_put(probe, 450, N_TOK), 0);
     uint64_t one = stats(probe).bytes;
     assert_int_equal(kvt_remote_gc(probe, 1, false, NULL), 0);
     kvt_remote_close(probe);
@@ -165,16 +121,16 @@ static void test_eviction_against_shared_state(void **state)
     kvt_remote *b = open_remote(url, 256 << 10, cap); /* its view: empty, and it stays so */
     kvt_remote *a = open_remote(url, 256 << 10, cap);
     for (int i = 0; i < 3; i++)
-        assert_int_equal(put(a, 451 + (uint64_t)i, N_TOK), 0);
-    assert_int_equal(put(b, 454, N_TOK), 0);
+        assert_int_equal(remote_put(a, 451 + (uint64_t)i, N_TOK), 0);
+    assert_int_equal(remote_put(b, 454, N_TOK), 0);
     kvt_remote *c = open_remote(url, 256 << 10, cap);
     print_message("after 4 uploads under a cap of 3: %llu entries, %llu of %llu bytes\n",
                   (unsigned long long)stats(c).entries, (unsigned long long)stats(c).bytes,
                   (unsigned long long)cap);
     assert_int_equal(stats(c).entries, 3);
     assert_true(stats(c).bytes <= cap);
-    assert_int_equal(restore(c, 451, N_TOK), -1);
-    assert_int_equal(restore(c, 454, N_TOK), 1);
+    assert_int_equal(remote_restore(c, 451, N_TOK), -1);
+    assert_int_equal(remote_restore(c, 454, N_TOK), 1);
     char *out = NULL;
     redis_cli(&S, "EVAL \"return #redis.call('KEYS', 'shared:*:{*}:*')\" 0", &out);
     long long chunks = atoll(out);
@@ -190,7 +146,7 @@ static void test_chunk_deletes_batched(void **state)
 {
     (void)state;
     kvt_remote *r = open_remote(redis_url(&S, "del"), 4096, 0);
-    assert_int_equal(put(r, 460, N_TOK), 0);
+    assert_int_equal(remote_put(r, 460, N_TOK), 0);
     assert_int_equal(redis_cli(&S, "CONFIG RESETSTAT", NULL), 0);
     size_t dropped = 0;
     assert_int_equal(kvt_remote_gc(r, 1, false, &dropped), 0);
@@ -216,7 +172,7 @@ static void *bg_restore(void *arg)
 {
     struct bg *b = arg;
     int64_t t0 = now_ms();
-    b->got = restore(b->r, 470, N_TOK);
+    b->got = remote_restore(b->r, 470, N_TOK);
     b->ms = now_ms() - t0;
     return NULL;
 }
@@ -227,8 +183,8 @@ static void test_restores_run_at_once(void **state)
 {
     (void)state;
     kvt_remote *w = open_remote(redis_url(&S, "conc"), 0, 0);
-    assert_int_equal(put(w, 470, N_TOK), 0); /* about 1 MB */
-    assert_int_equal(put(w, 471, 8), 0);     /* below 256 KiB */
+    assert_int_equal(remote_put(w, 470, N_TOK), 0); /* about 1 MB */
+    assert_int_equal(remote_put(w, 471, 8), 0);     /* below 256 KiB */
     struct slow_relay P;
     assert_int_equal(slow_relay_start(&P, S.port, 256 << 10), 0);
     char url[128];
@@ -241,7 +197,7 @@ static void test_restores_run_at_once(void **state)
     pthread_create(&th, NULL, bg_restore, &b);
     msleep(200);
     int64_t t0 = now_ms();
-    int small = restore(r, 471, 8);
+    int small = remote_restore(r, 471, 8);
     int64_t small_ms = now_ms() - t0;
     pthread_join(th, NULL);
     print_message("big restore %d after %lld ms; small one beside it %d after %lld ms\n", b.got,
