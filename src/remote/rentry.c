@@ -232,6 +232,7 @@ static int run(const struct xfer *x)
     free(io);
     return rc;
 }
+
 int kvt_rentry_put(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rentry *e,
                    const struct kvt_image *im, uint64_t ttl_ms)
 {
