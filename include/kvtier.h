@@ -802,15 +802,16 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  * Entries travel as their .mlxkv bytes in chunks; an index record per entry, written after
  * its chunks, makes it visible. Bytes from the server are untrusted: a restore validates them
  * exactly as a file (header checks, tensor hashes while reading). Every call has one deadline
- * (timeout_ms); a server that is absent, dead or paused turns remote finds into
- * misses and remote writes into counted failures, never into errors of the local tiers.
+ * (timeout_ms); a server that is absent, dead or paused turns remote finds into misses and
+ * remote writes into counted failures, never into errors of the local tiers.
  *
  * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
  * library threads, which run until kvt_remote_close(): the poll thread (connects, merges the
  * remote index every poll_ms) and an upload writer (the write-behind uploads, FIFO, one at a
  * time). kvt_remote_find() never does network I/O; restores run on the calling thread, and
  * restores on one handle from several threads run at once (each on a connection of its own,
- * up to 4 kept idle between restores). The log callback may be called from any of these threads.
+ * up to 4 kept idle between restores). The log callback may be called from any of these
+ * threads.
  */
 typedef struct kvt_remote kvt_remote;
 
