@@ -882,15 +882,17 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  *
  * Entries travel as their .mlxkv bytes in chunks; an index record per entry, written after
  * its chunks, makes it visible. Bytes from the server are untrusted: a restore validates them
- * exactly as a file (header checks, tensor hashes while reading). Every socket operation is
- * bounded by timeout_ms; a server that is absent, dead or paused turns remote finds into
- * misses and remote writes into counted failures, never into errors of the local tiers.
+ * exactly as a file (header checks, tensor hashes while reading). Every call has one deadline
+ * (timeout_ms); a server that is absent, dead or paused turns remote finds into misses and
+ * remote writes into counted failures, never into errors of the local tiers.
  *
  * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
  * library threads, which run until kvt_remote_close(): the poll thread (connects, merges the
  * remote index every poll_ms) and an upload writer (the write-behind uploads, FIFO, one at a
- * time). kvt_remote_find() never does network I/O; restores run on the calling thread, one
- * at a time per handle. The log callback may be called from any of these threads.
+ * time). kvt_remote_find() never does network I/O; restores run on the calling thread, and
+ * restores on one handle from several threads run at once (each on a connection of its own,
+ * up to 4 kept idle between restores). The log callback may be called from any of these
+ * threads.
  */
 typedef struct kvt_remote kvt_remote;
 
@@ -901,7 +903,10 @@ struct kvt_remote_opts {
     const char *user, *password;   /* override the URL's (keep secrets out of URLs) */
     const char *model_id, *config_fingerprint, *tokenizer_hash; /* the identity; required
                                       (kvt_pcache_open(): NULL = the cold store's) */
-    int timeout_ms;                /* connect and every socket operation; default 2000 */
+    int timeout_ms;                /* one deadline for each whole call (a restore, an upload, an
+                                      index sync, gc's check of one record), across every
+                                      connect and partial read and write, plus 1 s per 64 MiB
+                                      the call moves; default 2000 */
     int poll_ms;                   /* remote index poll period; default 500 */
     uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
                                       oldest entries are deleted to stay below it */
