@@ -208,13 +208,15 @@ static double time_write(const char *path, void *buf, uint64_t bytes)
     return bench_raw_write(path, &s, 1, bytes, true, &secs) ? -1 : secs;
 }
 
-/* Saves from device memory against max(raw durable write, device-to-host copy). */
-static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uint64_t file,
-                    void *buf, void *pinned, uint64_t dev, int repeat)
+/* Saves from device memory against max(raw durable write, device-to-host copy). The entry is
+ * built for the same @p bytes as the restored one (its tokens and tensors fill the restored
+ * allocations exactly); @p file is the size of its file. */
+static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uint64_t bytes,
+                    uint64_t file, void *buf, void *pinned, uint64_t dev, int repeat)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/bench-device-save.mlxkv", dir);
-    struct kvt_entry *e = build_entry(file, make_device, (void *)m);
+    struct kvt_entry *e = build_entry(bytes, make_device, (void *)m);
     if (!e)
         return fprintf(stderr, "device entry: %s\n", kvt_last_error()), -1;
     double k[MAX_REPEAT], wr[MAX_REPEAT], cp[MAX_REPEAT], lim[MAX_REPEAT];
@@ -285,7 +287,7 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
                gb / bench_median(rr, (size_t)repeat), gb / bench_median(cc, (size_t)repeat),
                ratio_median(lim[w], k[w], repeat));
     }
-    if (run_save(d, &m, dir, file, buf, pinned, dev, repeat))
+    if (run_save(d, &m, dir, bytes, file, buf, pinned, dev, repeat))
         return -1;
     for (int i = 0; i < m.n; i++)
         kvt_device_free(d, m.addr[i]);

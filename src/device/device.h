@@ -18,6 +18,8 @@
 struct kvt_device_ops {
     int (*alloc)(kvt_device *d, size_t bytes, uint64_t *addr);
     void (*free)(kvt_device *d, uint64_t addr);
+    /* the allocation holding @p addr: 0 and its extent, 1 when the backend cannot tell */
+    int (*range)(kvt_device *d, uint64_t addr, uint64_t *base, size_t *size);
     /* page-locked host memory, the source and target of asynchronous copies */
     int (*host_alloc)(kvt_device *d, size_t bytes, void **out);
     void (*host_free)(kvt_device *d, void *p);

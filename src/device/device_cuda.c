@@ -43,6 +43,7 @@ struct cuda_api {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventDestroy)(CUevent);
     CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
 };
 
 struct cuda_dev {
@@ -92,7 +93,8 @@ static int load_api(struct cuda_api *a)
                                         "cuEventRecord",
                                         "cuEventSynchronize",
                                         "cuEventDestroy_v2",
-                                        "cuGetErrorString"};
+                                        "cuGetErrorString",
+                                        "cuMemGetAddressRange_v2"};
     void **slots = (void **)&a->Init;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         slots[i] = dlsym(a->lib, names[i]);
@@ -119,6 +121,16 @@ static void dfree(kvt_device *d, uint64_t addr)
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
     c->api.MemFree((CUdeviceptr)addr);
+}
+
+static int range(kvt_device *d, uint64_t addr, uint64_t *base, size_t *size)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CUdeviceptr b;
+    CU(c, c->api.MemGetAddressRange(&b, size, (CUdeviceptr)addr), "cuMemGetAddressRange");
+    *base = b;
+    return 0;
 }
 
 static int host_alloc(kvt_device *d, size_t bytes, void **out)
@@ -176,8 +188,8 @@ static void close_dev(kvt_device *d)
     free(c);
 }
 
-static const struct kvt_device_ops cuda_ops = {alloc, dfree, host_alloc, host_free,
-                                               h2d,   d2h,   wait_slot,  close_dev};
+static const struct kvt_device_ops cuda_ops = {alloc, dfree, range,     host_alloc, host_free,
+                                               h2d,   d2h,   wait_slot, close_dev};
 
 static int setup(struct cuda_dev *c, int ordinal, kvt_device *d)
 {

@@ -183,8 +183,7 @@ static int list_slots(struct dev_load *l, const uint64_t *dst)
         return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
     for (size_t i = 0; i < l->h->n_caches; i++)
         for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++)
-            l->slot[l->n_slots] =
-                (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots]};
+            l->slot[l->n_slots] = (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots]};
     return 0;
 }
 
