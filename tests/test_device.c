@@ -74,29 +74,6 @@ static void assert_device_is(struct dplace *p, const uint8_t *want, size_t total
     assert_int_equal(at, total);
 }
 
-/* A wrapped device allocation, freed by the buffer's release. */
-struct dev_alloc {
-    kvt_device *d;
-    uint64_t addr;
-};
-
-static void device_release(void *ud, void *data)
-{
-    struct dev_alloc *a = ud;
-    assert_null(data);
-    kvt_device_free(a->d, a->addr);
-    free(a);
-}
-
-static kvt_buf *device_buf(kvt_device *d, uint64_t addr, size_t n)
-{
-    struct dev_alloc *a = malloc(sizeof(*a));
-    *a = (struct dev_alloc){d, addr};
-    kvt_buf *b;
-    assert_int_equal(kvt_buf_wrap_device(d, addr, n, device_release, a, &b), 0);
-    return b;
-}
-
 static char *save_entry(const char *name, size_t n, uint64_t seed, uint8_t **want, size_t *total)
 {
     int32_t *tok = malloc(n * sizeof(*tok));
@@ -251,42 +228,6 @@ static void test_store_restore_to_device(void **state)
 }
 
 /* A twin of host entry @p e whose tensors live in device memory of @p d. */
-static struct kvt_entry *device_twin(kvt_device *d, const struct kvt_entry *e)
-{
-    kvt_cache *c[8];
-    assert_true(e->n_caches <= 8);
-    for (size_t i = 0; i < e->n_caches; i++) {
-        struct kvt_cache_info info;
-        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS], dt[KVT_MAX_CACHE_TENSORS];
-        kvt_cache_get_info(e->caches[i], &info);
-        int nt = kvt_cache_state(e->caches[i], st);
-        assert_true(nt > 0);
-        for (int k = 0; k < nt; k++) {
-            size_t n = kvt_tensor_nbytes(&st[k]);
-            uint8_t *flat = malloc(n + 1);
-            kvt_tensor_copy_out(&st[k], flat);
-            uint64_t addr;
-            assert_int_equal(kvt_device_alloc(d, n, &addr), 0);
-            assert_int_equal(kvt_device_upload(d, addr, flat, n), 0);
-            kvt_buf *b = device_buf(d, addr, n);
-            assert_int_equal(kvt_tensor_init(&dt[k], b, 0, st[k].dtype, st[k].rank, st[k].shape),
-                             0);
-            kvt_buf_unref(b);
-            kvt_tensor_release(&st[k]);
-            free(flat);
-        }
-        assert_int_equal(kvt_cache_from_state(&info, dt, nt, &c[i]), 0);
-        for (int k = 0; k < nt; k++)
-            kvt_tensor_release(&dt[k]);
-    }
-    struct kvt_entry *out;
-    assert_int_equal(kvt_entry_new(e->tokens, e->n_tokens, c, e->n_caches, "", &out), 0);
-    out->meta.model_id = strdup(MODEL);
-    out->meta.config_fingerprint = strdup(FP);
-    out->meta.tokenizer_hash = strdup(TOK);
-    return out;
-}
-
 /* The saved file holds exactly the host twin's bytes. */
 static void assert_file_is(const char *path, const uint8_t *want, size_t total)
 {
@@ -313,7 +254,7 @@ static void test_save_from_device(void **state)
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         kvt_device *d;
         assert_int_equal(kvt_device_open_host(&cases[c], &d), 0);
-        struct kvt_entry *de = device_twin(d, e);
+        struct kvt_entry *de = synth_device_twin(d, e, MODEL, FP, TOK);
         char *path = strf("%s/dev%zu.mlxkv", test_dir, c);
         struct kvt_save_opts so = {.no_sync = true};
         assert_int_equal(kvt_file_save(path, de, &so, NULL), 0);
@@ -364,7 +305,7 @@ static void test_device_entries_refused(void **state)
     for (int i = 0; i < 64; i++)
         tok[i] = i;
     struct kvt_entry *e = synth_random_entry(tok, 64, 9, MODEL, FP, TOK);
-    struct kvt_entry *de = device_twin(d, e);
+    struct kvt_entry *de = synth_device_twin(d, e, MODEL, FP, TOK);
 
     /* there is no image of its file bytes in memory (what remote uploads send) */
     struct kvt_image *im = (void *)1;
@@ -383,7 +324,7 @@ static void test_device_entries_refused(void **state)
     /* a strided view of device memory cannot be made into a cache */
     uint64_t addr;
     assert_int_equal(kvt_device_alloc(d, 4 * 8 * 16 * 2, &addr), 0);
-    kvt_buf *b = device_buf(d, addr, 4 * 8 * 16 * 2);
+    kvt_buf *b = synth_device_buf(d, addr, 4 * 8 * 16 * 2);
     uint64_t where = 0;
     assert_ptr_equal(kvt_buf_device(b, &where), d);
     assert_int_equal(where, addr);
@@ -411,10 +352,12 @@ static void test_device_entries_refused(void **state)
     /* memory past the end of its allocation: refused at the wrap (released), and a copy that
      * would run past it fails, as CUDA's does */
     assert_int_equal(kvt_device_alloc(d, 1000, &addr), 0);
-    struct dev_alloc *a = malloc(sizeof(*a));
-    *a = (struct dev_alloc){d, addr};
     b = (kvt_buf *)1;
-    assert_int_equal(kvt_buf_wrap_device(d, addr + 8, 1000, device_release, a, &b), -EINVAL);
+    int live = synth_device_live;
+    assert_int_equal(kvt_buf_wrap_device(d, addr + 8, 1000, synth_device_release,
+                                         synth_device_hold(d, addr), &b),
+                     -EINVAL);
+    assert_int_equal(synth_device_live, live); /* released, and the allocation freed */
     assert_null(b);
     assert_non_null(strstr(kvt_last_error(), "run past the end of their device allocation"));
     assert_int_equal(kvt_device_alloc(d, 1000, &addr), 0);
@@ -452,7 +395,7 @@ static void test_save_over_4gib(void **state)
     const size_t bytes = (size_t)n * 65536 * 2;
     struct kvt_tensor t[2];
     for (int w = 0; w < 2; w++) {
-        kvt_buf *b = device_buf(d, marked_alloc(d, bytes, (uint8_t)(0xA0 + w)), bytes);
+        kvt_buf *b = synth_device_buf(d, marked_alloc(d, bytes, (uint8_t)(0xA0 + w)), bytes);
         assert_int_equal(kvt_tensor_init(&t[w], b, 0, KVT_BFLOAT16, 4, shape), 0);
         kvt_buf_unref(b);
     }
@@ -522,7 +465,7 @@ static void test_cuda(void **state)
         tok[i] = i + 1;
     struct kvt_entry *e = synth_random_entry(tok, 3000, 4, MODEL, FP, TOK);
     want = synth_entry_bytes(e, &total);
-    struct kvt_entry *de = device_twin(d, e);
+    struct kvt_entry *de = synth_device_twin(d, e, MODEL, FP, TOK);
     path = strf("%s/from-cuda.mlxkv", test_dir);
     struct kvt_save_opts so = {.no_sync = true};
     assert_int_equal(kvt_file_save(path, de, &so, NULL), 0);

@@ -146,6 +146,25 @@ int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n)
     return copy_sync(d, dst, src, n, false);
 }
 
+int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up)
+{
+    pthread_mutex_lock(&d->op_lock);
+    int rc = kvt_dstage_ready(d);
+    uint8_t *mem;
+    unsigned k; /* one slot: its event follows the copies queued after it */
+    if (rc == 0 && (rc = kvt_dstage_take(d, &mem, &k)) == 0) {
+        size_t i = 0;
+        for (; i < n && rc == 0; i++)
+            rc = up ? d->ops->h2d(d, c[i].dev, c[i].host, c[i].n, k)
+                    : d->ops->d2h(d, c[i].host, c[i].dev, c[i].n, k);
+        int rw = i > 0 ? d->ops->wait(d, k) : 0; /* the queued ones, even after a failure */
+        kvt_dstage_give(d, k, false);
+        rc = rc ? rc : rw;
+    }
+    pthread_mutex_unlock(&d->op_lock);
+    return rc;
+}
+
 /* ---- the staging ring --------------------------------------------------------------------- */
 
 int kvt_dstage_ready(kvt_device *d)

@@ -54,6 +54,31 @@ struct kvt_device {
 int kvt_device_cuda_open(int ordinal, kvt_device *d);
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d);
 
+/* One copy between page-locked host memory and the device. */
+struct kvt_dcopy {
+    void *host;
+    uint64_t dev;
+    size_t n;
+};
+
+/** Queue every copy of @p c straight on the device's queue (the host sides are page-locked,
+ * e.g. a kvt_dpool's) and wait for them all; @p up: host to device. */
+int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up);
+
+/*
+ * The page-locked pool of a RAM tier (device_pool.c): one region of @p cap bytes, allocated at
+ * the first buffer and freed once the pool is closed and its last buffer released. Thread-safe.
+ */
+struct kvt_dpool;
+int kvt_dpool_new(kvt_device *d, size_t cap, struct kvt_dpool **out);
+void kvt_dpool_close(struct kvt_dpool *p);
+/** A host buffer of @p bytes in the pool; -ENOSPC when no free range is large enough. */
+int kvt_dpool_buf(struct kvt_dpool *p, size_t bytes, kvt_buf **out);
+/** Whether @p mem lies in the pool's region. */
+bool kvt_dpool_owns(const struct kvt_dpool *p, const void *mem);
+/** Bytes handed out and not yet released. */
+size_t kvt_dpool_used(struct kvt_dpool *p);
+
 /** Allocate the staging ring if it is not yet (page-locked: slow, so once per device). */
 int kvt_dstage_ready(kvt_device *d);
 /** A free slot, once the copies queued with it before are done; *@p k is its index. Waits
