@@ -79,6 +79,7 @@ class PromptCache:
             spill_queue_max_bytes, write_behind, demote_idle_ms, snapshot_debounce_ms,
             flush_timeout_ms, background_cpus,
             None if device is None else device_handle(device))
+        self.device = device
         _open_caches.add(self)
 
     def __enter__(self) -> "PromptCache":
