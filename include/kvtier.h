@@ -377,6 +377,9 @@ struct kvt_save_opts {
     void *engine;                /* passed to run_exclusive */
     bool no_sync;                /* skip fsync of file and directory (tests, benchmarks) */
     bool drop_cache;             /* after fsync, drop the file's pages from the page cache */
+    bool keep_cache;             /* write through the page cache (not O_DIRECT) and leave the
+                                    pages there, so that a restore reads them at memory speed;
+                                    overrides drop_cache */
 };
 
 /**
@@ -521,6 +524,9 @@ struct kvt_store_opts {
     size_t n_layers;                /* donor-layer count checked on restore; 0 = not checked */
     bool no_verify;                 /* skip tensor hash checks on restore */
     bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
+    bool keep_saved_cached;         /* saves leave their files in the page cache (written
+                                       through it, kvt_save_opts.keep_cache), so that a
+                                       restarted process restores them at memory speed */
     size_t max_header_bytes;        /* default 64 MiB */
     int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; default
                                        60000. It covers the instant between a writer's

@@ -63,7 +63,8 @@ class PromptCache:
                  spill_queue_max_bytes: int = 2 << 30, write_behind: bool = True,
                  demote_idle_ms: int = 300_000, snapshot_debounce_ms: int = 1000,
                  flush_timeout_ms: int = 120_000,
-                 background_cpus: Optional[str] = None, device: Optional[Device] = None) -> None:
+                 background_cpus: Optional[str] = None, device: Optional[Device] = None,
+                 keep_saved_cached: bool = False) -> None:
         """``cold_dir`` (with model_id, config_fingerprint, tokenizer_hash: the model
         identity; another fingerprint or namespace never matches) enables the cold tier.
         ``ram_max_bytes``: RAM tier cap. ``max_bytes``: the store's cap (0 = 32 GiB).
@@ -72,13 +73,15 @@ class PromptCache:
         ``background_cpus``: CPU list ("2-7") for the writer and timer threads.
         ``device``: entries in its memory (CUDA tensors) are put into page-locked host memory
         of the RAM tier (one region of ``ram_max_bytes + spill_queue_max_bytes``, allocated
-        at the first such put), and :meth:`take_to_device` lands takes in its memory."""
+        at the first such put), and :meth:`take_to_device` lands takes in its memory.
+        ``keep_saved_cached``: saved files stay in the page cache, so that a restarted
+        process restores them at memory speed."""
         self._pc = _ext.pcache_open(
             ram_max_bytes, None if cold_dir is None else os.fspath(cold_dir), model_id,
             config_fingerprint, tokenizer_hash, max_bytes, n_layers, not verify,
             spill_queue_max_bytes, write_behind, demote_idle_ms, snapshot_debounce_ms,
             flush_timeout_ms, background_cpus,
-            None if device is None else device_handle(device))
+            None if device is None else device_handle(device), keep_saved_cached)
         self.device = device
         _open_caches.add(self)
 

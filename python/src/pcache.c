@@ -65,11 +65,23 @@ static void leave(KvtPcache *self)
 static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    static char *kwlist[] = {
-        "ram_max_bytes",         "cold_dir",        "model_id",       "config_fingerprint",
-        "tokenizer_hash",        "max_bytes",       "n_layers",       "no_verify",
-        "spill_queue_max_bytes", "write_behind",    "demote_idle_ms", "snapshot_debounce_ms",
-        "flush_timeout_ms",      "background_cpus", "device",         NULL};
+    static char *kwlist[] = {"ram_max_bytes",
+                             "cold_dir",
+                             "model_id",
+                             "config_fingerprint",
+                             "tokenizer_hash",
+                             "max_bytes",
+                             "n_layers",
+                             "no_verify",
+                             "spill_queue_max_bytes",
+                             "write_behind",
+                             "demote_idle_ms",
+                             "snapshot_debounce_ms",
+                             "flush_timeout_ms",
+                             "background_cpus",
+                             "device",
+                             "keep_saved_cached",
+                             NULL};
     struct kvt_pcache_opts o;
     kvt_pcache_opts_init(&o);
     unsigned long long ram = o.ram_max_bytes, max_bytes = 0;
@@ -78,11 +90,14 @@ static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
     long long queue = o.spill_queue_max_bytes, demote = o.demote_idle_ms;
     long long debounce = o.snapshot_debounce_ms, flush_timeout = o.flush_timeout_ms;
     PyObject *device = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|KzzzzKnpLpLLLzO", kwlist, &ram, &o.cold_dir, &o.cold.model_id,
-            &o.cold.config_fingerprint, &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
-            &queue, &write_behind, &demote, &debounce, &flush_timeout, &o.background_cpus, &device))
+    int keep_saved = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|KzzzzKnpLpLLLzOp", kwlist, &ram, &o.cold_dir,
+                                     &o.cold.model_id, &o.cold.config_fingerprint,
+                                     &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
+                                     &queue, &write_behind, &demote, &debounce, &flush_timeout,
+                                     &o.background_cpus, &device, &keep_saved))
         return NULL;
+    o.cold.keep_saved_cached = keep_saved;
     if (device != Py_None && !(o.device = kvtpy_device_of(device)))
         return NULL;
     o.ram_max_bytes = ram;

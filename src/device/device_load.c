@@ -312,7 +312,8 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
         rc = placed(path, cut ? cut : h, place, ud, &dst);
     struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
     if (rc == 0 && (rc = list_slots(&l, dst, cut)) == 0)
-        rc = load_slots(&l, x && x->keep_cache);
+        rc = load_slots(&l, kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,
+                                                 x && x->keep_cache));
     free(l.slot);
     free(dst);
     io->close(fd);
