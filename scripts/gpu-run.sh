@@ -5,6 +5,7 @@
 #                               (4 GiB save included) and bench_tier_device, 256 MiB - 4 GiB
 #   scripts/gpu-run.sh e2e      python/bench/bench_hf_ttft.py (32 layers, hidden 4096, 16,384
 #                               tokens)
+#   scripts/gpu-run.sh benches  bench_tier_device, then the e2e bench
 # Output goes to $OUT (default ./gpu-out).
 set -u
 root=$(pwd)
@@ -31,6 +32,11 @@ checks)
         tee "$out/bench_tier_device.txt"
     ;;
 e2e)
+    python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
+    ;;
+benches)
+    .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 5 2>&1 |
+        tee "$out/bench_tier_device.txt"
     python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
     ;;
 esac

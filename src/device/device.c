@@ -154,10 +154,19 @@ int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool u
     unsigned k; /* one slot: its event follows the copies queued after it */
     if (rc == 0 && (rc = kvt_dstage_take(d, &mem, &k)) == 0) {
         size_t i = 0;
-        for (; i < n && rc == 0; i++)
-            rc = up ? d->ops->h2d(d, c[i].dev, c[i].host, c[i].n, k)
-                    : d->ops->d2h(d, c[i].host, c[i].dev, c[i].n, k);
-        int rw = i > 0 ? d->ops->wait(d, k) : 0; /* the queued ones, even after a failure */
+        for (; i < n && rc == 0; i++) { /* one event, after the last: the queue runs in order */
+            unsigned s = i + 1 == n ? k : KVT_DEVICE_UNTRACKED;
+            rc = up ? d->ops->h2d(d, c[i].dev, c[i].host, c[i].n, s)
+                    : d->ops->d2h(d, c[i].host, c[i].dev, c[i].n, s);
+        }
+        if (rc && i > 1) { /* track the ones queued before the failure: the last of them again
+                            * (the same bytes to the same place), now with the event */
+            const struct kvt_dcopy *l = &c[i - 2];
+            if ((up ? d->ops->h2d(d, l->dev, l->host, l->n, k)
+                    : d->ops->d2h(d, l->host, l->dev, l->n, k)) != 0)
+                i = 0; /* nothing to wait on: the queue has failed */
+        }
+        int rw = i > 1 || (i == 1 && rc == 0) ? d->ops->wait(d, k) : 0;
         kvt_dstage_give(d, k, false);
         rc = rc ? rc : rw;
     }

@@ -23,7 +23,8 @@ struct kvt_device_ops {
     /* page-locked host memory, the source and target of asynchronous copies */
     int (*host_alloc)(kvt_device *d, size_t bytes, void **out);
     void (*host_free)(kvt_device *d, void *p);
-    /* queue a copy; completion is tracked per ring slot @p slot (< KVT_DEVICE_MAX_SLOTS) */
+    /* queue a copy; completion is tracked per ring slot @p slot (< KVT_DEVICE_MAX_SLOTS), or
+     * not at all with KVT_DEVICE_UNTRACKED (a later tracked copy on the queue covers it) */
     int (*h2d)(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot);
     int (*d2h)(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot);
     /* wait for every copy queued for @p slot */
@@ -32,6 +33,7 @@ struct kvt_device_ops {
 };
 
 #define KVT_DEVICE_MAX_SLOTS 16
+#define KVT_DEVICE_UNTRACKED KVT_DEVICE_MAX_SLOTS
 
 struct kvt_device {
     const struct kvt_device_ops *ops;

@@ -153,7 +153,8 @@ static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned 
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
     CU(c, c->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, n, c->stream), "cuMemcpyHtoDAsync");
-    CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
     return 0;
 }
 
@@ -162,7 +163,8 @@ static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
     CU(c, c->api.MemcpyDtoHAsync(dst, (CUdeviceptr)src, n, c->stream), "cuMemcpyDtoHAsync");
-    CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
     return 0;
 }
 

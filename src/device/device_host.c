@@ -79,7 +79,8 @@ static int enqueue(kvt_device *d, void *dst, const void *src, size_t n, unsigned
     uint64_t seq = ++h->queued;
     h->q[(h->head + h->count) % QUEUE] = (struct copy_job){dst, src, n, slot, seq};
     h->count++;
-    h->slot_last[slot] = seq;
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        h->slot_last[slot] = seq;
     pthread_cond_broadcast(&h->cond);
     pthread_mutex_unlock(&h->lock);
     return 0;
