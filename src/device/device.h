@@ -27,6 +27,10 @@ struct kvt_device_ops {
      * not at all with KVT_DEVICE_UNTRACKED (a later tracked copy on the queue covers it) */
     int (*h2d)(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot);
     int (*d2h)(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot);
+    /* queue @p rows host-to-device copies of @p n bytes, the host's @p pitch bytes apart,
+     * to consecutive device memory (one strided copy) */
+    int (*h2d_rows)(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
+                    size_t rows, unsigned slot);
     /* wait for every copy queued for @p slot */
     int (*wait)(kvt_device *d, unsigned slot);
     void (*close)(kvt_device *d);
@@ -56,11 +60,13 @@ struct kvt_device {
 int kvt_device_cuda_open(int ordinal, kvt_device *d);
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d);
 
-/* One copy between page-locked host memory and the device. */
+/* One copy between page-locked host memory and the device: @p rows rows of @p n bytes, on the
+ * host @p pitch bytes apart, consecutive on the device (rows 1: one run of n bytes). */
 struct kvt_dcopy {
     void *host;
     uint64_t dev;
     size_t n;
+    size_t rows, pitch;
 };
 
 /** Queue every copy of @p c straight on the device's queue (the host sides are page-locked,

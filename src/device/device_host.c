@@ -120,6 +120,16 @@ static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned 
     return rc ? rc : enqueue(d, (void *)(uintptr_t)dst, src, n, slot);
 }
 
+static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
+                    size_t rows, unsigned slot)
+{
+    int rc = 0;
+    for (size_t r = 0; r < rows && rc == 0; r++) /* in order: the last one tracked */
+        rc = h2d(d, dst + r * n, (const uint8_t *)src + r * pitch, n,
+                 r + 1 == rows ? slot : KVT_DEVICE_UNTRACKED);
+    return rc;
+}
+
 static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
 {
     int rc = check_span(d, src, n);
@@ -200,8 +210,18 @@ static void close_dev(kvt_device *d)
     free(h);
 }
 
-static const struct kvt_device_ops host_ops = {alloc, dfree, range,     host_alloc, host_free,
-                                               h2d,   d2h,   wait_slot, close_dev};
+static const struct kvt_device_ops host_ops = {
+    .alloc = alloc,
+    .free = dfree,
+    .range = range,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .h2d = h2d,
+    .d2h = d2h,
+    .h2d_rows = h2d_rows,
+    .wait = wait_slot,
+    .close = close_dev,
+};
 
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d)
 {

@@ -78,7 +78,7 @@ static int twin_cache(struct kvt_tier_dev *t, const kvt_cache *c, struct kvt_dco
             break;
         rc = kvt_tensor_init(&ht[made], b, 0, st[made].dtype, st[made].rank, st[made].shape);
         if (rc == 0)
-            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), addr + st[made].offset, n};
+            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), addr + st[made].offset, n, 1, 0};
         kvt_buf_unref(b);
         if (rc)
             break;
@@ -176,24 +176,41 @@ struct runs {
     uint64_t dev;
 };
 
+/* Whether run @p p (@p n bytes, bound for @p dev) extends copy @p c by a row: the same width,
+ * next on the device, and on the host one pitch after its last row (the second row sets the
+ * pitch). A tensor cut to a prefix is so one strided copy, not a copy a row. */
+static bool extends(const struct kvt_dcopy *c, const uint8_t *p, size_t n, uint64_t dev)
+{
+    if (c->n != n || c->dev + c->rows * c->n != dev)
+        return false;
+    const uint8_t *last = (const uint8_t *)c->host + (c->rows - 1) * c->pitch;
+    return p > last && (c->rows == 1 || (size_t)(p - last) == c->pitch);
+}
+
 static int add_run(void *ud, const void *p, size_t n)
 {
     struct runs *r = ud;
-    int rc = 0;
+    struct kvt_dcopy *c = r->n ? &r->cp[r->n - 1] : NULL;
+    uint64_t dev = r->dev;
+    r->dev += n;
     if (!kvt_dpool_owns(r->t->pool, p)) /* not page-locked: through the staging ring */
-        rc = kvt_device_upload(r->t->d, r->dev, p, n);
-    else if (r->n == r->cap) {
+        return kvt_device_upload(r->t->d, dev, p, n);
+    if (c && extends(c, p, n, dev)) {
+        if (c->rows == 1)
+            c->pitch = (size_t)((const uint8_t *)p - (const uint8_t *)c->host);
+        c->rows++;
+        return 0;
+    }
+    if (r->n == r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 256;
-        struct kvt_dcopy *c = realloc(r->cp, cap * sizeof(*c));
-        if (!c)
+        struct kvt_dcopy *m = realloc(r->cp, cap * sizeof(*m));
+        if (!m)
             return kvt_fail(-ENOMEM, "out of memory");
-        r->cp = c;
+        r->cp = m;
         r->cap = cap;
     }
-    if (rc == 0 && kvt_dpool_owns(r->t->pool, p))
-        r->cp[r->n++] = (struct kvt_dcopy){(void *)p, r->dev, n};
-    r->dev += n;
-    return rc;
+    r->cp[r->n++] = (struct kvt_dcopy){(void *)p, dev, n, 1, 0};
+    return 0;
 }
 
 static int to_device(void *ud, const struct kvt_entry *e, kvt_device_place_fn place, void *pud,
