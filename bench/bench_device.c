@@ -32,18 +32,6 @@
 #define MAX_REPEAT 32
 #define COPY_PIECE ((size_t)16 << 20)
 
-static uint64_t parse_size(const char *s)
-{
-    char *end;
-    uint64_t v = strtoull(s, &end, 10);
-    switch (*end) {
-    case 'G': return v << 30;
-    case 'M': return v << 20;
-    case 'K': return v << 10;
-    default: return v;
-    }
-}
-
 /* One K or V tensor of layer @p l ([1, 8, n, 128] bfloat16), however the caller makes it. */
 typedef int (*make_fn)(void *ud, int l, int w, const int64_t *shape, struct kvt_tensor *t);
 
@@ -298,41 +286,15 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
     return 0;
 }
 
-int main(int argc, char **argv)
+static void header(kvt_device *d, int repeat)
 {
-    const char *dir = "/tmp", *sizes = "256M,1G,4G";
-    int repeat = 5;
-    bool host = false;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--host") == 0)
-            host = true;
-        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
-            dir = argv[++i];
-        else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
-            sizes = argv[++i];
-        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_device [--host] [--dir D] [--size 256M,1G,4G] "
-                            "[--repeat N]\n");
-            return 2;
-        }
-    }
-    if (repeat < 1 || repeat > MAX_REPEAT)
-        return 2;
-    kvt_device *d;
-    int rc = host ? kvt_device_open_host(NULL, &d) : kvt_device_open_cuda(0, NULL, &d);
-    if (rc) {
-        fprintf(stderr, "bench_device: %s\n", kvt_last_error());
-        return rc == KVT_E_UNSUPPORTED ? 77 : 1;
-    }
     printf("bench_device: %s, staging %zu MiB x %u, %d repetitions (medians; ratio = limit "
            "time / kvtier time, limit = slower of the read or write and the copy)\n",
            kvt_device_name(d), d->chunk >> 20, d->depth, repeat);
-    char *list = strdup(sizes);
-    for (char *t = strtok(list, ","); t && rc == 0; t = strtok(NULL, ","))
-        rc = run_size(d, dir, parse_size(t), repeat);
-    free(list);
-    kvt_device_close(d);
-    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    const struct bench_device_prog p = {"bench_device", "/tmp", MAX_REPEAT, header, run_size};
+    return bench_device_main(argc, argv, &p);
 }
