@@ -128,24 +128,6 @@ static double time_copy(kvt_device *d, void *pinned, uint64_t dev, uint64_t byte
     return bench_now() - t0;
 }
 
-static double time_read(const char *path, void *buf, uint64_t bytes, bool cold)
-{
-    if (cold ? bench_make_cold(path) : bench_make_warm(path))
-        return -1;
-    struct bench_span s = {buf, 0, (size_t)bytes};
-    double secs;
-    bool direct;
-    if (cold)
-        return bench_raw_read(path, &s, 1, &secs, &direct) ? -1 : secs;
-    FILE *f = fopen(path, "rb");
-    double t0 = bench_now();
-    size_t got = f ? fread(buf, 1, (size_t)bytes, f) : 0;
-    secs = bench_now() - t0;
-    if (f)
-        fclose(f);
-    return got == bytes ? secs : -1;
-}
-
 static double ratio_median(const double *lim, const double *kvt, int n)
 {
     double r[MAX_REPEAT];
@@ -255,7 +237,7 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
             bool kvt_first = (r + w) % 2 == 0;
             if (kvt_first)
                 k[w][r] = time_restore(d, &m, path, w == 0);
-            rd[w][r] = time_read(path, buf, file, w == 0);
+            rd[w][r] = bench_read_limit(path, buf, file, w == 0);
             if (!kvt_first)
                 k[w][r] = time_restore(d, &m, path, w == 0);
             if (k[w][r] < 0 || rd[w][r] < 0 || cp[r] < 0)

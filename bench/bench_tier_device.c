@@ -198,25 +198,6 @@ static int run_ram(struct run *r, const char *dir, int repeat)
     return 0;
 }
 
-/* The entry's file (saved through a store) and the raw read of it. */
-static double time_read(const char *path, void *buf, uint64_t bytes, bool cold)
-{
-    if (cold ? bench_make_cold(path) : bench_make_warm(path))
-        return -1;
-    struct bench_span s = {buf, 0, (size_t)bytes};
-    double secs;
-    bool direct;
-    if (cold)
-        return bench_raw_read(path, &s, 1, &secs, &direct) ? -1 : secs;
-    FILE *f = fopen(path, "rb");
-    double t0 = bench_now();
-    size_t got = f ? fread(buf, 1, (size_t)bytes, f) : 0;
-    secs = bench_now() - t0;
-    if (f)
-        fclose(f);
-    return got == bytes ? secs : -1;
-}
-
 static int run_disk(struct run *r, const char *dir, int repeat)
 {
     kvt_pcache *pc = open_pc(r, dir, false);
@@ -237,7 +218,7 @@ static int run_disk(struct run *r, const char *dir, int repeat)
     for (int i = 0; i < repeat; i++) {
         cp[i] = time_copy(r, true);
         for (int w = 0; w < 2; w++) { /* 0 cold, 1 warm */
-            rd[w][i] = time_read(path, buf, r->bytes, w == 0);
+            rd[w][i] = bench_read_limit(path, buf, r->bytes, w == 0);
             if ((w == 0 ? bench_make_cold(path) : bench_make_warm(path)) ||
                 !(pc = open_pc(r, dir, false)))
                 return -1;

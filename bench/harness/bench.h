@@ -126,6 +126,9 @@ struct bench_device_prog {
     int (*run_size)(kvt_device *d, const char *dir, uint64_t bytes, int repeat);
 };
 int bench_device_main(int argc, char **argv, const struct bench_device_prog *p);
+/** The time of the raw read of @p bytes of @p path into @p buf: cold (page cache dropped,
+ * O_DIRECT with several reads in flight) or warm (one buffered read of the cached file). */
+double bench_read_limit(const char *path, void *buf, uint64_t bytes, bool cold);
 /* Append @p len tokens of pseudo-random K and V (from @p rng) to the kv cache @p c. */
 int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len, uint64_t *rng);
 /*

@@ -1,5 +1,6 @@
 /*
- * The command line both device benches share: [--host] [--dir D] [--size 256M,1G,4G]
+ * What both device benches share: the read limit of a file, and the command line: [--host] [--dir
+ * D] [--size 256M,1G,4G]
  * [--repeat N], the device opened (CUDA device 0, or the host stand-in), each size run.
  */
 #include <stdio.h>
@@ -7,6 +8,24 @@
 #include <string.h>
 
 #include "bench.h"
+
+double bench_read_limit(const char *path, void *buf, uint64_t bytes, bool cold)
+{
+    if (cold ? bench_make_cold(path) : bench_make_warm(path))
+        return -1;
+    struct bench_span s = {buf, 0, (size_t)bytes};
+    double secs;
+    bool direct;
+    if (cold)
+        return bench_raw_read(path, &s, 1, &secs, &direct) ? -1 : secs;
+    FILE *f = fopen(path, "rb");
+    double t0 = bench_now();
+    size_t got = f ? fread(buf, 1, (size_t)bytes, f) : 0;
+    secs = bench_now() - t0;
+    if (f)
+        fclose(f);
+    return got == bytes ? secs : -1;
+}
 
 static uint64_t parse_size(const char *s)
 {
