@@ -725,10 +725,10 @@ struct kvt_pcache_opts {
      * uploaded behind the local write, takes consult it last, restored entries are promoted
      * into the store. Its identity defaults to cold's. */
     const struct kvt_remote_opts *remote;
-    /* Optional device (NULL = none; must outlive the prompt cache): entries in its memory are
-     * put into page-locked host memory of the RAM tier (one region of ram_max_bytes +
-     * spill_queue_max_bytes, allocated at the first such put, freed at close), and
-     * kvt_pcache_take_to_device() lands takes in its memory. */
+    /* Optional device (NULL = none; must outlive the prompt cache and the entries taken from
+     * it): entries in its memory are put into page-locked host memory of the RAM tier (one
+     * region of ram_max_bytes + spill_queue_max_bytes, allocated at the first such put, freed
+     * at close), and kvt_pcache_take_to_device() lands takes in its memory. */
     kvt_device *device;
 };
 
