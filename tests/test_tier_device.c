@@ -161,6 +161,15 @@ static void test_put_and_take_in_ram(void **state)
     assert_landed(&p, e, 900);
     assert_int_equal(take(pc, &p, tok, 900, NULL), 899); /* the last token is left to compute */
     assert_landed(&p, e, 899);
+    /* an entry with a cache in host memory beside those in device memory */
+    struct kvt_entry *mixed = synth_device_twin(d, e, MODEL, FP, TOK);
+    kvt_cache_free(mixed->caches[1]);
+    assert_int_equal(kvt_cache_clone(e->caches[1], &mixed->caches[1]), 0);
+    assert_int_equal(kvt_pcache_put(pc, mixed, NULL), 0); /* replaces the first: same tokens */
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(take(pc, &p, other, 901, NULL), 600);
+    assert_landed(&p, e, 600);
     int32_t miss[4] = {99, 98, 97, 96};
     assert_int_equal(take(pc, &p, miss, 4, NULL), 0);
     assert_int_equal(p.n, 0);

@@ -71,14 +71,16 @@ static int twin_cache(struct kvt_tier_dev *t, const kvt_cache *c, struct kvt_dco
     int nt = kvt_cache_state(c, st), made = 0, rc = nt < 0 ? nt : 0;
     for (; rc == 0 && made < nt; made++) {
         uint64_t addr = 0;
-        kvt_buf_device(st[made].buf, &addr);
+        bool on_device = kvt_buf_device(st[made].buf, &addr) != NULL;
         size_t n = kvt_tensor_nbytes(&st[made]);
         kvt_buf *b;
         if ((rc = kvt_dpool_buf(t->pool, n, &b)))
             break;
         rc = kvt_tensor_init(&ht[made], b, 0, st[made].dtype, st[made].rank, st[made].shape);
-        if (rc == 0)
+        if (rc == 0 && on_device)
             cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), addr + st[made].offset, n, 1, 0};
+        else if (rc == 0) /* a tensor of the entry in host memory */
+            kvt_tensor_copy_out(&st[made], kvt_buf_data(b));
         kvt_buf_unref(b);
         if (rc)
             break;
