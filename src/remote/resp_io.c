@@ -11,23 +11,53 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "remote/remote.h"
+#include "tier/tier.h"
 
 static int io_errno(void)
 {
     return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
 }
 
-int kvt_rio_send(int fd, struct iovec *iov, int n)
+/* Wait until @p fd is ready for @p events or @p deadline_ms (monotonic; 0 = no deadline, the
+ * socket's own timeout applies) has passed: 0 or -ETIMEDOUT. */
+static int wait_ready(int fd, short events, int64_t deadline_ms)
+{
+    if (!deadline_ms)
+        return 0;
+    for (;;) {
+        int64_t left = deadline_ms - kvt_tier_mono_ms();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        struct pollfd p = {fd, events, 0};
+        int k = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (k > 0)
+            return 0;
+        if (k < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+int kvt_rio_send(int fd, struct iovec *iov, int n, int64_t deadline_ms)
 {
     while (n > 0) {
-        ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
+        /* MSG_NOSIGNAL: a peer that went away is an error code, never a SIGPIPE for the host */
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(n > IOV_MAX ? IOV_MAX : n)};
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | (deadline_ms ? MSG_DONTWAIT : 0));
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && deadline_ms && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_ready(fd, POLLOUT, deadline_ms);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
         if (w < 0)
             return io_errno();
         while (n > 0 && (size_t)w >= iov->iov_len) {
@@ -43,11 +73,12 @@ int kvt_rio_send(int fd, struct iovec *iov, int n)
     return 0;
 }
 
-/* One read of up to @p n bytes into @p dst (EINTR retried): *@p got > 0, or -errno
- * (-ECONNRESET when the server closed the connection). */
-static int read_some(int fd, void *dst, size_t n, size_t *got)
+int kvt_rio_recv(int fd, void *dst, size_t n, size_t *got, int64_t deadline_ms)
 {
     for (;;) {
+        int rc = wait_ready(fd, POLLIN, deadline_ms);
+        if (rc < 0)
+            return rc;
         ssize_t k = read(fd, dst, n);
         if (k < 0 && errno == EINTR)
             continue;
@@ -70,7 +101,7 @@ static int fill(struct kvt_rio *r)
         r->pos = 0;
     }
     size_t got;
-    int rc = read_some(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, &got);
+    int rc = kvt_rio_recv(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, &got, r->deadline_ms);
     if (rc == 0)
         r->len += got;
     return rc;
@@ -112,7 +143,7 @@ static int read_exact(struct kvt_rio *r, uint8_t *dst, size_t n)
     memcpy(dst, r->buf + r->pos, take);
     r->pos += take;
     for (size_t done = take, got; done < n; done += got) {
-        int rc = read_some(r->fd, dst + done, n - done, &got);
+        int rc = kvt_rio_recv(r->fd, dst + done, n - done, &got, r->deadline_ms);
         if (rc < 0)
             return rc;
     }
@@ -146,7 +177,7 @@ static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
                 memcpy(at, r->buf + r->pos, got);
             r->pos += got;
         } else {
-            int rc = read_some(r->fd, at, len, &got);
+            int rc = kvt_rio_recv(r->fd, at, len, &got, r->deadline_ms);
             if (rc < 0)
                 return rc;
         }

@@ -31,11 +31,22 @@ void kvt_ram_lru_free(struct kvt_ram_lru *lru);
 /** TIER.md §2.2. On a miss out->entry is NULL. */
 int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                      struct kvt_take *out);
-/** kvt_pcache_take_into(): the same decision, a disk hit restored into @p into's memory when
- * the cold tier has restore_into (NULL @p into: kvt_ram_lru_take()). */
-int kvt_ram_lru_take_into(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
-                          struct kvt_take_into *into, struct kvt_take *out);
-/** TIER.md §2.3: takes @p e and @p retain on every path. */
+/* A take into device memory: a cold hit streams there through cfg->dev (header set). */
+struct kvt_dev_dest {
+    kvt_device_place_fn place;
+    void *ud;
+    struct kvt_header *header; /* set when the bytes have landed */
+    /* Or, when set, a disk hit goes into the caller's host memory instead
+     * (kvt_pcache_take_into(), through cfg->cold->restore_into; place unused). */
+    struct kvt_take_into *host;
+};
+
+/** kvt_ram_lru_take() that lands a cold hit in device memory through @p dest (the RAM and
+ * remote hits come back as host entries in out->entry, for the caller to copy). */
+int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                        struct kvt_dev_dest *dest, struct kvt_take *out);
+/** TIER.md §2.3: takes @p e and @p retain on every path. With cfg->dev, an entry in its
+ * device's memory is copied into page-locked host memory and held so. */
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain);
 size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
                                    const char *ns);
