@@ -1,0 +1,168 @@
+/*
+ * Saving an entry as shared chunks plus its own tail (docs/SHARING.md §2-§3): chunks first,
+ * each crash-safe on its own and skipped (only touched) when another entry wrote it already,
+ * the tail last, so that a tail on disk always finds its chunks.
+ */
+#include "store/share.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "io/io.h"
+#include "store/layout.h"
+
+bool kvt_share_splits(int kind)
+{
+    return kind == KVT_KIND_KV || kind == KVT_KIND_QKV;
+}
+
+size_t kvt_share_chunks(size_t n)
+{
+    return n ? (n - 1) / KVT_SHARE_CHUNK : 0;
+}
+
+bool kvt_share_applies(const struct kvt_entry *e)
+{
+    if (!kvt_share_chunks(e->n_tokens))
+        return false;
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_cache_info info;
+        kvt_cache_get_info(e->caches[i], &info);
+        if (kvt_share_splits(info.kind))
+            return true;
+    }
+    return false;
+}
+
+void kvt_share_chunk_id(const int32_t *tok, size_t k, char out[KVT_CHUNK_ID_LEN + 1])
+{
+    size_t len = (k + 1) * KVT_SHARE_CHUNK * sizeof(*tok);
+    /* two independent 64-bit hashes: an id names a chunk for as long as the store lives */
+    unsigned long long a = kvt_wyhash(0x6b767469657231ull, tok, len);
+    unsigned long long b = kvt_wyhash(0x63686e6b32ull, tok, len);
+    snprintf(out, KVT_CHUNK_ID_LEN + 1, "%016llx%016llx", a, b);
+}
+
+char *kvt_share_chunk_path(const char *dir, const int32_t *tok, size_t k)
+{
+    char name[KVT_CHUNK_ID_LEN + sizeof(KVT_CHUNK_EXT)];
+    kvt_share_chunk_id(tok, k, name);
+    memcpy(name + KVT_CHUNK_ID_LEN, KVT_CHUNK_EXT, sizeof(KVT_CHUNK_EXT));
+    return kvt_path_join(dir, name);
+}
+
+/* A cache of @p c's kind over rows [a, b) of its state (new references on the same bytes). */
+static int cut(const kvt_cache *c, int64_t a, int64_t b, kvt_cache **out)
+{
+    struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+    int nt = kvt_cache_state(c, st);
+    if (nt < 0)
+        return nt;
+    struct kvt_cache_info info;
+    kvt_cache_get_info(c, &info);
+    info.offset = b - a;
+    int rc = 0;
+    for (int i = 0; i < nt && rc == 0; i++)
+        rc = kvt_tensor_slice(&st[i], &st[i], 2, a, b);
+    if (rc == 0)
+        rc = kvt_cache_from_state(&info, st, nt, out);
+    for (int i = 0; i < nt; i++)
+        kvt_tensor_release(&st[i]);
+    return rc;
+}
+
+/*
+ * The entry that rows [a, b) of @p e make: its token-axis layers cut, and with @p whole the
+ * other layers as they are (borrowed), else left out. v[] receives the caches; owned[i] says
+ * which ones the caller frees.
+ */
+static int part_entry(const struct kvt_entry *e, int64_t a, int64_t b, bool whole,
+                      struct kvt_entry *pe, kvt_cache **v, bool *owned)
+{
+    size_t nv = 0;
+    int rc = 0;
+    for (size_t i = 0; i < e->n_caches && rc == 0; i++) {
+        struct kvt_cache_info info;
+        kvt_cache_get_info(e->caches[i], &info);
+        owned[nv] = kvt_share_splits(info.kind);
+        if (owned[nv])
+            rc = cut(e->caches[i], a, b, &v[nv++]);
+        else if (whole)
+            v[nv++] = e->caches[i];
+    }
+    *pe = *e;
+    pe->caches = v;
+    pe->n_caches = nv; /* a failed cut left NULL, which part_free() passes over */
+    return rc;
+}
+
+static void part_free(struct kvt_entry *pe, const bool *owned)
+{
+    for (size_t i = 0; i < pe->n_caches; i++)
+        if (owned[i])
+            kvt_cache_free(pe->caches[i]);
+}
+
+/* Write rows [a, b) of @p e to @p path (@p whole: with the other layers). */
+static int save_part(const char *path, const struct kvt_entry *e, int64_t a, int64_t b, bool whole,
+                     const struct kvt_save_opts *o, uint64_t *bytes)
+{
+    kvt_cache **v = calloc(e->n_caches, sizeof(*v));
+    bool *owned = calloc(e->n_caches, sizeof(*owned));
+    struct kvt_entry pe;
+    int rc = v && owned ? part_entry(e, a, b, whole, &pe, v, owned) : -ENOMEM;
+    if (rc == 0) {
+        if (!whole) { /* a chunk: its own 256 tokens */
+            pe.tokens = e->tokens + a;
+            pe.n_tokens = (size_t)(b - a);
+        }
+        rc = kvt_file_save(path, &pe, o, bytes);
+    }
+    if (v && owned)
+        part_free(&pe, owned);
+    free(v);
+    free(owned);
+    return rc;
+}
+
+/* Chunk @p k: touched when present (its mtime is its last use), else written. */
+static int save_chunk(const char *dir, const struct kvt_entry *e, size_t k,
+                      const struct kvt_save_opts *o, struct kvt_share_saved *out)
+{
+    char *path = kvt_share_chunk_path(dir, e->tokens, k);
+    if (!path)
+        return -ENOMEM;
+    int rc = kvt_io()->utimens(path, NULL);
+    if (rc == 0)
+        out->chunks_reused++;
+    if (rc == -ENOENT) {
+        uint64_t bytes = 0;
+        int64_t a = (int64_t)(k * KVT_SHARE_CHUNK);
+        rc = save_part(path, e, a, a + KVT_SHARE_CHUNK, false, o, &bytes);
+        out->chunk_bytes += bytes;
+        out->chunks_written += rc == 0;
+    }
+    if (rc < 0)
+        kvt_fail(rc, "%s: cannot write the shared chunk: %s", path, kvt_strerror(rc));
+    free(path);
+    return rc;
+}
+
+int kvt_share_save(const char *dir, const char *tail_path, const struct kvt_entry *e,
+                   const struct kvt_save_opts *o, struct kvt_share_saved *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!kvt_share_applies(e))
+        return kvt_fail(-EINVAL, "%s: nothing of this entry can be shared", tail_path);
+    size_t m = kvt_share_chunks(e->n_tokens);
+    for (size_t k = 0; k < m; k++) {
+        int rc = save_chunk(dir, e, k, o, out);
+        if (rc < 0)
+            return rc;
+    }
+    return save_part(tail_path, e, (int64_t)(m * KVT_SHARE_CHUNK), (int64_t)e->n_tokens, true, o,
+                     &out->tail_bytes);
+}

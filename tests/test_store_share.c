@@ -1,0 +1,232 @@
+/*
+ * Entries kept as shared chunks plus a tail (docs/SHARING.md), at the file level: round
+ * trips that restore every byte of every layer (kv cut into chunks, ssm kept whole), two
+ * branches off one prompt sharing the prompt's chunks, and every way a chunk can go bad
+ * (a flipped byte, a missing file, another prefix's chunk under its name) failing the load
+ * and naming the chunk.
+ */
+#include "support/support.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/share.h"
+#include "support/synth.h"
+
+static const struct kvt_save_opts NO_SYNC = {.no_sync = true};
+
+/* Tokens of a branch: @p shared tokens common to every branch, then @p own of branch @p b. */
+static int32_t *branch_tokens(size_t shared, size_t own, int b)
+{
+    int32_t *t = malloc((shared + own) * sizeof(*t));
+    assert_non_null(t);
+    for (size_t i = 0; i < shared + own; i++)
+        t[i] = i < shared ? (int32_t)(i * 7 + 1) : (int32_t)(100000 * (b + 1) + (int)i);
+    return t;
+}
+
+/* A kv layer (cut into chunks) and an ssm layer (kept whole), bytes derived from the tokens. */
+static struct kvt_entry *entry_of(const int32_t *tok, size_t n)
+{
+    struct kvt_entry *e;
+    assert_int_equal(synth_entry(tok, n, "", false, &e), 0);
+    return e;
+}
+
+static void assert_same(const struct kvt_entry *got, const struct kvt_entry *want)
+{
+    assert_int_equal(got->n_tokens, want->n_tokens);
+    assert_memory_equal(got->tokens, want->tokens, want->n_tokens * sizeof(int32_t));
+    assert_int_equal(got->n_caches, want->n_caches);
+    for (size_t i = 0; i < want->n_caches; i++) {
+        assert_int_equal(kvt_cache_offset(got->caches[i]), kvt_cache_offset(want->caches[i]));
+        assert_true(synth_same_state(got->caches[i], want->caches[i]));
+    }
+}
+
+static char *tail_path(const char *name)
+{
+    return strf("%s/%s%s", test_dir, name, KVT_SHARE_EXT);
+}
+
+/* Save @p e under @p name and load it back; what the save did goes to @p sv. */
+static struct kvt_entry *round_trip(const struct kvt_entry *e, const char *name,
+                                    struct kvt_share_saved *sv)
+{
+    char *tp = tail_path(name);
+    assert_int_equal(kvt_share_save(test_dir, tp, e, &NO_SYNC, sv), 0);
+    struct kvt_entry *back;
+    struct kvt_expect x = {.n_layers = e->n_caches};
+    if (kvt_share_load(tp, &x, &back, NULL))
+        fail_msg("kvt_share_load: %s", kvt_last_error());
+    free(tp);
+    return back;
+}
+
+static void test_round_trips(void **state)
+{
+    (void)state;
+    /* chunk counts around the edges: one chunk and a row, a whole number of chunks, more */
+    const size_t sizes[] = {257, 512, 768, 1000, 1025};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        int32_t *tok = branch_tokens(sizes[i], 0, 0);
+        struct kvt_entry *e = entry_of(tok, sizes[i]);
+        assert_true(kvt_share_applies(e));
+        struct kvt_share_saved sv;
+        char name[32];
+        snprintf(name, sizeof(name), "e%zu", i);
+        struct kvt_entry *back = round_trip(e, name, &sv);
+        assert_same(back, e);
+        assert_int_equal(sv.chunks_written + sv.chunks_reused, (sizes[i] - 1) / 256);
+        /* the restored kv layer takes appends in place, like any restore */
+        assert_true(kvt_cache_capacity(back->caches[0]) > (int64_t)sizes[i]);
+        kvt_entry_free(back);
+        kvt_entry_free(e);
+        free(tok);
+    }
+}
+
+static void test_not_shareable(void **state)
+{
+    (void)state;
+    int32_t *tok = branch_tokens(256, 0, 0);
+    struct kvt_entry *e = entry_of(tok, 256); /* no row left for a tail beyond one chunk */
+    assert_false(kvt_share_applies(e));
+    struct kvt_share_saved sv;
+    char *tp = tail_path("small");
+    assert_int_equal(kvt_share_save(test_dir, tp, e, &NO_SYNC, &sv), -EINVAL);
+    assert_int_equal(access(tp, F_OK), -1);
+    int32_t *long_tok = branch_tokens(600, 0, 0);
+    kvt_cache *ssm;
+    assert_int_equal(synth_ssm(long_tok, 600, &ssm), 0);
+    struct kvt_entry only_ssm = {
+        .tokens = long_tok, .n_tokens = 600, .caches = &ssm, .n_caches = 1};
+    assert_false(kvt_share_applies(&only_ssm)); /* nothing to cut */
+    kvt_cache_free(ssm);
+    free(long_tok);
+    kvt_entry_free(e);
+    free(tp);
+    free(tok);
+}
+
+/* Chunk files in test_dir. */
+static size_t count_chunks(void)
+{
+    char *out;
+    char *cmd = strf("ls '%s' | grep -c '\\%s$'", test_dir, KVT_CHUNK_EXT);
+    run_capture(cmd, &out);
+    size_t n = strtoul(out, NULL, 10);
+    free(out);
+    free(cmd);
+    return n;
+}
+
+static void test_branches_share_chunks(void **state)
+{
+    (void)state;
+    /* three branches off a 600-token prompt, 100 tokens each: chunks 0-1 are the prompt's */
+    struct kvt_entry *e[3];
+    int32_t *tok[3];
+    for (int b = 0; b < 3; b++) {
+        tok[b] = branch_tokens(600, 100, b);
+        e[b] = entry_of(tok[b], 700);
+        struct kvt_share_saved sv;
+        char name[8];
+        snprintf(name, sizeof(name), "b%d", b);
+        struct kvt_entry *back = round_trip(e[b], name, &sv);
+        assert_int_equal(sv.chunks_written, b == 0 ? 2 : 0);
+        assert_int_equal(sv.chunks_reused, b == 0 ? 0 : 2);
+        assert_int_equal(sv.chunk_bytes == 0, b > 0);
+        assert_same(back, e[b]);
+        kvt_entry_free(back);
+    }
+    assert_int_equal(count_chunks(), 2);
+    /* a branch that departs inside chunk 1 shares chunk 0 only */
+    int32_t *t3 = branch_tokens(300, 400, 3);
+    struct kvt_entry *e3 = entry_of(t3, 700);
+    struct kvt_share_saved sv;
+    struct kvt_entry *back = round_trip(e3, "b3", &sv);
+    assert_int_equal(sv.chunks_reused, 1);
+    assert_int_equal(sv.chunks_written, 1);
+    assert_same(back, e3);
+    assert_int_equal(count_chunks(), 3);
+    kvt_entry_free(back);
+    kvt_entry_free(e3);
+    free(t3);
+    for (int b = 0; b < 3; b++) {
+        kvt_entry_free(e[b]);
+        free(tok[b]);
+    }
+}
+
+/* Load tail @p name: must fail with @p want and name chunk @p k of @p tok as the bad one. */
+static void assert_chunk_fails(const char *name, int want, const int32_t *tok, size_t k)
+{
+    char *tp = tail_path(name), *bad = NULL, *chunk = kvt_share_chunk_path(test_dir, tok, k);
+    struct kvt_entry *back = NULL;
+    struct kvt_expect x = {0};
+    assert_int_equal(kvt_share_load(tp, &x, &back, &bad), want);
+    assert_null(back);
+    assert_non_null(bad);
+    assert_string_equal(bad, chunk);
+    free(bad);
+    free(chunk);
+    free(tp);
+}
+
+static void test_bad_chunks(void **state)
+{
+    (void)state;
+    int32_t *ta = branch_tokens(600, 100, 0), *tb = branch_tokens(600, 100, 1);
+    int32_t *tc = branch_tokens(0, 700, 2);
+    struct kvt_entry *ea = entry_of(ta, 700), *eb = entry_of(tb, 700), *ec = entry_of(tc, 700);
+    struct kvt_share_saved sv;
+    char *pa = tail_path("a"), *pb = tail_path("b"), *pc = tail_path("c");
+    assert_int_equal(kvt_share_save(test_dir, pa, ea, &NO_SYNC, &sv), 0);
+    assert_int_equal(kvt_share_save(test_dir, pb, eb, &NO_SYNC, &sv), 0);
+    assert_int_equal(kvt_share_save(test_dir, pc, ec, &NO_SYNC, &sv), 0);
+
+    /* one flipped byte of the shared chunk 1: both branches that need it fail */
+    char *c1 = kvt_share_chunk_path(test_dir, ta, 1);
+    flip_slot_byte(c1, 0, 1, 77, 0x10);
+    assert_chunk_fails("a", KVT_E_CORRUPT, ta, 1);
+    assert_chunk_fails("b", KVT_E_CORRUPT, tb, 1);
+    /* another prompt's chunk under chunk 1's name: its tokens give it away */
+    char *other = kvt_share_chunk_path(test_dir, tc, 1);
+    assert_int_equal(rename(other, c1), 0);
+    assert_chunk_fails("a", KVT_E_CORRUPT, ta, 1);
+    /* the chunk gone */
+    assert_int_equal(unlink(c1), 0);
+    assert_chunk_fails("b", -ENOENT, tb, 1);
+    /* a flipped byte of a tail fails its own entry only */
+    struct kvt_entry *back;
+    struct kvt_expect x = {0};
+    flip_slot_byte(pc, 0, 0, 3, 0x01);
+    assert_int_equal(kvt_share_load(pc, &x, &back, NULL), KVT_E_CORRUPT);
+    free(other);
+    free(c1);
+    free(pa);
+    free(pb);
+    free(pc);
+    kvt_entry_free(ea);
+    kvt_entry_free(eb);
+    kvt_entry_free(ec);
+    free(ta);
+    free(tb);
+    free(tc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_round_trips, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_not_shareable, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_branches_share_chunks, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_chunks, test_dir_setup, test_dir_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
