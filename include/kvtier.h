@@ -573,6 +573,9 @@ struct kvt_store_opts {
     void *log_ud;
     const struct kvt_mem_opts *mem; /* applied to the process at open (kvt_mem_configure());
                                        NULL = leave the settings as they are */
+    bool share_prefixes; /* put entries of over 256 tokens as shared 256-token chunks plus a
+                            tail of their own (docs/SHARING.md); default off. Stores read
+                            shared entries either way */
 };
 
 /**
@@ -596,6 +599,8 @@ struct kvt_store_stats {
     double restore_ms_last;
     uint64_t longest_durable_prefix_tokens;
     uint64_t tmp_reaped; /* abandoned .tmp files removed (STORE.md §12.4) */
+    uint64_t shared_chunks, shared_bytes; /* chunks indexed entries need, and their bytes
+                                             (in total_bytes, once each; docs/SHARING.md) */
 };
 
 /** One indexed entry as kvt_store_list() reports it. */

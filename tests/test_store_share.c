@@ -165,7 +165,7 @@ static void test_branches_share_chunks(void **state)
 /* Load tail @p name: must fail with @p want and name chunk @p k of @p tok as the bad one. */
 static void assert_chunk_fails(const char *name, int want, const int32_t *tok, size_t k)
 {
-    char *tp = tail_path(name), *bad = NULL, *chunk = kvt_share_chunk_path(test_dir, tok, k);
+    char *tp = tail_path(name), *bad = NULL, *chunk = kvt_share_chunk_path_of(test_dir, tok, k);
     struct kvt_entry *back = NULL;
     struct kvt_expect x = {0};
     assert_int_equal(kvt_share_load(tp, &x, &back, &bad), want);
@@ -190,12 +190,12 @@ static void test_bad_chunks(void **state)
     assert_int_equal(kvt_share_save(test_dir, pc, ec, &NO_SYNC, &sv), 0);
 
     /* one flipped byte of the shared chunk 1: both branches that need it fail */
-    char *c1 = kvt_share_chunk_path(test_dir, ta, 1);
+    char *c1 = kvt_share_chunk_path_of(test_dir, ta, 1);
     flip_slot_byte(c1, 0, 1, 77, 0x10);
     assert_chunk_fails("a", KVT_E_CORRUPT, ta, 1);
     assert_chunk_fails("b", KVT_E_CORRUPT, tb, 1);
     /* another prompt's chunk under chunk 1's name: its tokens give it away */
-    char *other = kvt_share_chunk_path(test_dir, tc, 1);
+    char *other = kvt_share_chunk_path_of(test_dir, tc, 1);
     assert_int_equal(rename(other, c1), 0);
     assert_chunk_fails("a", KVT_E_CORRUPT, ta, 1);
     /* the chunk gone */
@@ -219,6 +219,116 @@ static void test_bad_chunks(void **state)
     free(tc);
 }
 
+/* ---- the store with sharing on ------------------------------------------------------ */
+
+static const char *const MODEL = "share/model";
+static const char *const FP = "fp-share";
+static const char *const TOKH = "tk-share";
+
+static kvt_store *open_store(bool share, uint64_t cap)
+{
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, FP, TOKH);
+    o.share_prefixes = share;
+    o.tmp_grace_ms = 0; /* one writer: unneeded chunks go at once */
+    if (cap)
+        o.max_bytes = cap;
+    kvt_store *s;
+    if (kvt_store_open(test_dir, &o, &s))
+        fail_msg("kvt_store_open: %s", kvt_last_error());
+    return s;
+}
+
+/* Branch @p b: 600 tokens shared by every branch, then 100 of its own (700, two chunks). */
+#define SHARED 600
+#define OWN 100
+
+static int put_branch(kvt_store *s, int b)
+{
+    int32_t *tok = branch_tokens(SHARED, OWN, b);
+    struct kvt_entry *e;
+    assert_int_equal(synth_entry(tok, SHARED + OWN, "", true, &e), 0);
+    int rc = kvt_store_put(s, e, NULL, NULL);
+    kvt_entry_free(e);
+    free(tok);
+    return rc;
+}
+
+/* Whether branch @p b is found whole and restores to exactly its bytes. */
+static bool branch_restores(kvt_store *s, int b)
+{
+    int32_t *tok = branch_tokens(SHARED, OWN + 1, b); /* one more token to compute */
+    struct kvt_hit hit;
+    assert_int_equal(kvt_store_find(s, tok, SHARED + OWN + 1, "", &hit), 0);
+    bool ok = hit.prefix_len == SHARED + OWN;
+    struct kvt_entry *back = NULL;
+    if (ok)
+        assert_int_equal(kvt_store_restore(s, &hit, &back), 0);
+    ok = ok && back;
+    if (ok) {
+        struct kvt_entry *want;
+        assert_int_equal(synth_entry(tok, SHARED + OWN, "", true, &want), 0);
+        assert_same(back, want);
+        kvt_entry_free(want);
+    }
+    kvt_entry_free(back);
+    free(tok);
+    return ok;
+}
+
+/* Files under the store's namespace directory ending in @p ext, and their bytes. */
+static size_t files_with(const char *ext, uint64_t *bytes)
+{
+    char *cmd = strf("find '%s/%s' -name '*%s' -printf '%%s\\n' 2>/dev/null | "
+                     "awk '{n++; b+=$1} END {print n+0, b+0}'",
+                     test_dir, FP, ext);
+    char *out;
+    run_capture(cmd, &out);
+    unsigned long long n = 0, b = 0;
+    sscanf(out, "%llu %llu", &n, &b);
+    if (bytes)
+        *bytes = b;
+    free(out);
+    free(cmd);
+    return (size_t)n;
+}
+
+static void test_store_branches(void **state)
+{
+    (void)state;
+    kvt_store *s = open_store(true, 0);
+    for (int b = 0; b < 4; b++)
+        assert_int_equal(put_branch(s, b), 0);
+    for (int b = 0; b < 4; b++)
+        assert_true(branch_restores(s, b));
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    uint64_t tails, chunks;
+    assert_int_equal(files_with(KVT_SHARE_EXT, &tails), 4);
+    assert_int_equal(files_with(KVT_CHUNK_EXT, &chunks), 2); /* the prompt's, once */
+    assert_int_equal(files_with(".mlxkv", NULL), 0);
+    assert_int_equal(st.entries, 4);
+    assert_int_equal(st.shared_chunks, 2);
+    assert_int_equal(st.shared_bytes, chunks);
+    assert_int_equal(st.total_bytes, tails + chunks); /* shared bytes counted once */
+    kvt_store_close(s);
+
+    /* a restart finds the same, with sharing off too: only writing depends on the option */
+    s = open_store(false, 0);
+    struct kvt_store_stats again;
+    kvt_store_get_stats(s, &again);
+    assert_int_equal(again.entries, 4);
+    assert_int_equal(again.total_bytes, st.total_bytes);
+    assert_int_equal(again.shared_chunks, 2);
+    for (int b = 0; b < 4; b++)
+        assert_true(branch_restores(s, b));
+    /* and with it off, puts write the usual layout */
+    assert_int_equal(put_branch(s, 9), 0);
+    assert_int_equal(files_with(".mlxkv", NULL), 1);
+    assert_true(branch_restores(s, 9));
+    kvt_store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +337,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_branches_share_chunks, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_bad_chunks, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_store_branches, test_dir_setup, test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,10 +26,17 @@ bool kvt_share_splits(int kind);
 size_t kvt_share_chunks(size_t n);
 /** Whether @p e is kept as chunks plus a tail: at least one chunk and one layer to cut. */
 bool kvt_share_applies(const struct kvt_entry *e);
-/** The id of chunk @p k of tokens @p tok: the hash of tok[0, 256 (k + 1)), lowercase hex. */
-void kvt_share_chunk_id(const int32_t *tok, size_t k, char out[KVT_CHUNK_ID_LEN + 1]);
-/** "<dir>/<id>.kvchunk" for chunk @p k of @p tok (malloc'd), or NULL. */
-char *kvt_share_chunk_path(const char *dir, const int32_t *tok, size_t k);
+/**
+ * Call @p fn for each chunk of an entry of tokens @p tok (n of them), in order, with its index
+ * and id: the hash of tok[0, 256 (k + 1)) in lowercase hex. O(n) for all of them. Stops at the
+ * first non-zero result and returns it.
+ */
+typedef int (*kvt_chunk_fn)(void *ud, size_t k, const char *id);
+int kvt_share_each_chunk(const int32_t *tok, size_t n, kvt_chunk_fn fn, void *ud);
+/** "<dir>/<id>.kvchunk" (malloc'd), or NULL. */
+char *kvt_share_chunk_path(const char *dir, const char *id);
+/** The path of chunk @p k of tokens @p tok in @p dir (malloc'd), or NULL. */
+char *kvt_share_chunk_path_of(const char *dir, const int32_t *tok, size_t k);
 
 /** What a shared save wrote. */
 struct kvt_share_saved {

@@ -131,25 +131,33 @@ static int chunk_fits(const struct kvt_entry *t, const struct kvt_entry *ch, siz
                                         path, ch->n_caches, j);
 }
 
-/* Load chunk @p k of the tail @p t and copy its rows into @p c; @p bad names it on failure. */
-static int load_chunk(const struct kvt_entry *t, size_t k, const char *dir,
-                      const struct kvt_expect *x, struct composed *c, char **bad)
+struct load_job {
+    const struct kvt_entry *t;
+    const char *dir;
+    const struct kvt_expect *x;
+    struct composed *c;
+    char **bad;
+};
+
+/* Load chunk @p k of the tail and copy its rows into place; j->bad names it on failure. */
+static int load_chunk(void *ud, size_t k, const char *id)
 {
-    char *path = kvt_share_chunk_path(dir, t->tokens, k);
+    struct load_job *j = ud;
+    char *path = kvt_share_chunk_path(j->dir, id);
     if (!path)
         return -ENOMEM;
-    struct kvt_expect cx = *x;
+    struct kvt_expect cx = *j->x;
     cx.n_layers = 0; /* a chunk holds only the cut layers */
     struct kvt_entry *ch = NULL;
     int rc = kvt_file_load(path, &cx, &ch, NULL);
     if (rc == 0)
-        rc = chunk_fits(t, ch, k, path);
-    for (size_t i = 0, j = 0; rc == 0 && i < t->n_caches; i++)
-        if (c[i].nt)
-            rc = place_rows(&c[i], ch->caches[j++], (int64_t)(k * KVT_SHARE_CHUNK), path);
+        rc = chunk_fits(j->t, ch, k, path);
+    for (size_t i = 0, n = 0; rc == 0 && i < j->t->n_caches; i++)
+        if (j->c[i].nt)
+            rc = place_rows(&j->c[i], ch->caches[n++], (int64_t)(k * KVT_SHARE_CHUNK), path);
     kvt_entry_free(ch);
-    if (rc < 0 && bad)
-        *bad = path;
+    if (rc < 0 && j->bad)
+        *j->bad = path;
     else
         free(path);
     return rc;
@@ -192,9 +200,9 @@ int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt
     int rc = dir ? kvt_file_load(tail_path, x, &t, NULL) : -ENOMEM;
     if (rc == 0)
         rc = tail_layout(t, tail_path, &c);
-    size_t m = rc == 0 ? kvt_share_chunks(t->n_tokens) : 0;
-    for (size_t k = 0; k < m && rc == 0; k++)
-        rc = load_chunk(t, k, dir, x, c, bad_chunk);
+    struct load_job j = {t, dir, x, c, bad_chunk};
+    if (rc == 0)
+        rc = kvt_share_each_chunk(t->tokens, t->n_tokens, load_chunk, &j);
     if (rc == 0)
         rc = compose(t, c);
     composed_free(c, t ? t->n_caches : 0);

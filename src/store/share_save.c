@@ -6,6 +6,9 @@
 #include "store/share.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,21 +40,59 @@ bool kvt_share_applies(const struct kvt_entry *e)
     return false;
 }
 
-void kvt_share_chunk_id(const int32_t *tok, size_t k, char out[KVT_CHUNK_ID_LEN + 1])
+#define ID_SEED_A 0x6b767469657231ull
+#define ID_SEED_B 0x63686e6b32ull
+
+int kvt_share_each_chunk(const int32_t *tok, size_t n, kvt_chunk_fn fn, void *ud)
 {
-    size_t len = (k + 1) * KVT_SHARE_CHUNK * sizeof(*tok);
-    /* two independent 64-bit hashes: an id names a chunk for as long as the store lives */
-    unsigned long long a = kvt_wyhash(0x6b767469657231ull, tok, len);
-    unsigned long long b = kvt_wyhash(0x63686e6b32ull, tok, len);
-    snprintf(out, KVT_CHUNK_ID_LEN + 1, "%016llx%016llx", a, b);
+    /* two independent 64-bit hashes, streamed: an id names a chunk for as long as the store
+     * lives, and the ids of all chunks cost one pass over the tokens */
+    struct kvt_wyhash_state a, b;
+    kvt_wyhash_init(&a, ID_SEED_A);
+    kvt_wyhash_init(&b, ID_SEED_B);
+    size_t m = kvt_share_chunks(n);
+    for (size_t k = 0; k < m; k++) {
+        const int32_t *rows = tok + k * KVT_SHARE_CHUNK;
+        kvt_wyhash_update(&a, rows, KVT_SHARE_CHUNK * sizeof(*tok));
+        kvt_wyhash_update(&b, rows, KVT_SHARE_CHUNK * sizeof(*tok));
+        char id[KVT_CHUNK_ID_LEN + 1];
+        snprintf(id, sizeof(id), "%016llx%016llx", (unsigned long long)kvt_wyhash_final(&a),
+                 (unsigned long long)kvt_wyhash_final(&b));
+        int rc = fn(ud, k, id);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
-char *kvt_share_chunk_path(const char *dir, const int32_t *tok, size_t k)
+char *kvt_share_chunk_path(const char *dir, const char *id)
 {
     char name[KVT_CHUNK_ID_LEN + sizeof(KVT_CHUNK_EXT)];
-    kvt_share_chunk_id(tok, k, name);
+    memcpy(name, id, KVT_CHUNK_ID_LEN);
     memcpy(name + KVT_CHUNK_ID_LEN, KVT_CHUNK_EXT, sizeof(KVT_CHUNK_EXT));
     return kvt_path_join(dir, name);
+}
+
+struct path_of {
+    const char *dir;
+    size_t k;
+    char *path;
+};
+
+static int path_of_k(void *ud, size_t k, const char *id)
+{
+    struct path_of *p = ud;
+    if (k < p->k)
+        return 0;
+    p->path = kvt_share_chunk_path(p->dir, id);
+    return 1;
+}
+
+char *kvt_share_chunk_path_of(const char *dir, const int32_t *tok, size_t k)
+{
+    struct path_of p = {dir, k, NULL};
+    kvt_share_each_chunk(tok, (k + 1) * KVT_SHARE_CHUNK + 1, path_of_k, &p);
+    return p.path;
 }
 
 /* A cache of @p c's kind over rows [a, b) of its state (new references on the same bytes). */
@@ -128,22 +169,54 @@ static int save_part(const char *path, const struct kvt_entry *e, int64_t a, int
     return rc;
 }
 
-/* Chunk @p k: touched when present (its mtime is its last use), else written. */
-static int save_chunk(const char *dir, const struct kvt_entry *e, size_t k,
-                      const struct kvt_save_opts *o, struct kvt_share_saved *out)
+/*
+ * Reuse the chunk at @p path: under a shared lock (a remover holds an exclusive one from its
+ * age check to its unlink), make sure the name still leads to the open file and set its mtime
+ * to now, its last use. @return 0, or -ENOENT when it must be written.
+ */
+static int touch_chunk(const char *path)
 {
-    char *path = kvt_share_chunk_path(dir, e->tokens, k);
+    const struct kvt_io *io = kvt_io();
+    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return fd;
+    struct stat a, b;
+    int rc = io->flock(fd, LOCK_SH);
+    if (rc == 0)
+        rc = io->fstat(fd, &a);
+    if (rc == 0)
+        rc = io->stat(path, &b, 0);
+    if (rc == 0 && (a.st_ino != b.st_ino || a.st_dev != b.st_dev || a.st_nlink == 0))
+        rc = -ENOENT; /* removed while this waited for the lock */
+    if (rc == 0)
+        rc = futimens(fd, NULL) < 0 ? -errno : 0;
+    io->close(fd);
+    return rc;
+}
+
+struct save_job {
+    const char *dir;
+    const struct kvt_entry *e;
+    const struct kvt_save_opts *o;
+    struct kvt_share_saved *out;
+};
+
+/* Chunk @p k: touched when present, else written. */
+static int save_chunk(void *ud, size_t k, const char *id)
+{
+    struct save_job *j = ud;
+    char *path = kvt_share_chunk_path(j->dir, id);
     if (!path)
         return -ENOMEM;
-    int rc = kvt_io()->utimens(path, NULL);
+    int rc = touch_chunk(path);
     if (rc == 0)
-        out->chunks_reused++;
+        j->out->chunks_reused++;
     if (rc == -ENOENT) {
         uint64_t bytes = 0;
         int64_t a = (int64_t)(k * KVT_SHARE_CHUNK);
-        rc = save_part(path, e, a, a + KVT_SHARE_CHUNK, false, o, &bytes);
-        out->chunk_bytes += bytes;
-        out->chunks_written += rc == 0;
+        rc = save_part(path, j->e, a, a + KVT_SHARE_CHUNK, false, j->o, &bytes);
+        j->out->chunk_bytes += bytes;
+        j->out->chunks_written += rc == 0;
     }
     if (rc < 0)
         kvt_fail(rc, "%s: cannot write the shared chunk: %s", path, kvt_strerror(rc));
@@ -157,12 +230,11 @@ int kvt_share_save(const char *dir, const char *tail_path, const struct kvt_entr
     memset(out, 0, sizeof(*out));
     if (!kvt_share_applies(e))
         return kvt_fail(-EINVAL, "%s: nothing of this entry can be shared", tail_path);
+    struct save_job j = {dir, e, o, out};
+    int rc = kvt_share_each_chunk(e->tokens, e->n_tokens, save_chunk, &j);
+    if (rc < 0)
+        return rc;
     size_t m = kvt_share_chunks(e->n_tokens);
-    for (size_t k = 0; k < m; k++) {
-        int rc = save_chunk(dir, e, k, o, out);
-        if (rc < 0)
-            return rc;
-    }
     return save_part(tail_path, e, (int64_t)(m * KVT_SHARE_CHUNK), (int64_t)e->n_tokens, true, o,
                      &out->tail_bytes);
 }
