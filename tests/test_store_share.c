@@ -243,9 +243,19 @@ static kvt_store *open_store(bool share, uint64_t cap)
 #define SHARED 600
 #define OWN 100
 
-static int put_branch(kvt_store *s, int b)
+/* Branch @p b of prompt @p p, with one more token to compute: branches of one prompt share
+ * its two chunks. */
+static int32_t *prompt_branch(int p, int b)
 {
-    int32_t *tok = branch_tokens(SHARED, OWN, b);
+    int32_t *t = branch_tokens(SHARED, OWN + 1, b);
+    for (size_t i = 0; i < SHARED; i++)
+        t[i] += 1000000 * p;
+    return t;
+}
+
+static int put_branch(kvt_store *s, int p, int b)
+{
+    int32_t *tok = prompt_branch(p, b);
     struct kvt_entry *e;
     assert_int_equal(synth_entry(tok, SHARED + OWN, "", true, &e), 0);
     int rc = kvt_store_put(s, e, NULL, NULL);
@@ -254,10 +264,10 @@ static int put_branch(kvt_store *s, int b)
     return rc;
 }
 
-/* Whether branch @p b is found whole and restores to exactly its bytes. */
-static bool branch_restores(kvt_store *s, int b)
+/* Whether branch @p b of prompt @p p is found whole and restores to exactly its bytes. */
+static bool branch_restores(kvt_store *s, int p, int b)
 {
-    int32_t *tok = branch_tokens(SHARED, OWN + 1, b); /* one more token to compute */
+    int32_t *tok = prompt_branch(p, b);
     struct kvt_hit hit;
     assert_int_equal(kvt_store_find(s, tok, SHARED + OWN + 1, "", &hit), 0);
     bool ok = hit.prefix_len == SHARED + OWN;
@@ -298,9 +308,9 @@ static void test_store_branches(void **state)
     (void)state;
     kvt_store *s = open_store(true, 0);
     for (int b = 0; b < 4; b++)
-        assert_int_equal(put_branch(s, b), 0);
+        assert_int_equal(put_branch(s, 0, b), 0);
     for (int b = 0; b < 4; b++)
-        assert_true(branch_restores(s, b));
+        assert_true(branch_restores(s, 0, b));
     struct kvt_store_stats st;
     kvt_store_get_stats(s, &st);
     uint64_t tails, chunks;
@@ -321,12 +331,101 @@ static void test_store_branches(void **state)
     assert_int_equal(again.total_bytes, st.total_bytes);
     assert_int_equal(again.shared_chunks, 2);
     for (int b = 0; b < 4; b++)
-        assert_true(branch_restores(s, b));
+        assert_true(branch_restores(s, 0, b));
     /* and with it off, puts write the usual layout */
-    assert_int_equal(put_branch(s, 9), 0);
+    assert_int_equal(put_branch(s, 0, 9), 0);
     assert_int_equal(files_with(".mlxkv", NULL), 1);
-    assert_true(branch_restores(s, 9));
+    assert_true(branch_restores(s, 0, 9));
     kvt_store_close(s);
+}
+
+static char *ns_dir(void)
+{
+    return strf("%s/%s/base", test_dir, FP);
+}
+
+static void test_store_eviction(void **state)
+{
+    (void)state;
+    kvt_store *s = open_store(true, 0);
+    assert_int_equal(put_branch(s, 0, 0), 0);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    uint64_t chunks = st.shared_bytes, tail = st.total_bytes - chunks;
+    kvt_store_close(s);
+    /* room for two prompts' chunks and three tails */
+    s = open_store(true, 2 * chunks + 3 * tail + tail / 2);
+    for (int i = 0; i < 12; i++) {
+        int p = i / 4, b = i % 4; /* four branches of each of three prompts */
+        assert_int_equal(put_branch(s, p, b), 0);
+        assert_true(branch_restores(s, p, b));
+        kvt_store_get_stats(s, &st);
+        assert_true(st.total_bytes <= st.max_bytes);
+        /* what the store counts is what the disk holds: shared bytes once, nothing orphaned */
+        uint64_t on_disk_tails, on_disk_chunks;
+        size_t n_tails = files_with(KVT_SHARE_EXT, &on_disk_tails);
+        size_t n_chunks = files_with(KVT_CHUNK_EXT, &on_disk_chunks);
+        assert_int_equal(n_tails, st.entries);
+        assert_int_equal(n_chunks, st.shared_chunks);
+        assert_int_equal(on_disk_tails + on_disk_chunks, st.total_bytes);
+        /* every entry still indexed restores: none lost a chunk to eviction */
+        for (int j = 0; j <= i; j++) {
+            int32_t *tok = prompt_branch(j / 4, j % 4);
+            struct kvt_hit hit;
+            assert_int_equal(kvt_store_find(s, tok, SHARED + OWN + 1, "", &hit), 0);
+            if (hit.prefix_len == SHARED + OWN)
+                assert_true(branch_restores(s, j / 4, j % 4));
+            free(tok);
+        }
+    }
+    assert_true(st.evictions > 0);
+    kvt_store_close(s);
+}
+
+static void test_store_corrupt_chunk(void **state)
+{
+    (void)state;
+    kvt_store *s = open_store(true, 0);
+    for (int b = 0; b < 3; b++)
+        assert_int_equal(put_branch(s, 0, b), 0);
+    assert_int_equal(put_branch(s, 1, 0), 0); /* another prompt: its own chunks */
+    char *dir = ns_dir();
+    int32_t *tok = prompt_branch(0, 0);
+    char *c1 = kvt_share_chunk_path_of(dir, tok, 1);
+    flip_slot_byte(c1, 0, 0, 5, 0x40);
+    /* the restore that meets the bad chunk is a miss, and so is every branch that needs it */
+    assert_false(branch_restores(s, 0, 0));
+    for (int b = 1; b < 3; b++) {
+        int32_t *t = prompt_branch(0, b);
+        struct kvt_hit hit;
+        assert_int_equal(kvt_store_find(s, t, SHARED + OWN + 1, "", &hit), 0);
+        assert_int_equal(hit.prefix_len, 0);
+        free(t);
+    }
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.corrupt_files, 1);
+    assert_int_equal(access(c1, F_OK), -1);
+    assert_int_equal(files_with(KVT_SHARE_EXT, NULL), 1); /* the dependents' tails are gone */
+    assert_true(branch_restores(s, 1, 0));
+    /* a new put of the prompt writes the chunk again */
+    assert_int_equal(put_branch(s, 0, 0), 0);
+    assert_true(branch_restores(s, 0, 0));
+    kvt_store_close(s);
+
+    /* a chunk missing at open: the entries that need it are not indexed, their tails go */
+    assert_int_equal(unlink(c1), 0);
+    s = open_store(true, 0);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 1);
+    assert_false(branch_restores(s, 0, 0));
+    assert_true(branch_restores(s, 1, 0));
+    assert_int_equal(files_with(KVT_SHARE_EXT, NULL), 1);
+    kvt_store_close(s);
+    free(c1);
+    free(tok);
+    free(dir);
 }
 
 int main(void)
@@ -338,6 +437,9 @@ int main(void)
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_bad_chunks, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_branches, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_store_eviction, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_store_corrupt_chunk, test_dir_setup,
+                                        test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

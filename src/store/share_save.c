@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +195,9 @@ static int touch_chunk(const char *path)
     return rc;
 }
 
+#define EXIST_TRIES 2000 /* with EXIST_WAIT_NS: 10 s for another writer to publish */
+#define EXIST_WAIT_NS 5000000
+
 struct save_job {
     const char *dir;
     const struct kvt_entry *e;
@@ -208,15 +212,21 @@ static int save_chunk(void *ud, size_t k, const char *id)
     char *path = kvt_share_chunk_path(j->dir, id);
     if (!path)
         return -ENOMEM;
-    int rc = touch_chunk(path);
-    if (rc == 0)
-        j->out->chunks_reused++;
-    if (rc == -ENOENT) {
-        uint64_t bytes = 0;
-        int64_t a = (int64_t)(k * KVT_SHARE_CHUNK);
-        rc = save_part(path, j->e, a, a + KVT_SHARE_CHUNK, false, j->o, &bytes);
-        j->out->chunk_bytes += bytes;
-        j->out->chunks_written += rc == 0;
+    int rc = -EEXIST;
+    /* -EEXIST: another writer is writing this very chunk; reuse it once it is published */
+    for (int tries = 0; rc == -EEXIST && tries < EXIST_TRIES; tries++) {
+        if (tries)
+            nanosleep(&(struct timespec){0, EXIST_WAIT_NS}, NULL);
+        rc = touch_chunk(path);
+        if (rc == 0)
+            j->out->chunks_reused++;
+        if (rc == -ENOENT) {
+            uint64_t bytes = 0;
+            int64_t a = (int64_t)(k * KVT_SHARE_CHUNK);
+            rc = save_part(path, j->e, a, a + KVT_SHARE_CHUNK, false, j->o, &bytes);
+            j->out->chunk_bytes += bytes;
+            j->out->chunks_written += rc == 0;
+        }
     }
     if (rc < 0)
         kvt_fail(rc, "%s: cannot write the shared chunk: %s", path, kvt_strerror(rc));

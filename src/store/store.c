@@ -268,9 +268,9 @@ static void chunk_lost(struct kvt_store *s, const struct restore_job *j, int rc,
         kvt_store_drop_locked(s, r, s->read_only ? NULL : &pl);
     kvt_share_drop_dependents_locked(s, bad, s->read_only ? NULL : &pl);
     pthread_mutex_unlock(&s->lock);
-    kvt_pathlist_unlink(&pl);
-    if (rc != -ENOENT && !s->read_only)
+    if (rc != -ENOENT && !s->read_only) /* first: the list below may hold it too */
         kvt_store_dispose_corrupt(s, bad, msg);
+    kvt_pathlist_unlink(&pl);
     free(why);
 }
 
