@@ -627,6 +627,7 @@ enum kvt_check_kind {
     KVT_CHECK_QUARANTINED, /* a .mlxkv.corrupt (with remove_skipped) */
     KVT_CHECK_SKIPPED,     /* a file no identity here can use (with remove_skipped) */
     KVT_CHECK_EVICT,       /* an entry beyond max_bytes, in the store's eviction order */
+    KVT_CHECK_ORPHAN,      /* a shared chunk no entry needs (docs/SHARING.md §6, the grace) */
     KVT_CHECK_KINDS
 };
 

@@ -428,6 +428,84 @@ static void test_store_corrupt_chunk(void **state)
     free(dir);
 }
 
+/* ---- the CLI over a store with shared entries ------------------------------------- */
+
+static void test_cli(void **state)
+{
+    (void)state;
+    kvt_store *s = open_store(true, 0);
+    for (int b = 0; b < 3; b++)
+        assert_int_equal(put_branch(s, 0, b), 0);
+    assert_int_equal(put_branch(s, 1, 0), 0);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    struct kvt_store_record *v;
+    size_t n;
+    assert_int_equal(kvt_store_list(s, &v, &n), 0);
+    char *tail = strdup(v[n - 1].path); /* prompt 1's only branch, put last */
+    kvt_store_list_free(v);
+    kvt_store_close(s);
+    char *fp_dir = strf("%s/%s", test_dir, FP), *out, *args;
+
+    /* stats: the chunks, counted once in total_bytes */
+    args = strf("stats '%s' --json", fp_dir);
+    assert_int_equal(run_cli(args, false, &out), 0);
+    char *want =
+        strf("\"shared_chunks\":4,\"shared_bytes\":%llu", (unsigned long long)st.shared_bytes);
+    if (!strstr(out, want))
+        fail_msg("stats: %s (want %s)", out, want);
+    char *total = strf("\"total_bytes\":%llu", (unsigned long long)st.total_bytes);
+    assert_non_null(strstr(out, total));
+    free(total);
+    free(want);
+    free(out);
+    free(args);
+
+    /* verify: every tail and chunk, hashes and all */
+    args = strf("verify '%s'", fp_dir);
+    assert_int_equal(run_cli(args, false, &out), 0);
+    free(args);
+    if (!strstr(out, "8 files checked, 0 bad")) /* 4 tails, 4 chunks */
+        fail_msg("verify: %s", out);
+    free(out);
+
+    /* gc: the chunks of prompt 1 are unneeded once its only tail is gone */
+    char *dir = ns_dir();
+    int32_t *tok = prompt_branch(1, 0);
+    char *c0 = kvt_share_chunk_path_of(dir, tok, 0), *c1 = kvt_share_chunk_path_of(dir, tok, 1);
+    args = strf("ls '%s'", fp_dir);
+    assert_int_equal(run_cli(args, false, &out), 0);
+    free(args);
+    if (!strstr(out, "4 entries") || !strstr(out, KVT_SHARE_EXT))
+        fail_msg("ls: %s", out);
+    free(out);
+    assert_int_equal(unlink(tail), 0);
+    args = strf("gc '%s' --tmp-grace-ms 0 --dry-run", fp_dir);
+    assert_int_equal(run_cli(args, false, &out), 0);
+    assert_non_null(strstr(out, "would remove unneeded chunk"));
+    assert_non_null(strstr(out, "remove unneeded chunk 2"));
+    free(out);
+    free(args);
+    assert_int_equal(access(c0, F_OK), 0);
+    args = strf("gc '%s' --tmp-grace-ms 0", fp_dir);
+    assert_int_equal(run_cli(args, false, &out), 0);
+    free(out);
+    free(args);
+    assert_int_equal(access(c0, F_OK), -1);
+    assert_int_equal(access(c1, F_OK), -1);
+    assert_int_equal(files_with(KVT_CHUNK_EXT, NULL), 2); /* prompt 0's, still needed */
+    s = open_store(true, 0);
+    for (int b = 0; b < 3; b++)
+        assert_true(branch_restores(s, 0, b));
+    kvt_store_close(s);
+    free(tail);
+    free(c0);
+    free(c1);
+    free(tok);
+    free(dir);
+    free(fp_dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -440,6 +518,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_eviction, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_corrupt_chunk, test_dir_setup,
                                         test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cli, test_dir_setup, test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
