@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "store/layout.h"
+#include "store/store.h"
 
 bool kvt_share_splits(int kind)
 {
@@ -198,6 +199,35 @@ static int touch_chunk(const char *path)
 #define EXIST_TRIES 2000 /* with EXIST_WAIT_NS: 10 s for another writer to publish */
 #define EXIST_WAIT_NS 5000000
 
+/*
+ * Remove the .tmp of chunk @p path when its writer is gone: its lock is free now and still
+ * free a moment later (a live writer takes it right after creating the file; should one be
+ * that slow, its put fails, nothing is lost). @return whether it was removed.
+ */
+static bool reap_dead_tmp(const char *path)
+{
+    size_t n = strlen(path);
+    char *tmp = malloc(n + sizeof(KVT_TMP_EXT));
+    if (!tmp)
+        return false;
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, KVT_TMP_EXT, sizeof(KVT_TMP_EXT));
+    bool removed = false, again;
+    struct stat st;
+    int fd = kvt_tmp_claim(tmp, 0, &st, &again);
+    if (fd >= 0) {
+        kvt_io()->close(fd);
+        nanosleep(&(struct timespec){0, EXIST_WAIT_NS}, NULL);
+        fd = kvt_tmp_claim(tmp, 0, &st, &again);
+    }
+    if (fd >= 0) {
+        removed = kvt_tmp_unlink_claimed(tmp, &st) == 0;
+        kvt_io()->close(fd);
+    }
+    free(tmp);
+    return removed;
+}
+
 struct save_job {
     const char *dir;
     const struct kvt_entry *e;
@@ -215,7 +245,7 @@ static int save_chunk(void *ud, size_t k, const char *id)
     int rc = -EEXIST;
     /* -EEXIST: another writer is writing this very chunk; reuse it once it is published */
     for (int tries = 0; rc == -EEXIST && tries < EXIST_TRIES; tries++) {
-        if (tries)
+        if (tries && !reap_dead_tmp(path))
             nanosleep(&(struct timespec){0, EXIST_WAIT_NS}, NULL);
         rc = touch_chunk(path);
         if (rc == 0)
