@@ -1,5 +1,5 @@
 /*
- * bench_share: shared prefixes stored once (docs/SHARING.md §9).
+ * bench_share: shared prefixes stored once (docs/SHARING.md §10).
  *
  * 200 branches, each a 4,096-token prompt shared by all of them plus 256 tokens of its own,
  * 8 KiB of KV per token (4 kv layers of K and V [1, 8, n, 64] bfloat16), put into a store with
