@@ -216,14 +216,17 @@ $(BUILD)/fuzz/replay_llama_state: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/f
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LIBS_ALL) -lm
 
+# the RESP reader's target caps each read() of its connection (fuzz/fuzz_resp.c)
+$(BUILD)/fuzz/fuzz_resp $(BUILD)/fuzz/replay_resp: FUZZ_LDFLAGS = -Wl,--wrap=read
+
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ) $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) -fsanitize=fuzzer -o $@ $^ $(LIBS_ALL) -lm
+	$(CC) -fsanitize=fuzzer $(FUZZ_LDFLAGS) -o $@ $^ $(LIBS_ALL) -lm
 
 $(BUILD)/fuzz/replay_%: $(BUILD)/obj/fuzz/replay.o $(BUILD)/obj/fuzz/fuzz_%.o $(FUZZ_COMMON_OBJ) \
                         $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $^ $(LIBS_ALL) -lm
+	$(CC) $(FUZZ_LDFLAGS) -o $@ $^ $(LIBS_ALL) -lm
 
 .PHONY: llama
 llama: $(LLAMA_STATIC) $(LLAMA_SHARED) $(LLAMA_CLI) $(LLAMA_EXAMPLE) $(BUILD)/kvtier-llama.pc

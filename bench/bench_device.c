@@ -32,18 +32,6 @@
 #define MAX_REPEAT 32
 #define COPY_PIECE ((size_t)16 << 20)
 
-static uint64_t parse_size(const char *s)
-{
-    char *end;
-    uint64_t v = strtoull(s, &end, 10);
-    switch (*end) {
-    case 'G': return v << 30;
-    case 'M': return v << 20;
-    case 'K': return v << 10;
-    default: return v;
-    }
-}
-
 /* One K or V tensor of layer @p l ([1, 8, n, 128] bfloat16), however the caller makes it. */
 typedef int (*make_fn)(void *ud, int l, int w, const int64_t *shape, struct kvt_tensor *t);
 
@@ -140,24 +128,6 @@ static double time_copy(kvt_device *d, void *pinned, uint64_t dev, uint64_t byte
     return bench_now() - t0;
 }
 
-static double time_read(const char *path, void *buf, uint64_t bytes, bool cold)
-{
-    if (cold ? bench_make_cold(path) : bench_make_warm(path))
-        return -1;
-    struct bench_span s = {buf, 0, (size_t)bytes};
-    double secs;
-    bool direct;
-    if (cold)
-        return bench_raw_read(path, &s, 1, &secs, &direct) ? -1 : secs;
-    FILE *f = fopen(path, "rb");
-    double t0 = bench_now();
-    size_t got = f ? fread(buf, 1, (size_t)bytes, f) : 0;
-    secs = bench_now() - t0;
-    if (f)
-        fclose(f);
-    return got == bytes ? secs : -1;
-}
-
 static double ratio_median(const double *lim, const double *kvt, int n)
 {
     double r[MAX_REPEAT];
@@ -208,13 +178,15 @@ static double time_write(const char *path, void *buf, uint64_t bytes)
     return bench_raw_write(path, &s, 1, bytes, true, &secs) ? -1 : secs;
 }
 
-/* Saves from device memory against max(raw durable write, device-to-host copy). */
-static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uint64_t file,
-                    void *buf, void *pinned, uint64_t dev, int repeat)
+/* Saves from device memory against max(raw durable write, device-to-host copy). The entry is
+ * built for the same @p bytes as the restored one (its tokens and tensors fill the restored
+ * allocations exactly); @p file is the size of its file. */
+static int run_save(kvt_device *d, const struct dev_mem *m, const char *dir, uint64_t bytes,
+                    uint64_t file, void *buf, void *pinned, uint64_t dev, int repeat)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/bench-device-save.mlxkv", dir);
-    struct kvt_entry *e = build_entry(file, make_device, (void *)m);
+    struct kvt_entry *e = build_entry(bytes, make_device, (void *)m);
     if (!e)
         return fprintf(stderr, "device entry: %s\n", kvt_last_error()), -1;
     double k[MAX_REPEAT], wr[MAX_REPEAT], cp[MAX_REPEAT], lim[MAX_REPEAT];
@@ -265,7 +237,7 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
             bool kvt_first = (r + w) % 2 == 0;
             if (kvt_first)
                 k[w][r] = time_restore(d, &m, path, w == 0);
-            rd[w][r] = time_read(path, buf, file, w == 0);
+            rd[w][r] = bench_read_limit(path, buf, file, w == 0);
             if (!kvt_first)
                 k[w][r] = time_restore(d, &m, path, w == 0);
             if (k[w][r] < 0 || rd[w][r] < 0 || cp[r] < 0)
@@ -285,7 +257,7 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
                gb / bench_median(rr, (size_t)repeat), gb / bench_median(cc, (size_t)repeat),
                ratio_median(lim[w], k[w], repeat));
     }
-    if (run_save(d, &m, dir, file, buf, pinned, dev, repeat))
+    if (run_save(d, &m, dir, bytes, file, buf, pinned, dev, repeat))
         return -1;
     for (int i = 0; i < m.n; i++)
         kvt_device_free(d, m.addr[i]);
@@ -296,41 +268,15 @@ static int run_size(kvt_device *d, const char *dir, uint64_t bytes, int repeat)
     return 0;
 }
 
-int main(int argc, char **argv)
+static void header(kvt_device *d, int repeat)
 {
-    const char *dir = "/tmp", *sizes = "256M,1G,4G";
-    int repeat = 5;
-    bool host = false;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--host") == 0)
-            host = true;
-        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
-            dir = argv[++i];
-        else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
-            sizes = argv[++i];
-        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_device [--host] [--dir D] [--size 256M,1G,4G] "
-                            "[--repeat N]\n");
-            return 2;
-        }
-    }
-    if (repeat < 1 || repeat > MAX_REPEAT)
-        return 2;
-    kvt_device *d;
-    int rc = host ? kvt_device_open_host(NULL, &d) : kvt_device_open_cuda(0, NULL, &d);
-    if (rc) {
-        fprintf(stderr, "bench_device: %s\n", kvt_last_error());
-        return rc == KVT_E_UNSUPPORTED ? 77 : 1;
-    }
     printf("bench_device: %s, staging %zu MiB x %u, %d repetitions (medians; ratio = limit "
            "time / kvtier time, limit = slower of the read or write and the copy)\n",
            kvt_device_name(d), d->chunk >> 20, d->depth, repeat);
-    char *list = strdup(sizes);
-    for (char *t = strtok(list, ","); t && rc == 0; t = strtok(NULL, ","))
-        rc = run_size(d, dir, parse_size(t), repeat);
-    free(list);
-    kvt_device_close(d);
-    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    const struct bench_device_prog p = {"bench_device", "/tmp", MAX_REPEAT, header, run_size};
+    return bench_device_main(argc, argv, &p);
 }

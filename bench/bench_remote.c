@@ -307,6 +307,7 @@ static int publish(struct kvt_rclient *rc, const struct kvt_rkeys *k, int id)
                            .n_tokens = FIND_TOK,
                            .trimmable = true};
     snprintf(rec.uuid, sizeof(rec.uuid), "%032x", id);
+    kvt_rclient_arm(rc, 0);
     return kvt_rindex_publish(rc, k, &rec);
 }
 

@@ -413,6 +413,9 @@ struct kvt_save_opts {
     void *engine;                /* passed to run_exclusive */
     bool no_sync;                /* skip fsync of file and directory (tests, benchmarks) */
     bool drop_cache;             /* after fsync, drop the file's pages from the page cache */
+    bool keep_cache;             /* write through the page cache (not O_DIRECT) and leave the
+                                    pages there, so that a restore reads them at memory speed;
+                                    overrides drop_cache */
 };
 
 /**
@@ -562,6 +565,9 @@ struct kvt_store_opts {
     size_t n_layers;                /* donor-layer count checked on restore; 0 = not checked */
     bool no_verify;                 /* skip tensor hash checks on restore */
     bool quarantine;                /* rename corrupt files to *.corrupt instead of deleting */
+    bool keep_saved_cached;         /* saves leave their files in the page cache (written
+                                       through it, kvt_save_opts.keep_cache), so that a
+                                       restarted process restores them at memory speed */
     size_t max_header_bytes;        /* default 64 MiB */
     int64_t tmp_grace_ms;           /* min age of an unlocked .tmp before reaping; default
                                        60000. It covers the instant between a writer's
@@ -735,6 +741,7 @@ KVT_API void kvt_ns_hash(const char *ns, char out[17]);
  * (they wait for steps that need it).
  */
 typedef struct kvt_pcache kvt_pcache;
+typedef struct kvt_device kvt_device;
 struct kvt_remote_opts;
 
 /**
@@ -794,6 +801,11 @@ struct kvt_pcache_opts {
      * uploaded behind the local write, takes consult it last, restored entries are promoted
      * into the store. Its identity defaults to cold's. */
     const struct kvt_remote_opts *remote;
+    /* Optional device (NULL = none; must outlive the prompt cache and the entries taken from
+     * it): entries in its memory are put into page-locked host memory of the RAM tier (one
+     * region of ram_max_bytes + spill_queue_max_bytes, allocated at the first such put, freed
+     * at close), and kvt_pcache_take_to_device() lands takes in its memory. */
+    kvt_device *device;
 };
 
 /** Fill @p o with the defaults of TIER.md §8 (no cold tier; `cold` as kvt_store_opts_init()
@@ -888,15 +900,17 @@ KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
  *
  * Entries travel as their .mlxkv bytes in chunks; an index record per entry, written after
  * its chunks, makes it visible. Bytes from the server are untrusted: a restore validates them
- * exactly as a file (header checks, tensor hashes while reading). Every socket operation is
- * bounded by timeout_ms; a server that is absent, dead or paused turns remote finds into
- * misses and remote writes into counted failures, never into errors of the local tiers.
+ * exactly as a file (header checks, tensor hashes while reading). Every call has one deadline
+ * (timeout_ms); a server that is absent, dead or paused turns remote finds into misses and
+ * remote writes into counted failures, never into errors of the local tiers.
  *
  * Threads: every kvt_remote call is safe from any thread. kvt_remote_open() starts two
  * library threads, which run until kvt_remote_close(): the poll thread (connects, merges the
  * remote index every poll_ms) and an upload writer (the write-behind uploads, FIFO, one at a
- * time). kvt_remote_find() never does network I/O; restores run on the calling thread, one
- * at a time per handle. The log callback may be called from any of these threads.
+ * time). kvt_remote_find() never does network I/O; restores run on the calling thread, and
+ * restores on one handle from several threads run at once (each on a connection of its own,
+ * up to 4 kept idle between restores). The log callback may be called from any of these
+ * threads.
  */
 typedef struct kvt_remote kvt_remote;
 
@@ -907,7 +921,10 @@ struct kvt_remote_opts {
     const char *user, *password;   /* override the URL's (keep secrets out of URLs) */
     const char *model_id, *config_fingerprint, *tokenizer_hash; /* the identity; required
                                       (kvt_pcache_open(): NULL = the cold store's) */
-    int timeout_ms;                /* connect and every socket operation; default 2000 */
+    int timeout_ms;                /* one deadline for each whole call (a restore, an upload, an
+                                      index sync, gc's check of one record), across every
+                                      connect and partial read and write, plus 1 s per 64 MiB
+                                      the call moves; default 2000 */
     int poll_ms;                   /* remote index poll period; default 500 */
     uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
                                       oldest entries are deleted to stay below it */
@@ -1044,7 +1061,8 @@ KVT_API int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n
  * kvt_cache_from_state()) make entries that kvt_file_save() and kvt_store_put() write straight
  * from the device: each piece is copied into the device's staging ring, hashed and written
  * while the next pieces are copied. Nothing else reads or changes them: appends and updates
- * fail with KVT_E_UNSUPPORTED, and so does kvt_pcache_put() (the RAM tier holds host memory).
+ * fail with KVT_E_UNSUPPORTED, and so does kvt_pcache_put() unless the prompt cache was opened
+ * with this device (kvt_pcache_opts.device), which copies the entry into host memory.
  * The device must stay open, and the memory unchanged, until the buffer's release runs.
  */
 KVT_API int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes,
@@ -1073,6 +1091,30 @@ KVT_API int kvt_file_load_to_device(const char *path, const struct kvt_expect *x
 KVT_API int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
                                         kvt_device_place_fn place, void *ud,
                                         struct kvt_header **out_header);
+/**
+ * kvt_pcache_take() into the memory of the prompt cache's device (kvt_pcache_opts.device):
+ * the taken prefix is described to @p place as a header (its tokens, each cache's state cut to
+ * the prefix, tensors contiguous), which sets the device address of each tensor; the bytes are
+ * copied there from the RAM tier's page-locked memory, or streamed from the file of a disk hit
+ * (kvt_store_restore_prefix_to_device()). On return every copy is done; *@p out_header (free
+ * with kvt_header_free()) is that header, NULL on a miss. @p out tells the tier (from_disk,
+ * from_remote); its entry and retain are NULL. The RAM donor stays in RAM.
+ * @return 0 (hit or miss), the placement's refusal, -EINVAL (no device), -EIO, -ENOMEM.
+ */
+KVT_API int kvt_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                      const char *ns, kvt_device_place_fn place, void *ud,
+                                      struct kvt_take *out, struct kvt_header **out_header);
+
+/**
+ * kvt_store_restore_to_device() of only the hit's prefix (hit->prefix_len tokens, when the
+ * entry holds more): the placement is given the header cut to it (token axis of every tensor
+ * shortened, bytes to match), and only those rows are copied, straight into its memory; the
+ * whole file is still read and checked. *@p out_header is the cut header. Kv caches of
+ * [B, H, T, D] tensors only: KVT_E_UNSUPPORTED for other kinds.
+ */
+KVT_API int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit,
+                                               kvt_device *d, kvt_device_place_fn place,
+                                               void *ud, struct kvt_header **out_header);
 
 #ifdef __cplusplus
 }

@@ -915,12 +915,16 @@ static void test_from_state_validation(void **state)
     struct kvt_cache_info bad = info;
     bad.offset = 21; /* more tokens than rows */
     assert_int_equal(kvt_cache_from_state(&bad, st, 6, &r), -EINVAL);
+    /* the message names the operation: building a cache, not restoring one */
+    assert_string_equal(kvt_last_error(),
+                        "qkv cache from tensors: 20 rows hold fewer than offset 21 tokens");
     bad = info;
     bad.bits = 3; /* packed last dim no longer matches */
     assert_int_equal(kvt_cache_from_state(&bad, st, 6, &r), -EINVAL);
     bad = info;
     bad.offset = -1;
     assert_int_equal(kvt_cache_from_state(&bad, st, 6, &r), -EINVAL);
+    assert_string_equal(kvt_last_error(), "qkv cache from tensors: offset -1 < 0");
     struct kvt_tensor keep = st[2];
     st[2].dtype = KVT_FLOAT16; /* biases differ from scales */
     assert_int_equal(kvt_cache_from_state(&info, st, 6, &r), -EINVAL);

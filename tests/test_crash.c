@@ -1,11 +1,13 @@
 /*
  * kill -9 crash loop: runs tests/progs/crash_writer, which puts entries into a store and logs
- * each acknowledged put, and SIGKILLs it after a random delay (seeded, so a failure replays),
- * KVT_CRASH_KILLS times (default 200). After every kill, before anything recovers the
- * directory, every published file must pass kvt_file_verify; then the store must reopen,
- * reap the dead writer's .tmp (tmp_grace_ms 0: the writer is gone), and every acknowledged
+ * each acknowledged put, and SIGKILLs it after a random delay (seeded, so a failure replays;
+ * for a third of the kills counted from the writer's first acknowledged put, so a slow writer
+ * still gets that far), KVT_CRASH_KILLS times (default 200). After every kill, before anything
+ * recovers the directory, every published file must pass kvt_file_verify; then the store must
+ * reopen, reap the dead writer's .tmp (tmp_grace_ms 0: the writer is gone), and every acknowledged
  * entry must be found and restore with exactly the bytes the writer stored (they derive from
- * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here.
+ * the entry's id: tests/progs/crash_entry.h). The default cap never evicts here. A loop in
+ * which no put was acknowledged over a path it ran fails: it would have checked nothing.
  *
  * Each store directory serves ten kills (later writers recover what earlier ones left), then a
  * new one starts, which keeps each check small; every other directory's writers save over the
@@ -33,9 +35,12 @@
 #define MAX_DELAY_US 60000
 /* Recovery next to a live writer needs a grace period for the create-to-lock instant. */
 #define TWO_WRITER_GRACE_MS 2000
+/* How long a writer may take to acknowledge its first put. */
+#define ACK_WAIT_MS 30000
 
 struct counts {
-    long kills, acked, checks, tmp_seen, visible, corrupt, lost, tmp_left, mismatched, scan_corrupt;
+    long kills, acked, acked_plain, checks, tmp_seen, visible, corrupt, lost, tmp_left, mismatched,
+        scan_corrupt;
 };
 
 static long env_long(const char *name, long def)
@@ -225,11 +230,39 @@ static void kill_writer(pid_t pid)
                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 }
 
-/* Start the writer, kill it after @p delay_us. */
+/* Lines in the acknowledgement log @p path (complete or not: a line is written at once). */
+static size_t ack_lines(const char *path)
+{
+    size_t len = 0, n = 0;
+    char *text = (char *)read_file(path, &len);
+    for (size_t i = 0; i < len; i++)
+        n += text[i] == '\n';
+    free(text);
+    return n;
+}
+
+/* Wait until writer @p pid has acknowledged a put: its log @p ack holds more than @p lines
+ * lines. A writer slowed down (a sanitizer build, a loaded machine) takes longer than the kill
+ * delays to get there, and a loop that never waits would check nothing. */
+static void wait_for_ack(pid_t pid, const char *ack, size_t lines)
+{
+    for (int ms = 0; ack_lines(ack) <= lines; ms++) {
+        int status;
+        if (ms == ACK_WAIT_MS || waitpid(pid, &status, WNOHANG) != 0)
+            fail_msg("crash_writer acknowledged no put within %d ms (%s)", ms,
+                     ms == ACK_WAIT_MS ? "still running" : "it ended by itself");
+        sleep_us(1000);
+    }
+}
+
+/* Start the writer and kill it @p delay_us after its start or, with @p after_ack, after its
+ * first acknowledged put (the log held @p lines lines before it started). */
 static void run_and_kill(const char *exe, const char *dir, const char *ack, uint32_t first,
-                         long delay_us)
+                         long delay_us, bool after_ack, size_t lines)
 {
     pid_t pid = start_writer(exe, dir, ack, first, 0);
+    if (after_ack)
+        wait_for_ack(pid, ack, lines);
     sleep_us(delay_us);
     kill_writer(pid);
 }
@@ -261,6 +294,7 @@ static void kill_loop(bool share)
     for (long k = 0; k < kills; k++) {
         if (k % KILLS_PER_DIR == 0) {
             c.acked += (long)n_ids;
+            c.acked_plain += writer_plain ? (long)n_ids : 0;
             n_ids = 0;
             if (dir)
                 rm_rf(dir);
@@ -274,12 +308,11 @@ static void kill_loop(bool share)
             writer_plain = (k / KILLS_PER_DIR) % 2 == 1;
         }
         kills_plain += writer_plain;
-        /* a third of the kills land early (during open and recovery), the rest anywhere */
+        /* a third of the kills land early (during open and recovery), a third anywhere, a
+         * third anywhere after the writer's first acknowledged put */
         uint64_t r = xs64(&rng);
         long delay = r % 3 == 0 ? (long)(xs64(&rng) % 5000) : (long)(xs64(&rng) % MAX_DELAY_US);
-        if (share)
-            delay *= 3; /* a shared put writes several files: give more of them time to finish */
-        run_and_kill(exe, dir, ack, (uint32_t)(k * 1000 + 1), delay);
+        run_and_kill(exe, dir, ack, (uint32_t)(k * 1000 + 1), delay, r % 3 == 2, n_ids);
         c.kills++;
         /* every id acknowledged by the writers of this directory so far */
         n_ids = 0;
@@ -309,12 +342,14 @@ static void kill_loop(bool share)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     c.acked += (long)n_ids;
-    printf("crash%s: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld restores checked), "
+    c.acked_plain += writer_plain ? (long)n_ids : 0;
+    printf("crash%s: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld over the plain path; "
+           "%ld restores checked), "
            "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored "
            "with different bytes, %ld .tmp left (%.1f s); %ld kills over the fast path, %ld over "
            "the plain one\n",
-           share ? " (sharing on)" : "", c.kills, c.tmp_seen, c.acked, c.checks, c.visible,
-           c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
+           share ? " (sharing on)" : "", c.kills, c.tmp_seen, c.acked, c.acked_plain, c.checks,
+           c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
            c.kills - kills_plain, kills_plain);
     if (dir)
@@ -325,6 +360,11 @@ static void kill_loop(bool share)
     free(ids);
     free(exe);
     assert_int_equal(c.kills, kills);
+    /* writers killed before any put was acknowledged leave nothing to check: over each path
+     * that ran, some puts must have been acknowledged (and so restored and compared) */
+    if (c.acked - c.acked_plain == 0 || (kills_plain > 0 && c.acked_plain == 0))
+        fail_msg("no put acknowledged over the %s path: the loop checked nothing",
+                 c.acked - c.acked_plain == 0 ? "fast" : "plain");
     assert_int_equal(c.corrupt, 0);
     assert_int_equal(c.scan_corrupt, 0);
     assert_int_equal(c.lost, 0);
@@ -371,6 +411,9 @@ static void two_writers(bool share)
         pid[w] = start_writer(exe, dir, ack[w], next, TWO_WRITER_GRACE_MS);
         next += 100000;
     }
+    /* the last writers run until each acknowledges one more put, so there are puts to check */
+    for (int w = 0; w < 2; w++)
+        wait_for_ack(pid[w], ack[w], ack_lines(ack[w]));
     sleep_us((long)(xs64(&rng) % MAX_DELAY_US));
     for (int w = 0; w < 2; w++) {
         kill_writer(pid[w]);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const MODEL = "test/model";
 static const char *const FP = "fp-device";
@@ -71,29 +72,6 @@ static void assert_device_is(struct dplace *p, const uint8_t *want, size_t total
         at += p->bytes[k];
     }
     assert_int_equal(at, total);
-}
-
-/* A wrapped device allocation, freed by the buffer's release. */
-struct dev_alloc {
-    kvt_device *d;
-    uint64_t addr;
-};
-
-static void device_release(void *ud, void *data)
-{
-    struct dev_alloc *a = ud;
-    assert_null(data);
-    kvt_device_free(a->d, a->addr);
-    free(a);
-}
-
-static kvt_buf *device_buf(kvt_device *d, uint64_t addr, size_t n)
-{
-    struct dev_alloc *a = malloc(sizeof(*a));
-    *a = (struct dev_alloc){d, addr};
-    kvt_buf *b;
-    assert_int_equal(kvt_buf_wrap_device(d, addr, n, device_release, a, &b), 0);
-    return b;
 }
 
 static char *save_entry(const char *name, size_t n, uint64_t seed, uint8_t **want, size_t *total)
@@ -250,42 +228,6 @@ static void test_store_restore_to_device(void **state)
 }
 
 /* A twin of host entry @p e whose tensors live in device memory of @p d. */
-static struct kvt_entry *device_twin(kvt_device *d, const struct kvt_entry *e)
-{
-    kvt_cache *c[8];
-    assert_true(e->n_caches <= 8);
-    for (size_t i = 0; i < e->n_caches; i++) {
-        struct kvt_cache_info info;
-        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS], dt[KVT_MAX_CACHE_TENSORS];
-        kvt_cache_get_info(e->caches[i], &info);
-        int nt = kvt_cache_state(e->caches[i], st);
-        assert_true(nt > 0);
-        for (int k = 0; k < nt; k++) {
-            size_t n = kvt_tensor_nbytes(&st[k]);
-            uint8_t *flat = malloc(n + 1);
-            kvt_tensor_copy_out(&st[k], flat);
-            uint64_t addr;
-            assert_int_equal(kvt_device_alloc(d, n, &addr), 0);
-            assert_int_equal(kvt_device_upload(d, addr, flat, n), 0);
-            kvt_buf *b = device_buf(d, addr, n);
-            assert_int_equal(kvt_tensor_init(&dt[k], b, 0, st[k].dtype, st[k].rank, st[k].shape),
-                             0);
-            kvt_buf_unref(b);
-            kvt_tensor_release(&st[k]);
-            free(flat);
-        }
-        assert_int_equal(kvt_cache_from_state(&info, dt, nt, &c[i]), 0);
-        for (int k = 0; k < nt; k++)
-            kvt_tensor_release(&dt[k]);
-    }
-    struct kvt_entry *out;
-    assert_int_equal(kvt_entry_new(e->tokens, e->n_tokens, c, e->n_caches, "", &out), 0);
-    out->meta.model_id = strdup(MODEL);
-    out->meta.config_fingerprint = strdup(FP);
-    out->meta.tokenizer_hash = strdup(TOK);
-    return out;
-}
-
 /* The saved file holds exactly the host twin's bytes. */
 static void assert_file_is(const char *path, const uint8_t *want, size_t total)
 {
@@ -312,7 +254,7 @@ static void test_save_from_device(void **state)
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         kvt_device *d;
         assert_int_equal(kvt_device_open_host(&cases[c], &d), 0);
-        struct kvt_entry *de = device_twin(d, e);
+        struct kvt_entry *de = synth_device_twin(d, e, MODEL, FP, TOK);
         char *path = strf("%s/dev%zu.mlxkv", test_dir, c);
         struct kvt_save_opts so = {.no_sync = true};
         assert_int_equal(kvt_file_save(path, de, &so, NULL), 0);
@@ -363,7 +305,7 @@ static void test_device_entries_refused(void **state)
     for (int i = 0; i < 64; i++)
         tok[i] = i;
     struct kvt_entry *e = synth_random_entry(tok, 64, 9, MODEL, FP, TOK);
-    struct kvt_entry *de = device_twin(d, e);
+    struct kvt_entry *de = synth_device_twin(d, e, MODEL, FP, TOK);
 
     /* there is no image of its file bytes in memory (what remote uploads send) */
     struct kvt_image *im = (void *)1;
@@ -382,7 +324,7 @@ static void test_device_entries_refused(void **state)
     /* a strided view of device memory cannot be made into a cache */
     uint64_t addr;
     assert_int_equal(kvt_device_alloc(d, 4 * 8 * 16 * 2, &addr), 0);
-    kvt_buf *b = device_buf(d, addr, 4 * 8 * 16 * 2);
+    kvt_buf *b = synth_device_buf(d, addr, 4 * 8 * 16 * 2);
     uint64_t where = 0;
     assert_ptr_equal(kvt_buf_device(b, &where), d);
     assert_int_equal(where, addr);
@@ -406,7 +348,96 @@ static void test_device_entries_refused(void **state)
     kvt_buf_unref(b);
     assert_int_equal(kvt_buf_wrap_device(NULL, 1, 8, NULL, NULL, &b), -EINVAL);
     assert_null(b);
+
+    /* memory past the end of its allocation: refused at the wrap (released), and a copy that
+     * would run past it fails, as CUDA's does */
+    assert_int_equal(kvt_device_alloc(d, 1000, &addr), 0);
+    b = (kvt_buf *)1;
+    int live = synth_device_live;
+    assert_int_equal(kvt_buf_wrap_device(d, addr + 8, 1000, synth_device_release,
+                                         synth_device_hold(d, addr), &b),
+                     -EINVAL);
+    assert_int_equal(synth_device_live, live); /* released, and the allocation freed */
+    assert_null(b);
+    assert_non_null(strstr(kvt_last_error(), "run past the end of their device allocation"));
+    assert_int_equal(kvt_device_alloc(d, 1000, &addr), 0);
+    uint8_t back[1001];
+    assert_int_equal(kvt_device_download(d, back, addr, 1001), -EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "invalid argument"));
+    assert_int_equal(kvt_device_download(d, back, addr + 1, 999), 0);
+    kvt_device_free(d, addr);
     kvt_entry_free(e);
+    kvt_device_close(d);
+}
+
+/* Device memory of @p n bytes with @p mark at its start, middle and end (the rest untouched:
+ * the stand-in's pages stay unmade). */
+static uint64_t marked_alloc(kvt_device *d, size_t n, uint8_t mark)
+{
+    uint64_t addr;
+    assert_int_equal(kvt_device_alloc(d, n, &addr), 0);
+    uint8_t m[4096];
+    memset(m, mark, sizeof(m));
+    const size_t at[3] = {0, n / 2, n - sizeof(m)};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvt_device_upload(d, addr + at[i], m, sizeof(m)), 0);
+    return addr;
+}
+
+/* An entry over 4 GiB (one layer, K and V of 2.1 GB each) saved from device memory: every
+ * byte lands where the header says, the hashes check, and V lies past 4 GiB in the file. */
+static void test_save_over_4gib(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    const int64_t n = 16400, shape[4] = {1, 1, n, 65536};
+    const size_t bytes = (size_t)n * 65536 * 2;
+    struct kvt_tensor t[2];
+    for (int w = 0; w < 2; w++) {
+        kvt_buf *b = synth_device_buf(d, marked_alloc(d, bytes, (uint8_t)(0xA0 + w)), bytes);
+        assert_int_equal(kvt_tensor_init(&t[w], b, 0, KVT_BFLOAT16, 4, shape), 0);
+        kvt_buf_unref(b);
+    }
+    struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = n};
+    kvt_cache *c;
+    assert_int_equal(kvt_cache_from_state(&info, t, 2, &c), 0);
+    kvt_tensor_release(&t[0]);
+    kvt_tensor_release(&t[1]);
+    int32_t *tok = malloc((size_t)n * sizeof(*tok));
+    for (int64_t i = 0; i < n; i++)
+        tok[i] = (int32_t)(i % 30000);
+    struct kvt_entry *e;
+    assert_int_equal(kvt_entry_new(tok, (size_t)n, &c, 1, "", &e), 0);
+    free(tok);
+    char *path = strf("%s/big.mlxkv", test_dir);
+    struct kvt_save_opts so = {.no_sync = true};
+    uint64_t file;
+    assert_int_equal(kvt_file_save(path, e, &so, &file), 0);
+    kvt_entry_free(e);
+    assert_true(file > ((uint64_t)4 << 30));
+
+    struct kvt_header *h;
+    assert_int_equal(kvt_file_read_header(path, NULL, &h), 0);
+    assert_int_equal(h->caches[0].n_slots, 2);
+    FILE *f = fopen(path, "rb");
+    for (int w = 0; w < 2; w++) {
+        const struct kvt_slot *sl = &h->caches[0].slots[w];
+        assert_int_equal(sl->bytes, bytes);
+        const uint64_t at[4] = {0, bytes / 2, bytes - 4096, 4096};
+        for (int i = 0; i < 4; i++) {
+            uint8_t got[4096], want[4096];
+            memset(want, i < 3 ? 0xA0 + w : 0, sizeof(want)); /* unwritten memory reads 0 */
+            assert_int_equal(fseeko(f, (off_t)(kvt_slot_abs(h, sl) + at[i]), SEEK_SET), 0);
+            assert_int_equal(fread(got, 1, sizeof(got), f), sizeof(got));
+            assert_memory_equal(got, want, sizeof(got));
+        }
+    }
+    assert_true(kvt_slot_abs(h, &h->caches[0].slots[1]) + bytes > ((uint64_t)4 << 30));
+    fclose(f);
+    kvt_header_free(h);
+    unlink(path);
+    free(path);
     kvt_device_close(d);
 }
 
@@ -434,7 +465,7 @@ static void test_cuda(void **state)
         tok[i] = i + 1;
     struct kvt_entry *e = synth_random_entry(tok, 3000, 4, MODEL, FP, TOK);
     want = synth_entry_bytes(e, &total);
-    struct kvt_entry *de = device_twin(d, e);
+    struct kvt_entry *de = synth_device_twin(d, e, MODEL, FP, TOK);
     path = strf("%s/from-cuda.mlxkv", test_dir);
     struct kvt_save_opts so = {.no_sync = true};
     assert_int_equal(kvt_file_save(path, de, &so, NULL), 0);
@@ -458,6 +489,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_save_from_device, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_device_entries_refused, test_dir_setup,
                                         test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_save_over_4gib, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_cuda, test_dir_setup, test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mem/mem.h"
 #include "mem/par.h"
 #include "format/format.h"
 #include "io/stream.h"
@@ -493,6 +494,73 @@ static bool make_warm(const char *path)
     return cached;
 }
 
+/* Whether every page of the file at @p path is in the page cache. */
+static bool is_cached(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    assert_true(fd >= 0);
+    assert_int_equal(fstat(fd, &st), 0);
+    bool cached = kvt_stream_cached(fd, 0, (uint64_t)st.st_size);
+    close(fd);
+    return cached;
+}
+
+/*
+ * The page cache rule: a save with keep_cache (and a store with keep_saved_cached) leaves
+ * the file resident; a read of resident bytes takes the page cache, never O_DIRECT (which
+ * would go to the disk for bytes memory holds), and a cold one reads directly.
+ */
+static void test_page_cache_rule(void **state)
+{
+    (void)state;
+    const struct geom g = {.heads = 8, .head_dim = 128, .tokens = 1100, .dtype = KVT_FLOAT32};
+    const int kinds[2] = {KVT_KIND_KV, KVT_KIND_KV};
+    struct owned_entry o;
+    make_entry(&o, kinds, 2, &g, 43);
+    char *path = strf("%s/kept.mlxkv", test_dir);
+    struct kvt_save_opts keep = {.no_sync = true, .keep_cache = true, .drop_cache = true};
+    assert_int_equal(kvt_file_save(path, &o.e, &keep, NULL), 0);
+    bool probe = kvt_stream_fast_ok() && make_warm(path); /* cachestat works here */
+    if (probe) {
+        make_cold(path);
+        unlink(path);
+        assert_int_equal(kvt_file_save(path, &o.e, &keep, NULL), 0);
+        assert_true(is_cached(path));
+    }
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    struct kvt_range r = {0, (uint64_t)st.st_size, NULL, NULL};
+    if (probe) {
+        assert_false(kvt_read_choose(fd, &r, 1, NULL, false).direct);
+        make_cold(path);
+        assert_int_equal(kvt_read_choose(fd, &r, 1, NULL, false).direct, kvt_mem_direct());
+    }
+    close(fd);
+
+    /* through a store */
+    struct kvt_store_opts so;
+    store_opts_for(&so, "m", "fp-kept", "tk");
+    so.keep_saved_cached = true;
+    kvt_store *s;
+    char *dir = strf("%s/kept-store", test_dir);
+    assert_int_equal(kvt_store_open(dir, &so, &s), 0);
+    assert_int_equal(kvt_store_put(s, &o.e, NULL, NULL), 0);
+    struct kvt_store_record *v;
+    size_t nv;
+    assert_int_equal(kvt_store_list(s, &v, &nv), 0);
+    assert_int_equal(nv, 1);
+    if (probe)
+        assert_true(is_cached(v[0].path));
+    kvt_store_list_free(v);
+    kvt_store_close(s);
+    free(dir);
+    unlink(path);
+    free(path);
+    free_entry(&o);
+}
+
 static void flip_byte(const char *path, uint64_t at)
 {
     int fd = open(path, O_RDWR);
@@ -564,15 +632,15 @@ static void test_warm_load_parallel(void **state)
     assert_non_null(strstr(msg[0], "caches[0].tensors[1]"));
     assert_string_equal(msg[0], msg[1]);
 
-    /* a load that does not keep the cache drops the pages it read */
+    /* a load leaves the pages of a resident file resident (the next restore reads them at
+     * memory speed too); after a cold load, the pages it read are not kept */
     char *drop = save(&o.e, "warm-drop.mlxkv");
     if (make_warm(drop)) {
         kvt_entry_free(load(drop));
-        int fd = open(drop, O_RDONLY);
-        struct stat st;
-        assert_int_equal(fstat(fd, &st), 0);
-        assert_false(kvt_stream_cached(fd, 0, (uint64_t)st.st_size));
-        close(fd);
+        assert_true(is_cached(drop));
+        make_cold(drop);
+        kvt_entry_free(load(drop));
+        assert_false(is_cached(drop));
     }
     unlink(drop);
     free(drop);
@@ -916,6 +984,7 @@ int main(void)
         cmocka_unit_test(test_strided_and_large),
         cmocka_unit_test(test_cold_load_in_place),
         cmocka_unit_test(test_warm_load_parallel),
+        cmocka_unit_test(test_page_cache_rule),
         cmocka_unit_test(test_restore_into_kept_buffers),
         cmocka_unit_test(test_restore_leaves_fresh_slack_untouched),
         cmocka_unit_test(test_gated_steps),

@@ -13,7 +13,8 @@
  * a save, when only the directory fsync after the rename failed, as kvt_file_save documents);
  * no .tmp remains unless the cleanup unlink was itself failed, and then the next open reaps it
  * (tmp_grace_ms 0); no descriptor is leaked. Memory leaks are left to LeakSanitizer (the
- * address,undefined build runs this suite).
+ * address,undefined build runs this suite). A loop in which no fault was injected, or none made
+ * the operation fail, fails: it would have checked nothing.
  */
 #include "support/support.h"
 
@@ -537,6 +538,11 @@ static void run_faults(const char *what, const char *path, attempt_fn fn, bool r
                   "%llu into plain calls, %llu into asynchronous requests\n",
                   what, path, total, failed, (unsigned long long)injected_sync,
                   (unsigned long long)injected_async);
+    /* a loop that injected nothing, or whose faults never made the operation fail, ran the
+     * operation without faults and checked nothing */
+    if (injected_sync + injected_async == 0 || failed == 0)
+        fail_msg("ioerr %s %s: %llu faults injected, %d reported failures: nothing was exercised",
+                 what, path, (unsigned long long)(injected_sync + injected_async), failed);
 }
 
 static void run_loop(const char *what, attempt_fn fn, bool reads_only)

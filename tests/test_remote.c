@@ -570,6 +570,7 @@ static void test_hostile_index_records(void **state)
     struct kvt_rclient rc;
     struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = S.port, .timeout_ms = 500};
     assert_int_equal(kvt_rclient_init(&rc, &cfg), 0);
+    kvt_rclient_arm(&rc, 0);
     assert_int_equal(kvt_rindex_publish(&rc, &k, &rec), 0); /* 4 EiB, wrong chunk count */
     memcpy(rec.uuid, "fedcba9876543210fedcba9876543210", 33);
     rec.bytes = 100, rec.chunk = 64, rec.n_chunks = 2; /* chunk below the minimum */
@@ -770,6 +771,5 @@ int main(void)
         T(test_cap_and_options),
         T(test_cli),
     };
-    signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -60,20 +60,27 @@ static void log_fn(void *ud, int level, const char *msg)
         fprintf(stderr, "log: %s\n", msg);
 }
 
-static kvt_remote *open_remote(void)
+static kvt_remote *open_remote_at(const char *at, uint64_t chunk)
 {
     struct kvt_remote_opts o;
     kvt_remote_opts_init(&o);
-    o.url = url;
+    o.url = at;
     o.model_id = REMOTE_MODEL;
     o.config_fingerprint = REMOTE_FP;
     o.tokenizer_hash = REMOTE_TOK;
     o.timeout_ms = 500;
     o.poll_ms = 100;
     o.log = log_fn;
+    if (chunk)
+        o.chunk_bytes = chunk;
     kvt_remote *r = NULL;
     assert_int_equal(kvt_remote_open(&o, &r), 0);
     return r;
+}
+
+static kvt_remote *open_remote(void)
+{
+    return open_remote_at(url, 0);
 }
 
 /* 1 identical, 0 miss; wrong bytes fail the test. */
@@ -155,6 +162,7 @@ static void test_redirections(void **state)
     struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = C.node[0].port, .timeout_ms = 500};
     struct kvt_rclient rc;
     assert_int_equal(kvt_rclient_init(&rc, &cfg), 0);
+    kvt_rclient_arm(&rc, 0);
     struct kvt_rnode *n;
     assert_int_equal(kvt_rclient_node(&rc, "cl:probe", &n), 0);
     assert_true(rc.cluster);
@@ -162,6 +170,7 @@ static void test_redirections(void **state)
     uint16_t right = rc.slots[slot];
     rc.slots[slot] = (uint16_t)((right + 1) % rc.n_nodes); /* wrong on purpose */
     int err = 0;
+    kvt_rclient_arm(&rc, 0);
     redisReply *rep =
         kvt_rclient_cmd(&rc, "cl:probe", 3, (const char *[]){"SET", "cl:probe", "1"}, NULL, &err);
     assert_non_null(rep);
@@ -185,6 +194,7 @@ static void test_redirections(void **state)
     char *a2 = strf("CLUSTER SETSLOT %u MIGRATING %s", s2, did);
     assert_int_equal(redis_cli(&C.node[dst], a1, NULL), 0);
     assert_int_equal(redis_cli(&C.node[src], a2, NULL), 0);
+    kvt_rclient_arm(&rc, 0);
     rep = kvt_rclient_cmd(&rc, "cl:ask", 3, (const char *[]){"SET", "cl:ask", "v"}, NULL, &err);
     assert_non_null(rep);
     print_message("SET during migration: %s\n", rep->type == REDIS_REPLY_STATUS ? rep->str : "?");
@@ -207,6 +217,125 @@ static void test_redirections(void **state)
     free(sid);
     free(did);
     kvt_rclient_free(&rc);
+}
+
+/* A master other than @p src, and the node ids of both (caller frees). */
+static int other_master(int src, char **sid, char **did)
+{
+    int dst = -1;
+    for (int i = 0; i < C.n && dst < 0; i++)
+        for (unsigned s = 0; s < 16384 && dst < 0; s += 512)
+            if (i != src && redis_cluster_master_of(&C, s) == i)
+                dst = i;
+    assert_true(src >= 0 && dst >= 0);
+    redis_cli(&C.node[src], "CLUSTER MYID", sid);
+    redis_cli(&C.node[dst], "CLUSTER MYID", did);
+    (*sid)[strcspn(*sid, "\n")] = (*did)[strcspn(*did, "\n")] = '\0';
+    return dst;
+}
+
+/* MIGRATE the chunks of @p keys whose index has bit @p odd (1: odd, 0: even) from @p src to
+ * @p dst. */
+static void migrate(int src, int dst, char (*keys)[256], uint32_t n, int odd)
+{
+    char *list = strf("%s", "");
+    for (uint32_t i = (uint32_t)odd; i < n; i += 2) {
+        char *l = strf("%s '%s'", list, keys[i]);
+        free(list);
+        list = l;
+    }
+    char *cmd = strf("MIGRATE 127.0.0.1 %d \"\" 0 5000 KEYS %s", C.node[dst].port, list);
+    char *out = NULL;
+    assert_int_equal(redis_cli(&C.node[src], cmd, &out), 0);
+    assert_non_null(strstr(out, "OK"));
+    free(out);
+    free(cmd);
+    free(list);
+}
+
+/* The record of @p uuid and all @p n chunks exist (redis-cli -c follows MOVED and ASK). */
+static bool entry_intact(const struct kvt_rkeys *k, const char *uuid, char (*keys)[256], uint32_t n)
+{
+    char *cmd = strf("-c HEXISTS '%s' %s", k->idx, uuid);
+    char *out = NULL;
+    redis_cli(&C.node[0], cmd, &out);
+    bool ok = out && atoi(out) == 1;
+    free(out);
+    free(cmd);
+    for (uint32_t i = 0; ok && i < n; i++) {
+        cmd = strf("-c EXISTS '%s'", keys[i]);
+        redis_cli(&C.node[0], cmd, &out);
+        ok = out && atoi(out) == 1;
+        free(out);
+        free(cmd);
+    }
+    return ok;
+}
+
+/*
+ * A live slot migration of one entry's chunks (the slot MIGRATING on its master, IMPORTING on
+ * another, the odd chunks MIGRATEd): a restore meanwhile follows ASK chunk by chunk and comes
+ * back whole, and the record and every chunk stay. Once the migration completes, a restore
+ * follows MOVED.
+ */
+static void test_restore_during_migration(void **state)
+{
+    (void)state;
+    char mig[512];
+    snprintf(mig, sizeof(mig), "%.*s/mig", (int)(strrchr(url, '/') - url), url);
+    kvt_remote *w = open_remote_at(mig, 64 << 10);
+    int32_t tok[N_TOK];
+    remote_tokens(SEED + 50, N_TOK, tok);
+    struct kvt_entry *e = synth_random_entry(tok, N_TOK, SEED + 50, "m", "f", "t");
+    assert_int_equal(kvt_remote_put(w, e), 0);
+    kvt_entry_free(e);
+    struct kvt_store_record *v;
+    size_t n;
+    assert_int_equal(kvt_remote_list(w, &v, &n), 0);
+    assert_int_equal(n, 1);
+    char uuid[33];
+    memcpy(uuid, v[0].path, 33);
+    uint32_t chunks = (uint32_t)((v[0].bytes + (64 << 10) - 1) / (64 << 10));
+    kvt_store_list_free(v);
+    kvt_remote_close(w);
+    struct kvt_rkeys k;
+    assert_int_equal(kvt_rkeys_init(&k, "mig", REMOTE_MODEL, REMOTE_FP, REMOTE_TOK), 0);
+    char(*keys)[256] = calloc(chunks, sizeof(*keys));
+    for (uint32_t i = 0; i < chunks; i++)
+        kvt_rkeys_chunk(&k, "", uuid, i, keys[i], sizeof(keys[i]));
+    unsigned slot = kvt_key_slot(keys[0], strlen(keys[0]));
+    int src = redis_cluster_master_of(&C, slot);
+    char *sid = NULL, *did = NULL;
+    int dst = other_master(src, &sid, &did);
+    char *imp = strf("CLUSTER SETSLOT %u IMPORTING %s", slot, sid);
+    char *mgr = strf("CLUSTER SETSLOT %u MIGRATING %s", slot, did);
+    assert_int_equal(redis_cli(&C.node[dst], imp, NULL), 0);
+    assert_int_equal(redis_cli(&C.node[src], mgr, NULL), 0);
+    migrate(src, dst, keys, chunks, 1);
+    print_message("%u chunks, the odd ones moved from node %d to %d\n", chunks, src, dst);
+
+    kvt_remote *r = open_remote_at(mig, 64 << 10); /* a reader, synced at open */
+    assert_int_equal(restore(r, SEED + 50), 1);
+    assert_true(entry_intact(&k, uuid, keys, chunks));
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(r, &st);
+    assert_int_equal(st.misses + st.corrupt + st.errors, 0);
+
+    migrate(src, dst, keys, chunks, 0); /* the migration completes: the slot is dst's */
+    char *own = strf("CLUSTER SETSLOT %u NODE %s", slot, did);
+    for (int i = 0; i < C.n; i++) /* every node learns the new owner at once */
+        if (C.node[i].pid > 0)
+            redis_cli(&C.node[i], own, NULL);
+    assert_int_equal(restore(r, SEED + 50), 1); /* MOVED, followed */
+    assert_true(entry_intact(&k, uuid, keys, chunks));
+    kvt_remote_close(r);
+    free(own);
+    free(imp);
+    free(mgr);
+    free(sid);
+    free(did);
+    free(keys);
+    kvt_rkeys_free(&k);
 }
 
 /* Restore every entry, retrying while the cluster settles: how many come back identical. */
@@ -299,9 +428,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_host_over_cluster),
         cmocka_unit_test(test_redirections),
+        cmocka_unit_test(test_restore_during_migration),
         cmocka_unit_test(test_failover_keeps_entries),
         cmocka_unit_test(test_master_without_replica),
     };
-    signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -337,12 +337,104 @@ static void test_gc(void **state)
     free_fixture(&f);
 }
 
+/* Run kvtier with @p args; its exit status must be @p want_rc and its output exactly @p want. */
+static void expect_output(const char *args, bool with_stderr, int want_rc, const char *want)
+{
+    char *out;
+    int rc = run_cli(args, with_stderr, &out);
+    if (rc != want_rc || strcmp(out, want))
+        fail_msg("kvtier %s: exit %d, output:\n%s\nexpected exit %d, output:\n%s", args, rc, out,
+                 want_rc, want);
+    free(out);
+}
+
+#define IDENTITY "[--model-id M] [--config-fingerprint F] [--tokenizer-hash T]"
+#define REMOTE(cmd)                                                                                \
+    "       kvtier " cmd " --redis URL --model-id M --config-fingerprint F "                       \
+    "--tokenizer-hash T"
+
+/* Each store command's usage, on stdout for --help, on stderr for bad arguments; those that
+ * take --redis say so, with the flags a remote needs. */
+static void test_usage(void **state)
+{
+    (void)state;
+    const char *ls = "usage: kvtier ls DIR [--json] [--ns NS] " IDENTITY
+                     "\n" REMOTE("ls") " [--json] [--ns NS]\n";
+    const char *stats =
+        "usage: kvtier stats DIR [--json] " IDENTITY "\n" REMOTE("stats") " [--json]\n";
+    const char *gc =
+        "usage: kvtier gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] "
+        "[--tmp-grace-ms MS] " IDENTITY "\n" REMOTE("gc") " [--max-bytes N] [--dry-run]\n";
+    const char *find = "usage: kvtier find DIR --tokens 1,2,3 [--ns NS] [--json] " IDENTITY "\n";
+    expect_output("ls --help", false, 0, ls);
+    expect_output("ls -h", false, 0, ls);
+    expect_output("stats --help", false, 0, stats);
+    expect_output("gc --help", false, 0, gc);
+    expect_output("find --help", false, 0, find);
+    expect_output("ls", true, 2, ls);
+    expect_output("find /tmp", true, 2, find);
+    char *want = strf("kvtier ls: --redis needs --model-id, --config-fingerprint and "
+                      "--tokenizer-hash\n%s",
+                      ls);
+    expect_output("ls --redis redis://127.0.0.1:1/x", true, 2, want);
+    free(want);
+    want = strf("kvtier gc: unknown or incomplete option --bogus\n%s", gc);
+    expect_output("gc --redis redis://127.0.0.1:1/x --bogus", true, 2, want);
+    free(want);
+}
+
+/* Every command's --help: its usage on stdout, exit 0, nothing run. */
+static void test_help_of_every_command(void **state)
+{
+    (void)state;
+    const char *cmds[] = {"inspect", "verify", "synth", "ls",  "find",
+                          "gc",      "stats",  "bench", "demo"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char *args = strf("%s --help", cmds[i]), *out;
+        int rc = run_cli(args, false, &out);
+        char *want = strf("usage: kvtier %s", cmds[i]);
+        if (rc != 0 || !strstr(out, want))
+            fail_msg("kvtier %s: exit %d, stdout:\n%s", args, rc, out);
+        free(want);
+        free(out);
+        free(args);
+    }
+}
+
+/* A store directory that is missing or a file: the message names the path and what is wrong. */
+static void test_bad_dir(void **state)
+{
+    (void)state;
+    char *dir = scratch_dir("cli-bad-dir");
+    char *missing = strf("%s/nonexistent", dir), *file = strf("%s/file", dir);
+    assert_int_equal(write_file(file, "x", 1), 0);
+    const char *cmds[] = {"ls", "stats", "gc", "find --tokens 1"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char *args = strf("%s %s", cmds[i], missing);
+        char *want = strf("kvtier: %s: does not exist\n", missing);
+        expect_output(args, true, 2, want);
+        free(args);
+        free(want);
+        args = strf("%s %s/", cmds[i], file);
+        want = strf("kvtier: %s: not a directory\n", file);
+        expect_output(args, true, 2, want);
+        free(args);
+        free(want);
+    }
+    free(missing);
+    free(file);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ls_and_stats),
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_gc),
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_help_of_every_command),
+        cmocka_unit_test(test_bad_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

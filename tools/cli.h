@@ -30,8 +30,9 @@ int cmd_store_find(int argc, char **argv);
 int cmd_store_gc(int argc, char **argv);
 int cmd_store_stats(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-/** ls / stats / gc of a remote tier (tools/cmd_remote.c); argv[0] names the command. */
-int cmd_remote(int argc, char **argv);
+/** ls / stats / gc of a remote tier (tools/cmd_remote.c); argv[0] names the command, @p usage
+ *  is the command's usage (printed on bad arguments). */
+int cmd_remote(int argc, char **argv, const char *usage);
 /** Whether the arguments name a remote (--redis URL). */
 bool cli_has_redis(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
@@ -40,6 +41,10 @@ int cmd_demo(int argc, char **argv);
 int cli_env_apply(void);
 
 /* Shared helpers (tools/cli_util.c). */
+/** Whether the arguments after the command ask for its usage (-h, --help). */
+bool cli_wants_help(int argc, char **argv);
+/** Print "usage: kvtier <usage>" to @p f; returns @p status. */
+int cli_usage(FILE *f, const char *usage, int status);
 /** Print "kvtier: <what>: <message>" to stderr for a failed library call; returns EXIT_USAGE. */
 int cli_error(const char *what, int rc);
 /** Parse a size with an optional K/M/G/T (binary) suffix; false on junk. */

@@ -12,6 +12,20 @@ int cli_error(const char *what, int rc)
     return EXIT_USAGE;
 }
 
+bool cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            return true;
+    return false;
+}
+
+int cli_usage(FILE *f, const char *usage, int status)
+{
+    fprintf(f, "usage: kvtier %s\n", usage);
+    return status;
+}
+
 bool cli_parse_size(const char *s, uint64_t *out)
 {
     char *end;
@@ -21,10 +35,26 @@ bool cli_parse_size(const char *s, uint64_t *out)
         return false;
     unsigned shift = 0;
     switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    case 't': case 'T': shift = 40; end++; break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        shift = 40;
+        end++;
+        break;
     default: break;
     }
     if (*end == 'i' || *end == 'B')

@@ -29,13 +29,20 @@ static int parse_sizes(const char *s, struct bench_opts *o)
     return rc == 0 && o->n_sizes > 0 ? 0 : -EINVAL;
 }
 
+/* @p msg, then the usage, to @p f (stdout when asked for with --help); returns EXIT_USAGE. */
+static int usage_to(FILE *f, const char *msg)
+{
+    fprintf(f, "kvtier bench: %s\n", msg);
+    return cli_usage(f,
+                     "bench [--dir D] [--size BYTES[,BYTES...]] [--repeat N] "
+                     "[--json FILE|--json] [--plot FILE.png|FILE.svg] [--peers] "
+                     "[--python PATH] [--peer-script PATH]",
+                     EXIT_USAGE);
+}
+
 static int usage_error(const char *msg)
 {
-    fprintf(stderr, "kvtier bench: %s\n", msg);
-    fprintf(stderr, "usage: kvtier bench [--dir D] [--size BYTES[,BYTES...]] [--repeat N] "
-                    "[--json FILE|--json] [--plot FILE.png|FILE.svg] [--peers] "
-                    "[--python PATH] [--peer-script PATH]\n");
-    return EXIT_USAGE;
+    return usage_to(stderr, msg);
 }
 
 static int parse_args(int argc, char **argv, struct bench_opts *o)
@@ -76,7 +83,7 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
         } else if (!strcmp(a, "--peer-script") && next) {
             o->peer_script = argv[++i];
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage_error("save/restore throughput against same-run device limits");
+            usage_to(stdout, "save/restore throughput against same-run device limits");
             return -1;
         } else {
             return usage_error("unknown or incomplete option");

@@ -214,11 +214,11 @@ static int parse(int argc, char **argv, struct demo_opts *o)
 int cmd_demo(int argc, char **argv)
 {
     struct demo_opts o;
-    if (parse(argc, argv, &o) < 0) {
-        fprintf(stderr, "usage: kvtier demo [--dir D] [--turns N] [--tokens T] "
-                        "[--prefill-tps R]\n");
-        return EXIT_USAGE;
-    }
+    const char *usage = "demo [--dir D] [--turns N] [--tokens T] [--prefill-tps R]";
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, usage, 0);
+    if (parse(argc, argv, &o) < 0)
+        return cli_usage(stderr, usage, EXIT_USAGE);
     struct demo d = {.o = &o, .m = &bench_llama3_8b, .tty = isatty(STDERR_FILENO) == 1};
     size_t next_user = 700;
     d.n_tok = o.tokens + next_user;

@@ -222,10 +222,14 @@ static void json_failure(FILE *f, const char *path, int rc, const char *msg)
     fputs("}\n", f);
 }
 
+static const char INSPECT_USAGE[] = "inspect FILE [--json]";
+
 int cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
     bool json = false;
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, INSPECT_USAGE, 0);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = true;
@@ -253,8 +257,7 @@ int cmd_inspect(int argc, char **argv)
     kvt_header_free(h);
     return 0;
 usage:
-    fprintf(stderr, "usage: kvtier inspect FILE [--json]\n");
-    return EXIT_USAGE;
+    return cli_usage(stderr, INSPECT_USAGE, EXIT_USAGE);
 }
 
 /* ---- verify ---- */
@@ -343,12 +346,16 @@ static int walk(const char *dir, struct path_list *out)
     return rc;
 }
 
+static const char VERIFY_USAGE[] = "verify PATH... [--json] [--no-hashes]";
+
 int cmd_verify(int argc, char **argv)
 {
     bool json = false, no_hashes = false;
     struct path_list files = {0};
     int n_paths = 0, status = 0;
     size_t bad = 0, errors = 0;
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, VERIFY_USAGE, 0);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = true;
@@ -426,8 +433,7 @@ int cmd_verify(int argc, char **argv)
     free(files.v);
     return status;
 usage:
-    fprintf(stderr, "usage: kvtier verify PATH... [--json] [--no-hashes]\n");
-    return EXIT_USAGE;
+    return cli_usage(stderr, VERIFY_USAGE, EXIT_USAGE);
 }
 
 /* ---- synth ---- */
@@ -610,18 +616,13 @@ static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
     return true;
 }
 
-static int synth_usage(void)
-{
-    fprintf(stderr,
-            "usage: kvtier synth OUT --kind KIND|mixed [--layers N] [--kv-heads H] "
-            "[--head-dim D]\n"
-            "         [--tokens T] [--dtype bf16|f16|f32] [--seed S] [--ns NS] [--model-id ID]\n"
-            "         [--config-fingerprint FP] [--tokenizer-hash TH] [--max-size M] [--bits B]\n"
-            "         [--group-size G] [--k-bits K] [--v-bits V] [--max-file-bytes N]\n"
-            "         [--created-at MS]\n"
-            "  KIND: kv rotating qkv rotating-qkv ssm turboquant; mixed = one layer of each\n");
-    return EXIT_USAGE;
-}
+static const char SYNTH_USAGE[] =
+    "synth OUT --kind KIND|mixed [--layers N] [--kv-heads H] [--head-dim D]\n"
+    "         [--tokens T] [--dtype bf16|f16|f32] [--seed S] [--ns NS] [--model-id ID]\n"
+    "         [--config-fingerprint FP] [--tokenizer-hash TH] [--max-size M] [--bits B]\n"
+    "         [--group-size G] [--k-bits K] [--v-bits V] [--max-file-bytes N]\n"
+    "         [--created-at MS]\n"
+    "  KIND: kv rotating qkv rotating-qkv ssm turboquant; mixed = one layer of each";
 
 static int parse_synth(int argc, char **argv, struct synth_opts *o)
 {
@@ -719,8 +720,10 @@ static int parse_synth(int argc, char **argv, struct synth_opts *o)
 int cmd_synth(int argc, char **argv)
 {
     struct synth_opts o;
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, SYNTH_USAGE, 0);
     if (parse_synth(argc, argv, &o) < 0)
-        return synth_usage();
+        return cli_usage(stderr, SYNTH_USAGE, EXIT_USAGE);
     if ((o.kind == -1 || o.kind == KVT_KIND_QKV || o.kind == KVT_KIND_ROTATING_QKV) &&
         (o.head_dim % o.group_size || (o.head_dim * o.bits) % 32)) {
         fprintf(stderr, "kvtier: synth: head-dim must be a multiple of group-size and give "

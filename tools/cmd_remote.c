@@ -1,8 +1,10 @@
 /*
  * ls, stats and gc of a remote tier: `kvtier ls|stats|gc --redis URL --model-id M
  * --config-fingerprint F --tokenizer-hash T [...]`. The password may come from
- * KVT_REDIS_PASSWORD instead of the URL. ls and stats change nothing; gc removes records
- * whose chunks are gone and the oldest entries beyond --max-bytes (unless --dry-run).
+ * KVT_REDIS_PASSWORD instead of the URL, and is never printed. ls and stats change nothing; gc
+ * removes records whose chunks are gone and the oldest entries beyond --max-bytes (unless
+ * --dry-run). A server that refuses (an error reply, no connection) is an error, with its
+ * own message.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 
 struct rargs {
     const char *url, *model, *fp, *tok, *ns;
+    char shown_url[512]; /* the URL as printed: its password replaced by "***" */
     bool json, dry_run;
     uint64_t max_bytes;
 };
@@ -59,6 +62,22 @@ static bool parse(int argc, char **argv, struct rargs *a)
     return true;
 }
 
+/* @p url with the password of its user part (scheme://[user]:password@...) as "***". */
+static void redact(const char *url, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", url);
+    char *from = strstr(out, "://");
+    if (!from)
+        return;
+    from += 3;
+    char *at = strchr(from, '@'), *slash = strchr(from, '/');
+    char *colon = at && (!slash || at < slash) ? memchr(from, ':', (size_t)(at - from)) : NULL;
+    if (colon)
+        snprintf(colon + 1, cap - (size_t)(colon + 1 - out), "***%s", url + (at - out));
+}
+
+/* Open the remote and sync its index once: the server's own error (NOPERM, WRONGTYPE, a
+ * refused connection) is reported, never an empty cache. */
 static int open_remote(const struct rargs *a, kvt_remote **r)
 {
     struct kvt_remote_opts o;
@@ -70,15 +89,13 @@ static int open_remote(const struct rargs *a, kvt_remote **r)
     o.password = getenv("KVT_REDIS_PASSWORD");
     int rc = kvt_remote_open(&o, r);
     if (rc < 0)
-        return cli_error(a->url, rc);
-    struct kvt_remote_stats st;
-    kvt_remote_get_stats(*r, &st);
-    if (!st.connected) {
+        return cli_error(a->shown_url, rc);
+    rc = kvt_remote_refresh(*r);
+    if (rc < 0) {
+        rc = cli_error(a->shown_url, rc);
         kvt_remote_close(*r);
-        fprintf(stderr, "kvtier: %s: cannot reach the server\n", a->url);
-        return EXIT_USAGE;
     }
-    return 0;
+    return rc;
 }
 
 static void ls_print(const struct rargs *a, const struct kvt_store_record *v, size_t n)
@@ -108,20 +125,21 @@ static void stats_print(const struct rargs *a, const struct kvt_remote_stats *s)
 {
     if (a->json) {
         printf("{\"url\": ");
-        cli_json_string(stdout, a->url);
+        cli_json_string(stdout, a->shown_url);
         printf(", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"version\": %" PRId64 "}\n",
                s->entries, s->bytes, s->version);
     } else {
-        printf("%s: %" PRIu64 " entries, %.2f MiB, index version %" PRId64 "\n", a->url, s->entries,
-               (double)s->bytes / (1 << 20), s->version);
+        printf("%s: %" PRIu64 " entries, %.2f MiB, index version %" PRId64 "\n", a->shown_url,
+               s->entries, (double)s->bytes / (1 << 20), s->version);
     }
 }
 
-int cmd_remote(int argc, char **argv)
+int cmd_remote(int argc, char **argv, const char *usage)
 {
     struct rargs a;
     if (!parse(argc, argv, &a))
-        return EXIT_USAGE;
+        return cli_usage(stderr, usage, EXIT_USAGE);
+    redact(a.url, a.shown_url, sizeof(a.shown_url));
     kvt_remote *r;
     int rc = open_remote(&a, &r);
     if (rc)
@@ -145,5 +163,5 @@ int cmd_remote(int argc, char **argv)
                    dropped == 1 ? "" : "s");
     }
     kvt_remote_close(r);
-    return rc < 0 ? cli_error(a.url, rc) : 0;
+    return rc < 0 ? cli_error(a.shown_url, rc) : 0;
 }

@@ -208,6 +208,15 @@ static bool find_identities(struct target *t, const struct args *a)
     return ok;
 }
 
+/* Why @p path cannot be a store directory, or NULL when it is a directory. */
+static const char *not_a_dir(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return errno == ENOENT ? "does not exist" : strerror(errno);
+    return S_ISDIR(st.st_mode) ? NULL : "not a directory";
+}
+
 static int resolve(const struct args *a, struct target **out, size_t *n_out)
 {
     struct target *t = NULL;
@@ -219,8 +228,9 @@ static int resolve(const struct args *a, struct target **out, size_t *n_out)
     size_t len = strlen(dir);
     while (len > 1 && dir[len - 1] == '/')
         dir[--len] = '\0';
-    if (!is_dir(dir)) {
-        fprintf(stderr, "kvtier: %s: not a directory\n", dir);
+    const char *why = not_a_dir(dir);
+    if (why) {
+        fprintf(stderr, "kvtier: %s: %s\n", dir, why);
         free(dir);
         return EXIT_USAGE;
     }
@@ -405,12 +415,23 @@ static bool each_store(const struct args *a, const struct target *t, size_t nt, 
 static int store_command(int argc, char **argv, bool want_tokens, const char *usage, struct args *a,
                          struct target **t, size_t *nt)
 {
-    if (!parse_args(argc, argv, a, want_tokens)) {
-        fprintf(stderr, "usage: kvtier %s\n", usage);
-        return EXIT_USAGE;
-    }
+    if (!parse_args(argc, argv, a, want_tokens))
+        return cli_usage(stderr, usage, EXIT_USAGE);
     return resolve(a, t, nt);
 }
+
+/* Each command's usage; ls, stats and gc also work on a remote tier (cmd_remote.c). */
+#define IDENTITY_FLAGS "[--model-id M] [--config-fingerprint F] [--tokenizer-hash T]"
+#define REMOTE(cmd)                                                                                \
+    "\n       kvtier " cmd " --redis URL --model-id M --config-fingerprint F "                     \
+    "--tokenizer-hash T"
+static const char LS_USAGE[] =
+    "ls DIR [--json] [--ns NS] " IDENTITY_FLAGS REMOTE("ls") " [--json] [--ns NS]";
+static const char FIND_USAGE[] = "find DIR --tokens 1,2,3 [--ns NS] [--json] " IDENTITY_FLAGS;
+static const char STATS_USAGE[] = "stats DIR [--json] " IDENTITY_FLAGS REMOTE("stats") " [--json]";
+static const char GC_USAGE[] =
+    "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] "
+    "[--tmp-grace-ms MS] " IDENTITY_FLAGS REMOTE("gc") " [--max-bytes N] [--dry-run]";
 
 struct ls_run {
     const struct args *a;
@@ -460,18 +481,16 @@ static void ls_one(void *ud, const struct target *t, const struct identity *id, 
     kvt_store_list_free(v);
 }
 
-/* Usage "ls DIR [--json] [--ns NS] [identity flags]". */
 int cmd_store_ls(int argc, char **argv)
 {
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, LS_USAGE, 0);
     if (cli_has_redis(argc, argv))
-        return cmd_remote(argc, argv);
+        return cmd_remote(argc, argv, LS_USAGE);
     struct args a;
     struct target *t;
     size_t nt;
-    int rc = store_command(argc, argv, false,
-                           "ls DIR [--json] [--ns NS] [--model-id M] [--config-fingerprint F] "
-                           "[--tokenizer-hash T]",
-                           &a, &t, &nt);
+    int rc = store_command(argc, argv, false, LS_USAGE, &a, &t, &nt);
     if (rc)
         return rc;
     struct ls_run r = {&a, 0};
@@ -521,7 +540,6 @@ static void find_one(void *ud, const struct target *t, const struct identity *id
     kvt_store_list_free(v);
 }
 
-/* Usage "find DIR --tokens 1,2,3 [--ns NS] [--json] [identity flags]". */
 int cmd_store_find(int argc, char **argv)
 {
     struct args a;
@@ -529,10 +547,9 @@ int cmd_store_find(int argc, char **argv)
     size_t nt;
     int32_t *tok;
     size_t n_tok;
-    int rc = store_command(argc, argv, true,
-                           "find DIR --tokens 1,2,3 [--ns NS] [--json] [--model-id M] "
-                           "[--config-fingerprint F] [--tokenizer-hash T]",
-                           &a, &t, &nt);
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, FIND_USAGE, 0);
+    int rc = store_command(argc, argv, true, FIND_USAGE, &a, &t, &nt);
     if (rc)
         return rc;
     if (!cli_parse_tokens(a.tokens, &tok, &n_tok)) {
@@ -583,18 +600,16 @@ static void stats_one(void *ud, const struct target *t, const struct identity *i
            st.shared_chunks, st.shared_bytes);
 }
 
-/* Usage "stats DIR [--json] [identity flags]". */
 int cmd_store_stats(int argc, char **argv)
 {
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, STATS_USAGE, 0);
     if (cli_has_redis(argc, argv))
-        return cmd_remote(argc, argv);
+        return cmd_remote(argc, argv, STATS_USAGE);
     struct args a;
     struct target *t;
     size_t nt;
-    int rc = store_command(argc, argv, false,
-                           "stats DIR [--json] [--model-id M] [--config-fingerprint F] "
-                           "[--tokenizer-hash T]",
-                           &a, &t, &nt);
+    int rc = store_command(argc, argv, false, STATS_USAGE, &a, &t, &nt);
     if (rc)
         return rc;
     int status = each_store(&a, t, nt, stats_one, &a) ? 0 : EXIT_USAGE;
@@ -683,19 +698,16 @@ static void gc_target(struct gc_run *g, const struct target *t)
     }
 }
 
-/* Usage "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] [--tmp-grace-ms MS] [...]". */
 int cmd_store_gc(int argc, char **argv)
 {
+    if (cli_wants_help(argc, argv))
+        return cli_usage(stdout, GC_USAGE, 0);
     if (cli_has_redis(argc, argv))
-        return cmd_remote(argc, argv);
+        return cmd_remote(argc, argv, GC_USAGE);
     struct args a;
     struct target *t;
     size_t nt;
-    int rc = store_command(argc, argv, false,
-                           "gc DIR [--max-bytes N] [--dry-run] [--remove-skipped] "
-                           "[--tmp-grace-ms MS] [--model-id M] [--config-fingerprint F] "
-                           "[--tokenizer-hash T]",
-                           &a, &t, &nt);
+    int rc = store_command(argc, argv, false, GC_USAGE, &a, &t, &nt);
     if (rc)
         return rc;
     struct gc_run g = {.a = &a};

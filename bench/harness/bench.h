@@ -116,6 +116,19 @@ extern const struct bench_model bench_llama3_8b;
 size_t bench_token_bytes(const struct bench_model *m);
 /* Fill @p n bytes with the xorshift64* stream of @p state (deterministic). */
 void bench_fill(void *dst, size_t n, uint64_t *state);
+
+/* A device bench: its name, default directory, what it prints first and what it runs per
+ * size (bench_device_main() parses the shared options and opens the device). */
+struct bench_device_prog {
+    const char *name, *dir;
+    int max_repeat;
+    void (*header)(kvt_device *d, int repeat);
+    int (*run_size)(kvt_device *d, const char *dir, uint64_t bytes, int repeat);
+};
+int bench_device_main(int argc, char **argv, const struct bench_device_prog *p);
+/** The time of the raw read of @p bytes of @p path into @p buf: cold (page cache dropped,
+ * O_DIRECT with several reads in flight) or warm (one buffered read of the cached file). */
+double bench_read_limit(const char *path, void *buf, uint64_t bytes, bool cold);
 /* Append @p len tokens of pseudo-random K and V (from @p rng) to the kv cache @p c. */
 int bench_cache_append_random(kvt_cache *c, const struct bench_model *m, size_t len, uint64_t *rng);
 /*

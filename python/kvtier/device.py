@@ -4,7 +4,8 @@ CUDA is loaded at run time (the driver's ``libcuda.so.1``): without a GPU, ``Dev
 raises :class:`UnsupportedError` and :meth:`Device.host` gives a stand-in whose "device
 memory" is host memory (for tests). Entries built from CUDA tensors (``KVCache(k, v)`` with
 ``k.is_cuda``) are saved by :func:`kvtier.save` and :meth:`Store.put` straight from the device;
-they cannot be appended to or held by a :class:`PromptCache`.
+they cannot be appended to, and a :class:`PromptCache` holds them only when opened with their
+device (``PromptCache(device=Device.cuda(0))``: page-locked host copies).
 """
 from typing import Any, Optional
 

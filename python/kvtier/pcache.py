@@ -3,12 +3,13 @@ import atexit
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _ext
 from .entry import Entry
 from .errors import from_code
-from .files import PathLike
+from .device import Device, device_handle
+from .files import Header, PathLike, Place, header_of, place_arg
 from .store import Record, records
 from .tensors import as_tokens
 
@@ -62,18 +63,26 @@ class PromptCache:
                  spill_queue_max_bytes: int = 2 << 30, write_behind: bool = True,
                  demote_idle_ms: int = 300_000, snapshot_debounce_ms: int = 1000,
                  flush_timeout_ms: int = 120_000,
-                 background_cpus: Optional[str] = None) -> None:
+                 background_cpus: Optional[str] = None, device: Optional[Device] = None,
+                 keep_saved_cached: bool = False) -> None:
         """``cold_dir`` (with model_id, config_fingerprint, tokenizer_hash: the model
         identity; another fingerprint or namespace never matches) enables the cold tier.
         ``ram_max_bytes``: RAM tier cap. ``max_bytes``: the store's cap (0 = 32 GiB).
         ``write_behind``: snapshot fresh entries to disk (``snapshot_debounce_ms`` after
         their put). ``demote_idle_ms``: move entries idle this long to disk (0 = off).
-        ``background_cpus``: CPU list ("2-7") for the writer and timer threads."""
+        ``background_cpus``: CPU list ("2-7") for the writer and timer threads.
+        ``device``: entries in its memory (CUDA tensors) are put into page-locked host memory
+        of the RAM tier (one region of ``ram_max_bytes + spill_queue_max_bytes``, allocated
+        at the first such put), and :meth:`take_to_device` lands takes in its memory.
+        ``keep_saved_cached``: saved files stay in the page cache, so that a restarted
+        process restores them at memory speed."""
         self._pc = _ext.pcache_open(
             ram_max_bytes, None if cold_dir is None else os.fspath(cold_dir), model_id,
             config_fingerprint, tokenizer_hash, max_bytes, n_layers, not verify,
             spill_queue_max_bytes, write_behind, demote_idle_ms, snapshot_debounce_ms,
-            flush_timeout_ms, background_cpus)
+            flush_timeout_ms, background_cpus,
+            None if device is None else device_handle(device), keep_saved_cached)
+        self.device = device
         _open_caches.add(self)
 
     def __enter__(self) -> "PromptCache":
@@ -96,6 +105,18 @@ class PromptCache:
             return None
         entry, retain, from_disk = t
         return Take(Entry._from_ext(entry), from_disk, retain)
+
+    def take_to_device(self, tokens: Any, place: Place,
+                       namespace: Optional[str] = None) -> Optional[Tuple[Header, bool]]:
+        """:meth:`take` into the memory of the cache's device: ``place`` is given the header
+        of the taken prefix (its tokens; each tensor cut to the prefix) and returns one
+        contiguous destination per tensor (a tensor on the device, or an address); the bytes
+        are copied there from page-locked RAM, or streamed from the file of a disk hit. Every
+        copy has finished on return. ``(header, from_disk)``, or None on a miss."""
+        t = self._pc.take_to_device(as_tokens(tokens), place_arg(place), namespace)
+        if t is None:
+            return None
+        return header_of(t[0]), t[1]
 
     def put(self, entry: Entry, take: Optional[Take] = None) -> None:
         """Insert ``entry`` (under ``entry.namespace``). Its caches are shared with the

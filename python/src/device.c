@@ -129,15 +129,17 @@ static int dest_addr(struct dplace *c, PyObject *o, size_t k, const struct kvt_h
         return PyErr_Occurred() ? -1 : 0;
     }
     if (!PyObject_HasAttrString(o, "__dlpack__")) {
-        PyErr_Format(PyExc_TypeError, "destination %zu: expected a device tensor or address, got "
-                     "%.80s", k, Py_TYPE(o)->tp_name);
+        PyErr_Format(PyExc_TypeError,
+                     "destination %zu: expected a device tensor or address, got "
+                     "%.80s",
+                     k, Py_TYPE(o)->tp_name);
         return -1;
     }
     PyObject *cap = kvtpy_dlpack(o);
     if (!cap)
         return -1;
-    DLManagedTensor *m = PyCapsule_IsValid(cap, "dltensor") ?
-                             PyCapsule_GetPointer(cap, "dltensor") : NULL;
+    DLManagedTensor *m =
+        PyCapsule_IsValid(cap, "dltensor") ? PyCapsule_GetPointer(cap, "dltensor") : NULL;
     if (m) {
         PyCapsule_SetName(cap, "used_dltensor");
         c->dl[k] = m;
@@ -152,8 +154,10 @@ static int dest_addr(struct dplace *c, PyObject *o, size_t k, const struct kvt_h
     int want_type = c->dev->ordinal < 0 ? KVTPY_DL_CPU : KVTPY_DL_CUDA;
     if (t->device.device_type != want_type ||
         (c->dev->ordinal >= 0 && t->device.device_id != c->dev->ordinal))
-        PyErr_Format(PyExc_ValueError, "destination %zu: memory of another device (DLPack "
-                     "device %d:%d)", k, t->device.device_type, t->device.device_id);
+        PyErr_Format(PyExc_ValueError,
+                     "destination %zu: memory of another device (DLPack "
+                     "device %d:%d)",
+                     k, t->device.device_type, t->device.device_id);
     else if (!kvtpy_dl_contiguous(t, &bytes))
         PyErr_Format(PyExc_ValueError, "destination %zu: not contiguous", k);
     else
@@ -206,9 +210,17 @@ static KvtDevice *device_arg(PyObject *o)
 static PyObject *py_file_load_to_device(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"path",     "device",         "place",      "model_id",
-                             "config_fingerprint", "tokenizer_hash", "ns", "n_layers",
-                             "no_verify", "keep_cache",    NULL};
+    static char *kwlist[] = {"path",
+                             "device",
+                             "place",
+                             "model_id",
+                             "config_fingerprint",
+                             "tokenizer_hash",
+                             "ns",
+                             "n_layers",
+                             "no_verify",
+                             "keep_cache",
+                             NULL};
     const char *path;
     PyObject *dev;
     struct kvt_expect x = {0};
@@ -241,6 +253,28 @@ PyObject *kvtpy_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit,
     Py_BEGIN_ALLOW_THREADS
     rc = kvt_store_restore_to_device(s, hit, c.dev->d, dplace_cb, &c, &h);
     Py_END_ALLOW_THREADS
+    return dfinish(&c, rc, h);
+}
+
+kvt_device *kvtpy_device_of(PyObject *o)
+{
+    KvtDevice *d = device_arg(o);
+    return d ? d->d : NULL;
+}
+
+PyObject *kvtpy_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
+                                      PyObject *dev, PyObject *place, bool *from_disk)
+{
+    struct dplace c = {.place = place};
+    if (!(c.dev = device_arg(dev)))
+        return NULL;
+    struct kvt_header *h = NULL;
+    struct kvt_take t;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvt_pcache_take_to_device(pc, tok, n, ns, dplace_cb, &c, &t, &h);
+    Py_END_ALLOW_THREADS
+    *from_disk = t.from_disk;
     return dfinish(&c, rc, h);
 }
 

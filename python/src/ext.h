@@ -128,6 +128,11 @@ PyObject *kvtpy_placed_result(int rc, struct kvt_header *h, bool py_error);
 extern PyTypeObject KvtDevice_Type;
 extern PyMethodDef kvtpy_device_methods[];
 kvt_device *kvtpy_cuda_device(int ordinal);
+/** The kvt_device of a Device object (NULL with TypeError). */
+kvt_device *kvtpy_device_of(PyObject *o);
+/** kvt_pcache_take_to_device() with a Python placement: the header dict, None on a miss. */
+PyObject *kvtpy_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
+                                      PyObject *dev, PyObject *place, bool *from_disk);
 PyObject *kvtpy_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, PyObject *dev,
                                         PyObject *place);
 extern PyMethodDef kvtpy_pcache_functions[];

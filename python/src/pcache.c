@@ -11,6 +11,7 @@ typedef struct {
     PyObject_HEAD
     kvt_pcache *pc;
     int in_use;
+    PyObject *device; /* the Device its entries and takes are in (kept alive), or NULL */
 } KvtPcache;
 
 /* ---- Retain ---- */
@@ -64,11 +65,23 @@ static void leave(KvtPcache *self)
 static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    static char *kwlist[] = {"ram_max_bytes",      "cold_dir",        "model_id",
-                             "config_fingerprint", "tokenizer_hash",  "max_bytes",
-                             "n_layers",           "no_verify",       "spill_queue_max_bytes",
-                             "write_behind",       "demote_idle_ms",  "snapshot_debounce_ms",
-                             "flush_timeout_ms",   "background_cpus", NULL};
+    static char *kwlist[] = {"ram_max_bytes",
+                             "cold_dir",
+                             "model_id",
+                             "config_fingerprint",
+                             "tokenizer_hash",
+                             "max_bytes",
+                             "n_layers",
+                             "no_verify",
+                             "spill_queue_max_bytes",
+                             "write_behind",
+                             "demote_idle_ms",
+                             "snapshot_debounce_ms",
+                             "flush_timeout_ms",
+                             "background_cpus",
+                             "device",
+                             "keep_saved_cached",
+                             NULL};
     struct kvt_pcache_opts o;
     kvt_pcache_opts_init(&o);
     unsigned long long ram = o.ram_max_bytes, max_bytes = 0;
@@ -76,10 +89,16 @@ static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
     int no_verify = 0, write_behind = o.write_behind;
     long long queue = o.spill_queue_max_bytes, demote = o.demote_idle_ms;
     long long debounce = o.snapshot_debounce_ms, flush_timeout = o.flush_timeout_ms;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|KzzzzKnpLpLLLz", kwlist, &ram, &o.cold_dir, &o.cold.model_id,
-            &o.cold.config_fingerprint, &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
-            &queue, &write_behind, &demote, &debounce, &flush_timeout, &o.background_cpus))
+    PyObject *device = Py_None;
+    int keep_saved = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|KzzzzKnpLpLLLzOp", kwlist, &ram, &o.cold_dir,
+                                     &o.cold.model_id, &o.cold.config_fingerprint,
+                                     &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
+                                     &queue, &write_behind, &demote, &debounce, &flush_timeout,
+                                     &o.background_cpus, &device, &keep_saved))
+        return NULL;
+    o.cold.keep_saved_cached = keep_saved;
+    if (device != Py_None && !(o.device = kvtpy_device_of(device)))
         return NULL;
     o.ram_max_bytes = ram;
     if (max_bytes) /* 0: the default cap */
@@ -107,6 +126,7 @@ static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
     }
     self->pc = pc;
     self->in_use = 0;
+    self->device = device != Py_None ? Py_NewRef(device) : NULL;
     return (PyObject *)self;
 }
 
@@ -129,6 +149,7 @@ static void pcache_dealloc(KvtPcache *self)
 {
     if (self->pc)
         close_pcache(self);
+    Py_XDECREF(self->device); /* after the close: the pool is the device's memory */
     PyObject_Free(self);
 }
 
@@ -183,6 +204,34 @@ static PyObject *pcache_take(KvtPcache *self, PyObject *args)
         return NULL;
     }
     return Py_BuildValue("(NNO)", entry, retain, t.from_disk ? Py_True : Py_False);
+}
+
+/* take_to_device(tokens, place, ns): (header dict, from_disk), or None on a miss. */
+static PyObject *pcache_take_to_device(KvtPcache *self, PyObject *args)
+{
+    PyObject *tokens, *place;
+    const char *ns = NULL;
+    if (!PyArg_ParseTuple(args, "OO|z", &tokens, &place, &ns))
+        return NULL;
+    if (!self->device)
+        return kvtpy_raise_msg(-EINVAL, "prompt cache: opened without a device");
+    Py_buffer view;
+    const int32_t *tok;
+    size_t n;
+    if (kvtpy_tokens(tokens, &view, &tok, &n) < 0)
+        return NULL;
+    if (enter(self) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    bool from_disk = false;
+    PyObject *h =
+        kvtpy_pcache_take_to_device(self->pc, tok, n, ns, self->device, place, &from_disk);
+    leave(self);
+    PyBuffer_Release(&view);
+    if (!h || h == Py_None)
+        return h;
+    return Py_BuildValue("(NO)", h, from_disk ? Py_True : Py_False);
 }
 
 static PyObject *pcache_put(KvtPcache *self, PyObject *args)
@@ -348,6 +397,7 @@ static PyObject *pcache_get_closed(KvtPcache *self, void *unused)
 static PyMethodDef pcache_methods[] = {
     {"close", (PyCFunction)pcache_close, METH_NOARGS, NULL},
     {"take", (PyCFunction)pcache_take, METH_VARARGS, NULL},
+    {"take_to_device", (PyCFunction)pcache_take_to_device, METH_VARARGS, NULL},
     {"put", (PyCFunction)pcache_put, METH_VARARGS, NULL},
     {"flush", (PyCFunction)pcache_flush, METH_VARARGS, NULL},
     {"stats", (PyCFunction)pcache_stats, METH_NOARGS, NULL},

@@ -142,8 +142,10 @@ def test_shapes_that_do_not_fit_the_kind_are_refused():
         kvtier.KVCache(k[0], v[0])
     with pytest.raises(kvtier.InvalidArgumentError, match="axis"):
         kvtier.KVCache(k, v[:, :2].contiguous())
-    with pytest.raises(kvtier.InvalidArgumentError):
-        kvtier.KVCache(k, v, offset=9)  # more live rows than the tensors hold
+    # more live rows than the tensors hold; the message names what was being done
+    with pytest.raises(kvtier.InvalidArgumentError,
+                       match=r"^kv cache from tensors: 3 rows hold fewer than offset 9 tokens$"):
+        kvtier.KVCache(k, v, offset=9)
     q = np.zeros((1, 2, 3, 7), dtype=np.uint32)  # 7 * 32 != 1 * 64 * 4
     s = np.zeros((1, 2, 3, 1), dtype=np.float16)
     with pytest.raises(kvtier.InvalidArgumentError, match="last dimension"):

@@ -118,3 +118,56 @@ def test_cuda_save_from_and_restore_into(tmp_path):
     with kvtier.PromptCache(ram_max_bytes=1 << 30) as pc:
         with pytest.raises(kvtier.UnsupportedError, match="device memory"):
             pc.put(e)
+
+
+def test_prompt_cache_takes_into_device_standin(tmp_path):
+    e = entry(n=500)
+    dev = kvtier.Device.host(8192, 3, 20)
+    prompt = np.append(e.tokens[:300], np.int32(999999))  # diverges after 300 tokens
+    want = [t[:, :, :300] for c in e.caches for t in c.torch()]
+    dests = []
+
+    def place(h):  # the final tensors, shaped as the cut header says
+        dests[:] = [torch.empty(t["shape"], dtype=torch.bfloat16)
+                    for c in h.caches for t in c["tensors"]]
+        return dests
+
+    opts = dict(ram_max_bytes=64 << 20, spill_queue_max_bytes=16 << 20, device=dev, **IDENT)
+    with kvtier.PromptCache(tmp_path / "pc", **opts) as pc:
+        pc.put(e)
+        h, from_disk = pc.take_to_device(prompt, place)
+        assert len(h.tokens) == 300 and not from_disk
+        assert all(torch.equal(d, w) for d, w in zip(dests, want))
+    with kvtier.PromptCache(tmp_path / "pc", **opts) as pc:  # a restart: streamed from disk
+        h, from_disk = pc.take_to_device(prompt, place)
+        assert len(h.tokens) == 300 and from_disk
+        assert [d.shape[2] for d in dests] == [300] * 6
+        assert all(torch.equal(d, w) for d, w in zip(dests, want))
+        assert pc.take_to_device([12345, 1], place) is None
+    with kvtier.PromptCache(ram_max_bytes=1 << 20) as pc:
+        with pytest.raises(ValueError, match="without a device"):
+            pc.take_to_device(prompt, place)
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+def test_cuda_prompt_cache_holds_device_entries(tmp_path):
+    dev = kvtier.Device.cuda(0)
+    e = entry(n=3000, device="cuda")
+    want = [t[:, :, :2000].clone() for c in e.caches for t in c.torch()]
+    dests = []
+
+    def place(h):
+        dests[:] = [torch.empty(t["shape"], dtype=torch.bfloat16, device="cuda")
+                    for c in h.caches for t in c["tensors"]]
+        return dests
+
+    prompt = np.append(e.tokens[:2000], np.int32(999999))
+    opts = dict(ram_max_bytes=256 << 20, spill_queue_max_bytes=64 << 20, device=dev, **IDENT)
+    with kvtier.PromptCache(tmp_path / "pc", **opts) as pc:
+        pc.put(e)  # copied into page-locked RAM
+        assert pc.stats()["records"] == 1
+        h, from_disk = pc.take_to_device(prompt, place)
+        assert not from_disk and all(torch.equal(d, w) for d, w in zip(dests, want))
+    with kvtier.PromptCache(tmp_path / "pc", **opts) as pc:  # saved by the write-behind
+        h, from_disk = pc.take_to_device(prompt, place)
+        assert from_disk and all(torch.equal(d, w) for d, w in zip(dests, want))

@@ -1,10 +1,12 @@
 """The transformers adapter (kvtier.hf).
 
-On every machine, through the host stand-in device: a small torch decoder whose attention keeps
-its keys and values in a DynamicCache-shaped cache (transformers is not packaged in Debian 12,
-so its DynamicCache is stood in for by a class with the same interface the adapter uses)
-prefills a prompt, stores the cache, continues greedily; a restore from a reopened store into
-CPU tensors continues with the same tokens and bit-identical logits.
+On every machine, through the host stand-in device, with what torch offers (transformers is not
+packaged in Debian 12, so its DynamicCache is stood in for by a class with the interface the
+adapter uses): a small torch decoder prefills a prompt, stores the cache and continues greedily;
+a restore from a reopened store into CPU tensors continues with the same tokens and
+bit-identical logits. The identity follows the weights, and a prompt cache derived from the
+model restores the saved prefix, cut, into the very tensors of the new cache, from RAM and after
+a restart from disk.
 
 On a GPU with transformers installed: a random-weight LlamaForCausalLM prefills a prompt and
 stores its DynamicCache straight from CUDA memory; a new process restores it straight into CUDA
@@ -14,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,6 +119,58 @@ def test_host_standin_restore_continues_identically(tmp_path):
         tokens, logits = greedy(model, restored, int(prompt[0, -1]))
     assert tokens == ref_tokens
     assert torch.equal(logits, ref_logits)
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.proj = torch.nn.Linear(16, 16)
+        self.config = SimpleNamespace(vocab_size=1000, name_or_path="tiny",
+                                      to_dict=lambda: {"layers": 3, "heads": 2})
+
+
+def kv_state(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    cache = StandInDynamicCache()
+    for i in range(3):
+        cache.update(torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g),
+                     i)
+    return cache
+
+
+def test_standin_prompt_cache_restores_into_the_final_tensors(tmp_path):
+    model = TinyModel(0)
+    ids = torch.arange(1, 401).unsqueeze(0)
+    saved = kv_state(399)
+    opts = dict(ram_max_bytes=32 << 20, spill_queue_max_bytes=8 << 20)
+    with kvtier.hf.prompt_cache(model, tmp_path / "pc", **opts) as pc:
+        assert pc.device.ordinal == -1  # a CPU model: the host stand-in
+        kvtier.hf.save_cache(pc, ids[:, :-1], saved)
+        n, cache = kvtier.hf.restore_cache(pc, ids, cache_cls=StandInDynamicCache)
+        assert n == 399
+        other = ids.clone()
+        other[0, 250] = 999  # diverges after 250 tokens: cut, not sliced afterwards
+        n2, cut = kvtier.hf.restore_cache(pc, other, cache_cls=StandInDynamicCache)
+        assert n2 == 250 and cut.key_cache[0].shape == (1, 2, 250, 8)
+        assert cut.key_cache[0].is_contiguous()
+    for i in range(3):
+        assert torch.equal(cache.key_cache[i], saved.key_cache[i])
+        assert torch.equal(cut.value_cache[i], saved.value_cache[i][:, :, :250])
+    with kvtier.hf.prompt_cache(model, tmp_path / "pc", **opts) as pc:  # a restart: disk
+        n, cache = kvtier.hf.restore_cache(pc, ids, cache_cls=StandInDynamicCache)
+        assert n == 399 and all(torch.equal(cache.key_cache[i], saved.key_cache[i])
+                                for i in range(3))
+    tuned = TinyModel(0)
+    with torch.no_grad():
+        tuned.proj.weight[3, 5] += 1e-3  # a fine-tune: another identity, never restored
+    assert kvtier.hf.identity(tuned) != kvtier.hf.identity(model)
+    assert kvtier.hf.identity(TinyModel(0)) == kvtier.hf.identity(model)
+    with kvtier.hf.prompt_cache(tuned, tmp_path / "pc", **opts) as pc:
+        assert kvtier.hf.restore_cache(pc, ids, cache_cls=StandInDynamicCache) == (0, None)
+    with kvtier.PromptCache(ram_max_bytes=1 << 20) as pc:
+        with pytest.raises(kvtier.UnsupportedError, match="no device"):
+            kvtier.hf.restore_cache(pc, ids, cache_cls=StandInDynamicCache)
 
 
 def run(mode, work, store):

@@ -199,16 +199,17 @@ static int check_set(const char *what, const struct kvt_cache_info *p, const str
     }
 }
 
-int kvt_cache_check_host(const char *what, const kvt_cache *c, const struct kvt_tensor *in,
-                         int nin)
+int kvt_cache_check_host(const char *what, const kvt_cache *c, const struct kvt_tensor *in, int nin)
 {
     for (int i = 0; i < nin; i++)
         if (kvt_tensor_on_device(&in[i]))
             return kvt_fail(KVT_E_UNSUPPORTED, "%s: the input is in device memory", what);
     for (int i = 0; c && c->has_buf && i < c->nt; i++)
         if (kvt_tensor_on_device(&c->a[i].t))
-            return kvt_fail(KVT_E_UNSUPPORTED, "%s: the cache is in device memory (it can be "
-                                               "saved, not changed)", what);
+            return kvt_fail(KVT_E_UNSUPPORTED,
+                            "%s: the cache is in device memory (it can be "
+                            "saved, not changed)",
+                            what);
     return 0;
 }
 
@@ -277,7 +278,7 @@ int kvt_cache_check_state(const struct kvt_cache_info *info, const struct kvt_te
     if (rc)
         return rc;
     char what[64];
-    snprintf(what, sizeof(what), "%s restore", kvt_kind_name(info->kind));
+    snprintf(what, sizeof(what), "%s cache from tensors", kvt_kind_name(info->kind));
     if (info->offset < 0)
         return BAD("%s: offset %lld < 0", what, (long long)info->offset);
     if (info->kind == KVT_KIND_TURBOQUANT && !tq_head_dim_ok(info->head_dim))

@@ -146,6 +146,36 @@ int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n)
     return copy_sync(d, dst, src, n, false);
 }
 
+static int queue_copy(kvt_device *d, const struct kvt_dcopy *c, bool up, unsigned slot)
+{
+    if (c->rows > 1) /* strided runs: host to device only */
+        return d->ops->h2d_rows(d, c->dev, c->host, c->pitch, c->n, c->rows, slot);
+    return up ? d->ops->h2d(d, c->dev, c->host, c->n, slot)
+              : d->ops->d2h(d, c->host, c->dev, c->n, slot);
+}
+
+int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up)
+{
+    pthread_mutex_lock(&d->op_lock);
+    int rc = kvt_dstage_ready(d);
+    uint8_t *mem;
+    unsigned k; /* one slot: its event follows the copies queued after it */
+    if (rc == 0 && (rc = kvt_dstage_take(d, &mem, &k)) == 0) {
+        size_t i = 0;
+        for (; i < n && rc == 0; i++) /* one event, after the last: the queue runs in order */
+            rc = queue_copy(d, &c[i], up, i + 1 == n ? k : KVT_DEVICE_UNTRACKED);
+        /* track the ones queued before a failure: the last of them again (the same bytes to
+         * the same place), now with the event */
+        if (rc && i > 1 && queue_copy(d, &c[i - 2], up, k) != 0)
+            i = 0; /* nothing to wait on: the queue has failed */
+        int rw = i > 1 || (i == 1 && rc == 0) ? d->ops->wait(d, k) : 0;
+        kvt_dstage_give(d, k, false);
+        rc = rc ? rc : rw;
+    }
+    pthread_mutex_unlock(&d->op_lock);
+    return rc;
+}
+
 /* ---- the staging ring --------------------------------------------------------------------- */
 
 int kvt_dstage_ready(kvt_device *d)

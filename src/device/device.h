@@ -18,18 +18,26 @@
 struct kvt_device_ops {
     int (*alloc)(kvt_device *d, size_t bytes, uint64_t *addr);
     void (*free)(kvt_device *d, uint64_t addr);
+    /* the allocation holding @p addr: 0 and its extent, 1 when the backend cannot tell */
+    int (*range)(kvt_device *d, uint64_t addr, uint64_t *base, size_t *size);
     /* page-locked host memory, the source and target of asynchronous copies */
     int (*host_alloc)(kvt_device *d, size_t bytes, void **out);
     void (*host_free)(kvt_device *d, void *p);
-    /* queue a copy; completion is tracked per ring slot @p slot (< KVT_DEVICE_MAX_SLOTS) */
+    /* queue a copy; completion is tracked per ring slot @p slot (< KVT_DEVICE_MAX_SLOTS), or
+     * not at all with KVT_DEVICE_UNTRACKED (a later tracked copy on the queue covers it) */
     int (*h2d)(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot);
     int (*d2h)(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot);
+    /* queue @p rows host-to-device copies of @p n bytes, the host's @p pitch bytes apart,
+     * to consecutive device memory (one strided copy) */
+    int (*h2d_rows)(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
+                    size_t rows, unsigned slot);
     /* wait for every copy queued for @p slot */
     int (*wait)(kvt_device *d, unsigned slot);
     void (*close)(kvt_device *d);
 };
 
 #define KVT_DEVICE_MAX_SLOTS 16
+#define KVT_DEVICE_UNTRACKED KVT_DEVICE_MAX_SLOTS
 
 struct kvt_device {
     const struct kvt_device_ops *ops;
@@ -51,6 +59,33 @@ struct kvt_device {
 
 int kvt_device_cuda_open(int ordinal, kvt_device *d);
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d);
+
+/* One copy between page-locked host memory and the device: @p rows rows of @p n bytes, on the
+ * host @p pitch bytes apart, consecutive on the device (rows 1: one run of n bytes). */
+struct kvt_dcopy {
+    void *host;
+    uint64_t dev;
+    size_t n;
+    size_t rows, pitch;
+};
+
+/** Queue every copy of @p c straight on the device's queue (the host sides are page-locked,
+ * e.g. a kvt_dpool's) and wait for them all; @p up: host to device. */
+int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up);
+
+/*
+ * The page-locked pool of a RAM tier (device_pool.c): one region of @p cap bytes, allocated at
+ * the first buffer and freed once the pool is closed and its last buffer released. Thread-safe.
+ */
+struct kvt_dpool;
+int kvt_dpool_new(kvt_device *d, size_t cap, struct kvt_dpool **out);
+void kvt_dpool_close(struct kvt_dpool *p);
+/** A host buffer of @p bytes in the pool; -ENOSPC when no free range is large enough. */
+int kvt_dpool_buf(struct kvt_dpool *p, size_t bytes, kvt_buf **out);
+/** Whether @p mem lies in the pool's region. */
+bool kvt_dpool_owns(const struct kvt_dpool *p, const void *mem);
+/** Bytes handed out and not yet released. */
+size_t kvt_dpool_used(struct kvt_dpool *p);
 
 /** Allocate the staging ring if it is not yet (page-locked: slow, so once per device). */
 int kvt_dstage_ready(kvt_device *d);

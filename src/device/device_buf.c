@@ -6,6 +6,7 @@
 #include "device/device.h"
 
 #include <errno.h>
+#include <inttypes.h>
 
 #include "common/error.h"
 #include "tensor/tensor.h"
@@ -66,16 +67,33 @@ static int read_out(void *ctx, uint64_t addr, uint64_t n, kvt_run_fn fn, void *u
     return rc;
 }
 
+/* The wrap is refused: the memory goes back to its owner, as on every path. */
+static int refuse(kvt_release_fn release, void *ud, int rc)
+{
+    if (release)
+        release(ud, NULL);
+    return rc;
+}
+
 int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes, kvt_release_fn release,
                         void *ud, kvt_buf **out)
 {
     if (out)
         *out = NULL;
-    if (!out || !d || (!addr && bytes)) {
-        if (release)
-            release(ud, NULL);
-        return kvt_fail(-EINVAL, "kvt_buf_wrap_device: no device, address or output");
-    }
+    if (!out || !d || (!addr && bytes))
+        return refuse(release, ud,
+                      kvt_fail(-EINVAL, "kvt_buf_wrap_device: no device, address or output"));
+    uint64_t base;
+    size_t size;
+    int rc = bytes ? d->ops->range(d, addr, &base, &size) : 1;
+    if (rc < 0)
+        return refuse(release, ud, rc);
+    if (rc == 0 && bytes > size - (addr - base)) /* a copy out would fail half-way */
+        return refuse(release, ud,
+                      kvt_fail(-EINVAL,
+                               "kvt_buf_wrap_device: %zu bytes at 0x%" PRIx64 " run past the end "
+                               "of their device allocation (%zu bytes at 0x%" PRIx64 ")",
+                               bytes, addr, size, base));
     struct kvt_buf_ext x = {read_out, d, addr};
     return kvt_buf_wrap_ext(&x, bytes, release, ud, out);
 }

@@ -22,6 +22,23 @@ typedef void *CUstream;
 typedef void *CUevent;
 typedef unsigned long long CUdeviceptr;
 
+/* CUDA_MEMCPY2D of the driver API (cuda.h); memory types 1 host, 2 device. */
+typedef struct {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+
 struct cuda_api {
     void *lib;
     CUresult (*Init)(unsigned);
@@ -43,6 +60,8 @@ struct cuda_api {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventDestroy)(CUevent);
     CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
 };
 
 struct cuda_dev {
@@ -92,7 +111,9 @@ static int load_api(struct cuda_api *a)
                                         "cuEventRecord",
                                         "cuEventSynchronize",
                                         "cuEventDestroy_v2",
-                                        "cuGetErrorString"};
+                                        "cuGetErrorString",
+                                        "cuMemGetAddressRange_v2",
+                                        "cuMemcpy2DAsync_v2"};
     void **slots = (void **)&a->Init;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         slots[i] = dlsym(a->lib, names[i]);
@@ -121,6 +142,16 @@ static void dfree(kvt_device *d, uint64_t addr)
     c->api.MemFree((CUdeviceptr)addr);
 }
 
+static int range(kvt_device *d, uint64_t addr, uint64_t *base, size_t *size)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CUdeviceptr b;
+    CU(c, c->api.MemGetAddressRange(&b, size, (CUdeviceptr)addr), "cuMemGetAddressRange");
+    *base = b;
+    return 0;
+}
+
 static int host_alloc(kvt_device *d, size_t bytes, void **out)
 {
     struct cuda_dev *c = d->impl;
@@ -141,7 +172,27 @@ static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned 
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
     CU(c, c->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, n, c->stream), "cuMemcpyHtoDAsync");
-    CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    return 0;
+}
+
+static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
+                    size_t rows, unsigned slot)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CUDA_MEMCPY2D m = {.srcMemoryType = 1 /* host */,
+                       .srcHost = src,
+                       .srcPitch = pitch,
+                       .dstMemoryType = 2 /* device */,
+                       .dstDevice = (CUdeviceptr)dst,
+                       .dstPitch = n,
+                       .WidthInBytes = n,
+                       .Height = rows};
+    CU(c, c->api.Memcpy2DAsync(&m, c->stream), "cuMemcpy2DAsync");
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
     return 0;
 }
 
@@ -150,7 +201,8 @@ static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
     CU(c, c->api.MemcpyDtoHAsync(dst, (CUdeviceptr)src, n, c->stream), "cuMemcpyDtoHAsync");
-    CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
     return 0;
 }
 
@@ -176,8 +228,18 @@ static void close_dev(kvt_device *d)
     free(c);
 }
 
-static const struct kvt_device_ops cuda_ops = {alloc, dfree, host_alloc, host_free,
-                                               h2d,   d2h,   wait_slot,  close_dev};
+static const struct kvt_device_ops cuda_ops = {
+    .alloc = alloc,
+    .free = dfree,
+    .range = range,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .h2d = h2d,
+    .d2h = d2h,
+    .h2d_rows = h2d_rows,
+    .wait = wait_slot,
+    .close = close_dev,
+};
 
 static int setup(struct cuda_dev *c, int ordinal, kvt_device *d)
 {

@@ -7,6 +7,7 @@
 #include "device/device.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,12 @@ struct host_dev {
     uint64_t slot_last[KVT_DEVICE_MAX_SLOTS]; /* the last copy queued for each slot */
     unsigned delay_us;
     bool stop;
+    /* live allocations, so that copies past one's end fail as they do on a GPU */
+    struct extent {
+        uint64_t base;
+        size_t size;
+    } * alloc;
+    size_t n_alloc, cap_alloc;
 };
 
 static void *worker(void *arg)
@@ -72,20 +79,61 @@ static int enqueue(kvt_device *d, void *dst, const void *src, size_t n, unsigned
     uint64_t seq = ++h->queued;
     h->q[(h->head + h->count) % QUEUE] = (struct copy_job){dst, src, n, slot, seq};
     h->count++;
-    h->slot_last[slot] = seq;
+    if (slot < KVT_DEVICE_MAX_SLOTS)
+        h->slot_last[slot] = seq;
     pthread_cond_broadcast(&h->cond);
     pthread_mutex_unlock(&h->lock);
     return 0;
 }
 
+static int range(kvt_device *d, uint64_t addr, uint64_t *base, size_t *size)
+{
+    struct host_dev *h = d->impl;
+    int rc = 1; /* not ours: host memory handed in as device memory (CPU tensors) */
+    pthread_mutex_lock(&h->lock);
+    for (size_t i = 0; i < h->n_alloc && rc; i++)
+        if (addr >= h->alloc[i].base && addr - h->alloc[i].base < h->alloc[i].size) {
+            *base = h->alloc[i].base;
+            *size = h->alloc[i].size;
+            rc = 0;
+        }
+    pthread_mutex_unlock(&h->lock);
+    return rc;
+}
+
+/* A copy that starts in an allocation and runs past its end: CUDA's "invalid argument". */
+static int check_span(kvt_device *d, uint64_t addr, size_t n)
+{
+    uint64_t base;
+    size_t size;
+    if (range(d, addr, &base, &size) == 0 && n > size - (addr - base))
+        return kvt_fail(-EINVAL,
+                        "host stand-in: a copy of %zu bytes at 0x%" PRIx64 " runs past "
+                        "its allocation of %zu bytes (invalid argument)",
+                        n, addr, size);
+    return 0;
+}
+
 static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot)
 {
-    return enqueue(d, (void *)(uintptr_t)dst, src, n, slot);
+    int rc = check_span(d, dst, n);
+    return rc ? rc : enqueue(d, (void *)(uintptr_t)dst, src, n, slot);
+}
+
+static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
+                    size_t rows, unsigned slot)
+{
+    int rc = 0;
+    for (size_t r = 0; r < rows && rc == 0; r++) /* in order: the last one tracked */
+        rc = h2d(d, dst + r * n, (const uint8_t *)src + r * pitch, n,
+                 r + 1 == rows ? slot : KVT_DEVICE_UNTRACKED);
+    return rc;
 }
 
 static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
 {
-    return enqueue(d, dst, (const void *)(uintptr_t)src, n, slot);
+    int rc = check_span(d, src, n);
+    return rc ? rc : enqueue(d, dst, (const void *)(uintptr_t)src, n, slot);
 }
 
 static int wait_slot(kvt_device *d, unsigned slot)
@@ -100,17 +148,37 @@ static int wait_slot(kvt_device *d, unsigned slot)
 
 static int alloc(kvt_device *d, size_t bytes, uint64_t *addr)
 {
-    (void)d;
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p)
+    struct host_dev *h = d->impl;
+    void *p = malloc(bytes ? bytes : 1); /* large: mapped, pages made only where written */
+    pthread_mutex_lock(&h->lock);
+    if (p && h->n_alloc == h->cap_alloc) {
+        size_t cap = h->cap_alloc ? 2 * h->cap_alloc : 16;
+        struct extent *a = realloc(h->alloc, cap * sizeof(*a));
+        if (a)
+            h->alloc = a, h->cap_alloc = cap;
+    }
+    bool ok = p && h->n_alloc < h->cap_alloc;
+    if (ok)
+        h->alloc[h->n_alloc++] = (struct extent){(uint64_t)(uintptr_t)p, bytes ? bytes : 1};
+    pthread_mutex_unlock(&h->lock);
+    if (!ok) {
+        free(p);
         return kvt_fail(-ENOMEM, "host stand-in: cannot allocate %zu bytes", bytes);
+    }
     *addr = (uint64_t)(uintptr_t)p;
     return 0;
 }
 
 static void dfree(kvt_device *d, uint64_t addr)
 {
-    (void)d;
+    struct host_dev *h = d->impl;
+    pthread_mutex_lock(&h->lock);
+    for (size_t i = 0; i < h->n_alloc; i++)
+        if (h->alloc[i].base == addr) {
+            h->alloc[i] = h->alloc[--h->n_alloc];
+            break;
+        }
+    pthread_mutex_unlock(&h->lock);
     free((void *)(uintptr_t)addr);
 }
 
@@ -138,11 +206,22 @@ static void close_dev(kvt_device *d)
     pthread_join(h->worker, NULL);
     pthread_mutex_destroy(&h->lock);
     pthread_cond_destroy(&h->cond);
+    free(h->alloc);
     free(h);
 }
 
-static const struct kvt_device_ops host_ops = {alloc, dfree, host_alloc, host_free,
-                                               h2d,   d2h,   wait_slot,  close_dev};
+static const struct kvt_device_ops host_ops = {
+    .alloc = alloc,
+    .free = dfree,
+    .range = range,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .h2d = h2d,
+    .d2h = d2h,
+    .h2d_rows = h2d_rows,
+    .wait = wait_slot,
+    .close = close_dev,
+};
 
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d)
 {

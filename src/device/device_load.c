@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/error.h"
 #include "format/format.h"
@@ -23,12 +24,14 @@
 #include "mem/par.h"
 #include "store/store.h"
 
-/* One slot of the file, in header order, and where it goes (0: only checked). */
+/* One slot of the file, in header order, and where it goes (0: only checked). A slot cut to
+ * a prefix keeps the first @p keep bytes of each @p row bytes (row 0: all of it). */
 struct dslot {
     const struct kvt_slot *s;
     size_t ci;
     int sj;
     uint64_t dst;
+    uint64_t row, keep;
 };
 
 /* A run of consecutive slots loaded by one thread through its own read stream. */
@@ -49,6 +52,23 @@ struct dev_load {
     struct share share[KVT_DEVICE_MAX_SLOTS];
     unsigned n_shares;
 };
+
+/* Queue the copy of the chunk at slot offset @p off: whole, or the kept part of each row. */
+static int send(kvt_device *d, const struct dslot *ds, uint64_t off, uint8_t *mem, size_t k,
+                unsigned slot)
+{
+    if (!ds->row)
+        return d->ops->h2d(d, ds->dst + off, mem, k, slot);
+    int rc = 0;
+    for (uint64_t r = off / ds->row; rc == 0 && r * ds->row < off + k; r++) {
+        uint64_t lo = r * ds->row > off ? r * ds->row : off;
+        uint64_t hi = r * ds->row + ds->keep < off + k ? r * ds->row + ds->keep : off + k;
+        if (lo < hi)
+            rc = d->ops->h2d(d, ds->dst + r * ds->keep + (lo - r * ds->row), mem + (lo - off),
+                             (size_t)(hi - lo), slot);
+    }
+    return rc;
+}
 
 /* Slot @p ds: read through @p rs, hash, and send each chunk to the device. */
 static int load_slot(struct dev_load *l, struct kvt_rstream *rs, const struct dslot *ds)
@@ -71,7 +91,7 @@ static int load_slot(struct dev_load *l, struct kvt_rstream *rs, const struct ds
         }
         if (l->verify)
             kvt_wyhash_update(&hs, mem, k);
-        rc = ds->dst ? l->d->ops->h2d(l->d, ds->dst + off, mem, k, slot) : 0;
+        rc = ds->dst ? send(l->d, ds, off, mem, k, slot) : 0;
         kvt_dstage_give(l->d, slot, ds->dst && rc == 0);
         if (rc)
             return rc;
@@ -172,8 +192,9 @@ static int load_slots(struct dev_load *l, bool keep_cache)
     return rc ? rc : rd;
 }
 
-/* The file's slots in header order, with the addresses the placement gave. */
-static int list_slots(struct dev_load *l, const uint64_t *dst)
+/* The file's slots in header order, with the addresses the placement gave and, for a load
+ * cut to the prefix of @p cut (NULL: whole), the rows kept. */
+static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_header *cut)
 {
     size_t n = 0;
     for (size_t i = 0; i < l->h->n_caches; i++)
@@ -184,8 +205,124 @@ static int list_slots(struct dev_load *l, const uint64_t *dst)
     for (size_t i = 0; i < l->h->n_caches; i++)
         for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++)
             l->slot[l->n_slots] =
-                (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots]};
+                (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots], 0, 0};
+    for (size_t o = 0; cut && o < l->n_slots; o++) {
+        const struct kvt_slot *s = l->slot[o].s,
+                              *c = &cut->caches[l->slot[o].ci].slots[l->slot[o].sj];
+        uint64_t rows = (uint64_t)(s->shape[0] * s->shape[1]);
+        l->slot[o].row = rows ? s->bytes / rows : 0;
+        l->slot[o].keep = rows ? c->bytes / rows : 0;
+    }
     return 0;
+}
+
+/* @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load into device memory of
+ * only that prefix lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the
+ * same count. KVT_E_UNSUPPORTED for other kinds (their trims are not cuts of rows). */
+static int cut_header(const struct kvt_header *h, size_t keep, struct kvt_header **out)
+{
+    *out = NULL;
+    int64_t t = (int64_t)(h->n_tokens - keep);
+    for (size_t i = 0; i < h->n_caches; i++) {
+        const struct kvt_cache_header *c = &h->caches[i];
+        if (c->info.kind != KVT_KIND_KV || c->info.offset < t)
+            return kvt_fail(KVT_E_UNSUPPORTED,
+                            "a prefix load into device memory needs kv caches "
+                            "(caches[%zu] is %s)",
+                            i, kvt_kind_name(c->info.kind));
+        for (int j = 0; j < c->n_slots; j++)
+            if (c->slots[j].rank != 4 || c->slots[j].shape[2] != c->info.offset)
+                return kvt_fail(KVT_E_UNSUPPORTED, "caches[%zu].tensors[%d] is not [B, H, T, D]", i,
+                                j);
+    }
+    struct kvt_header *o = calloc(1, sizeof(*o));
+    int rc = 0;
+    if (o) {
+        *o = *h;
+        o->model_id = o->config_fingerprint = o->tokenizer_hash = o->ns = NULL;
+        o->tokens = malloc(keep ? keep * sizeof(*o->tokens) : 1);
+        o->caches = malloc((h->n_caches ? h->n_caches : 1) * sizeof(*o->caches));
+        const char *src[4] = {h->model_id, h->config_fingerprint, h->tokenizer_hash, h->ns};
+        char **dst[4] = {&o->model_id, &o->config_fingerprint, &o->tokenizer_hash, &o->ns};
+        for (int k = 0; k < 4; k++)
+            if (src[k] && !(*dst[k] = strdup(src[k])))
+                rc = -ENOMEM;
+    }
+    if (!o || rc || !o->tokens || !o->caches) {
+        kvt_header_free(o);
+        return kvt_fail(-ENOMEM, "out of memory");
+    }
+    memcpy(o->tokens, h->tokens, keep * sizeof(*o->tokens));
+    o->n_tokens = keep;
+    memcpy(o->caches, h->caches, h->n_caches * sizeof(*o->caches));
+    uint64_t off = 0;
+    for (size_t i = 0; i < o->n_caches; i++) {
+        struct kvt_cache_header *c = &o->caches[i];
+        c->info.offset -= t;
+        for (int j = 0; j < c->n_slots; j++) {
+            struct kvt_slot *sl = &c->slots[j];
+            sl->bytes = sl->bytes / (uint64_t)(sl->shape[2] ? sl->shape[2] : 1) *
+                        (uint64_t)(sl->shape[2] - t);
+            sl->shape[2] -= t;
+            sl->off = off;
+            sl->hash = 0;
+            off += sl->bytes;
+        }
+    }
+    *out = o;
+    return 0;
+}
+
+/* The placement's addresses for the slots of @p h (or of its cut @p cut): *@p dst. */
+static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place, void *ud,
+                  uint64_t **dst)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        n += (size_t)h->caches[i].n_slots;
+    *dst = calloc(n ? n : 1, sizeof(**dst));
+    if (!*dst)
+        return kvt_fail(-ENOMEM, "%s: out of memory", path);
+    kvt_clear_error();
+    int rc = place(ud, h, *dst);
+    if (rc && !kvt_last_error()[0])
+        kvt_fail(rc, "%s: the destination was refused: %s", path, kvt_strerror(rc));
+    return rc;
+}
+
+/* kvt_file_load_to_device() of the first @p keep tokens (0: all of them); *@p out_header is
+ * the whole header. */
+static int load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
+                          kvt_device_place_fn place, void *ud, size_t keep,
+                          struct kvt_header **out_header)
+{
+    const struct kvt_io *io = kvt_io();
+    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
+    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
+    struct kvt_header *h = NULL, *cut = NULL;
+    uint64_t *dst = NULL;
+    int rc = kvt_header_read_fd(fd, &ro, path, &h);
+    if (rc == 0)
+        rc = kvt_header_check_expect(h, x, path);
+    if (rc == 0 && keep && keep < h->n_tokens)
+        rc = cut_header(h, keep, &cut);
+    if (rc == 0)
+        rc = placed(path, cut ? cut : h, place, ud, &dst);
+    struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
+    if (rc == 0 && (rc = list_slots(&l, dst, cut)) == 0)
+        rc = load_slots(&l, kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,
+                                                 x && x->keep_cache));
+    free(l.slot);
+    free(dst);
+    io->close(fd);
+    kvt_header_free(cut); /* the store checks the whole header against its index */
+    if (rc == 0)
+        *out_header = h;
+    else
+        kvt_header_free(h);
+    return rc;
 }
 
 int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
@@ -196,40 +333,7 @@ int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_de
     *out_header = NULL;
     if (!path || !d || !place)
         return kvt_fail(-EINVAL, "kvt_file_load_to_device: no path, device or placement");
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
-    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
-    struct kvt_header *h = NULL;
-    uint64_t *dst = NULL;
-    int rc = kvt_header_read_fd(fd, &ro, path, &h);
-    if (rc == 0)
-        rc = kvt_header_check_expect(h, x, path);
-    if (rc == 0) {
-        size_t n = 0;
-        for (size_t i = 0; i < h->n_caches; i++)
-            n += (size_t)h->caches[i].n_slots;
-        dst = calloc(n ? n : 1, sizeof(*dst));
-        rc = dst ? 0 : kvt_fail(-ENOMEM, "%s: out of memory", path);
-    }
-    if (rc == 0) {
-        kvt_clear_error();
-        rc = place(ud, h, dst);
-        if (rc && !kvt_last_error()[0])
-            kvt_fail(rc, "%s: the destination was refused: %s", path, kvt_strerror(rc));
-    }
-    struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
-    if (rc == 0 && (rc = list_slots(&l, dst)) == 0)
-        rc = load_slots(&l, x && x->keep_cache);
-    free(l.slot);
-    free(dst);
-    io->close(fd);
-    if (rc == 0)
-        *out_header = h;
-    else
-        kvt_header_free(h);
-    return rc;
+    return load_to_device(path, x, d, place, ud, 0, out_header);
 }
 
 /* kvt_store_restore_to_device()'s loader: the caller's placement, its refusal told apart. */
@@ -237,6 +341,7 @@ struct dev_placed {
     kvt_device *d;
     kvt_device_place_fn place;
     void *ud;
+    size_t keep;
     bool *refused;
 };
 
@@ -253,7 +358,7 @@ static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
 {
     struct dev_placed *p = ud;
     p->refused = refused;
-    return kvt_file_load_to_device(path, x, p->d, dev_placement, p, h);
+    return load_to_device(path, x, p->d, dev_placement, p, p->keep, h);
 }
 
 int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
@@ -267,4 +372,26 @@ int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_dev
                                  "placement");
     struct dev_placed p = {.d = d, .place = place, .ud = ud};
     return kvt_store_restore_with(s, hit, load_placed, &p, out_header);
+}
+
+int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
+                                       kvt_device_place_fn place, void *ud,
+                                       struct kvt_header **out_header)
+{
+    if (!out_header)
+        return kvt_fail(-EINVAL, "kvt_store_restore_prefix_to_device: no output");
+    *out_header = NULL;
+    if (!s || !hit || !d || !place)
+        return kvt_fail(-EINVAL, "kvt_store_restore_prefix_to_device: no store, hit, device or "
+                                 "placement");
+    struct dev_placed p = {.d = d, .place = place, .ud = ud, .keep = hit->prefix_len};
+    struct kvt_header *h = NULL;
+    int rc = kvt_store_restore_with(s, hit, load_placed, &p, &h);
+    if (rc == 0 && h && hit->prefix_len < h->n_tokens) { /* what landed: cut as placed */
+        rc = cut_header(h, hit->prefix_len, out_header);
+        kvt_header_free(h);
+    } else if (rc == 0) {
+        *out_header = h;
+    }
+    return rc;
 }

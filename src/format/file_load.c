@@ -10,6 +10,7 @@
  * failure everything built is freed.
  */
 #include "format/format.h"
+#include "io/stream.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -267,7 +268,8 @@ static struct kvt_tensor_reader reader_of(int fd, const char *path, const struct
         .name = path,
         .h = h,
         .verify = !(x && x->no_verify),
-        .keep_cache = x && x->keep_cache,
+        .keep_cache = kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,
+                                           x && x->keep_cache),
     };
 }
 

@@ -195,7 +195,8 @@ static int open_tmp(struct save_job *j)
     int rc = io->flock(fd, LOCK_EX);
     if (rc < 0)
         return kvt_fail(rc, "%s: lock: %s", j->tmp_path, kvt_strerror(rc));
-    rc = kvt_wstream_open(fd, NULL, &j->ws);
+    const struct kvt_stream_opts through_cache = {.no_direct = true};
+    rc = kvt_wstream_open(fd, j->opts.keep_cache ? &through_cache : NULL, &j->ws);
     if (rc < 0)
         return kvt_fail(rc, "%s: out of memory for the write stream", j->tmp_path);
     return 0;
@@ -392,7 +393,7 @@ static int publish(struct save_job *j)
         if (rc < 0)
             return kvt_fail(rc, "%s: fsync: %s", j->tmp_path, kvt_strerror(rc));
     }
-    if (j->opts.drop_cache)
+    if (j->opts.drop_cache && !j->opts.keep_cache)
         io->fadvise_dontneed(j->fd, 0, 0); /* advisory: the result does not matter */
     rc = io->renameat(AT_FDCWD, j->tmp_path, AT_FDCWD, j->path);
     if (rc < 0)

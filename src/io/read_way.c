@@ -9,8 +9,10 @@
  *   parallel  every byte in the page cache and every range with a destination: nothing to
  *             wait for but the copy, the first touch of the destination pages and the hash,
  *             so whole ranges are copied on several cores;
- *   ring      the read-ahead ring, with O_DIRECT unless it is turned off (the stream falls
- *             back to the page cache, "buffered", where the file system refuses it), and the
+ *   ring      the read-ahead ring, with O_DIRECT unless it is turned off or every byte is in
+ *             the page cache (a direct read would go to the disk for bytes memory holds; the
+ *             stream also falls back to the page cache, "buffered", where the file system
+ *             refuses O_DIRECT), and the
  *             prefault helper where some destination page is not resident yet; in smaller
  *             chunks when nearly every byte is copied out of its staging.
  */
@@ -130,7 +132,10 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
     unsigned t = parallel ? parallel_threads(fd, r, n, total) : 1;
     if (t > 1)
         return (struct kvt_read_way){.path = KVT_READ_PARALLEL, .threads = t};
-    bool direct = kvt_mem_direct() && !o->no_direct;
+    bool resident = true;
+    for (size_t i = 0; i < n && resident; i++)
+        resident = r[i].len == 0 || kvt_stream_cached(fd, r[i].off, r[i].len);
+    bool direct = kvt_mem_direct() && !o->no_direct && !resident;
     return (struct kvt_read_way){
         .path = KVT_READ_RING,
         .direct = direct,
@@ -138,4 +143,9 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
         .threads = 1,
         .chunk = mostly_copied(r, n, total, direct) ? KVT_COPY_CHUNK : 0,
     };
+}
+
+bool kvt_read_keeps_cache(int fd, uint64_t off, uint64_t len, bool keep)
+{
+    return keep || kvt_stream_cached(fd, off, len);
 }

@@ -108,6 +108,10 @@ struct kvt_read_way {
  */
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o, bool parallel);
+/** Whether a restore of [@p off, +@p len) of @p fd leaves the pages it read in the page cache:
+ * when the caller asks (@p keep), or when they were all resident before it read them (the
+ * next restore reads them at memory speed too). Pages a cold read brought in are dropped. */
+bool kvt_read_keeps_cache(int fd, uint64_t off, uint64_t len, bool keep);
 
 /* ---- reading ------------------------------------------------------------------------------ */
 

@@ -3,20 +3,25 @@
  * connection (CLUSTER SLOTS answers, or the server says cluster support is disabled). In a
  * cluster every key goes to the master of its slot (CRC16 of the key or of its {hash tag});
  * MOVED updates the slot and schedules a full refresh of the map, ASK retries once on the
- * named node after ASKING, and a connection failure marks the map stale so that a failover's
- * new master is found on the next request.
+ * named node after ASKING, TRYAGAIN and CLUSTERDOWN retry after a short wait while the call's
+ * deadline allows, and a connection failure marks the map stale so that a failover's new
+ * master is found on the next request.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "remote/remote.h"
+#include "tier/tier.h"
 
 #define NO_NODE 0xffff
 #define MAX_REDIRECTS 4
+#define BUSY_WAIT_MS                                                                               \
+    20 /* before a command the cluster answered TRYAGAIN or CLUSTERDOWN goes again */
 
 /* CRC16-CCITT (XMODEM), as Redis Cluster hashes keys. */
 static uint16_t crc16(const char *p, size_t n)
@@ -56,6 +61,11 @@ static void add_seeds(struct kvt_rclient *rc, const char *seeds)
         if (seeds)
             seeds++;
     }
+}
+
+void kvt_rclient_arm(struct kvt_rclient *rc, uint64_t bytes)
+{
+    rc->deadline_ms = kvt_tier_mono_ms() + rc->cfg.timeout_ms + (int64_t)(bytes / KVT_RATE_FLOOR);
 }
 
 int kvt_rclient_init(struct kvt_rclient *rc, const struct kvt_rcfg *cfg)
@@ -128,7 +138,7 @@ static int load_map(struct kvt_rclient *rc, size_t n)
 {
     const char *argv[2] = {"CLUSTER", "SLOTS"};
     int err = 0;
-    redisReply *r = kvt_rnode_cmd(&rc->nodes[n], 2, argv, NULL, &err);
+    redisReply *r = kvt_rnode_cmd(&rc->nodes[n], 2, argv, NULL, rc->deadline_ms, &err);
     if (!r)
         return err;
     int rc_ = 0;
@@ -153,7 +163,7 @@ static int refresh(struct kvt_rclient *rc)
 {
     int rc_ = -ECONNREFUSED;
     for (size_t i = 0; i < rc->n_nodes; i++) {
-        rc_ = kvt_rnode_connect(&rc->nodes[i], &rc->cfg);
+        rc_ = kvt_rnode_connect(&rc->nodes[i], &rc->cfg, rc->deadline_ms);
         if (rc_ == -EACCES)
             return rc_;
         if (rc_ < 0)
@@ -188,7 +198,7 @@ int kvt_rclient_node(struct kvt_rclient *rc, const char *key, struct kvt_rnode *
         }
         ix = s;
     }
-    int r = kvt_rnode_connect(&rc->nodes[ix], &rc->cfg);
+    int r = kvt_rnode_connect(&rc->nodes[ix], &rc->cfg, rc->deadline_ms);
     if (r < 0) {
         rc->stale = rc->cluster;
         return r;
@@ -219,17 +229,54 @@ struct kvt_rnode *kvt_rclient_redirect(struct kvt_rclient *rc, const char *err, 
         rc->stale = true; /* other slots probably moved with it */
     }
     *asking = !moved;
-    if (kvt_rnode_connect(&rc->nodes[ix], &rc->cfg) < 0)
+    if (kvt_rnode_connect(&rc->nodes[ix], &rc->cfg, rc->deadline_ms) < 0)
         return NULL;
     return &rc->nodes[ix];
 }
 
-static bool asking(struct kvt_rnode *n, int *err)
+static bool asking(struct kvt_rclient *rc, struct kvt_rnode *n, int *err)
 {
     const char *argv[1] = {"ASKING"};
-    redisReply *r = kvt_rnode_cmd(n, 1, argv, NULL, err);
+    redisReply *r = kvt_rnode_cmd(n, 1, argv, NULL, rc->deadline_ms, err);
     freeReplyObject(r);
     return r != NULL;
+}
+
+bool kvt_rclient_busy(struct kvt_rclient *rc, const char *err)
+{
+    if (!rc->cluster || (strncmp(err, "TRYAGAIN", 8) && strncmp(err, "CLUSTERDOWN", 11)))
+        return false;
+    rc->stale = rc->stale || !strncmp(err, "CLUSTERDOWN", 11);
+    int64_t left = rc->deadline_ms - kvt_tier_mono_ms();
+    if (left <= BUSY_WAIT_MS)
+        return false;
+    struct timespec ts = {0, BUSY_WAIT_MS * 1000000L};
+    nanosleep(&ts, NULL);
+    if (rc->stale)
+        refresh(rc);
+    return true;
+}
+
+bool kvt_rclient_reconnect(struct kvt_rclient *rc, struct kvt_rnode *n, bool was_used, int err)
+{
+    if (!was_used || (err != -ECONNRESET && err != -EPIPE))
+        return false;
+    n->retry_at_ms = 0; /* the connection went stale (a server restart): once, at once */
+    return kvt_rnode_connect(n, &rc->cfg, rc->deadline_ms) == 0;
+}
+
+/* The reply to one command on @p n, or NULL with *err: a stale connection is reconnected
+ * once, at once (a server restarted since this client last used it). */
+static redisReply *node_cmd(struct kvt_rclient *rc, struct kvt_rnode *n, int argc,
+                            const char **argv, const size_t *len, int *err)
+{
+    bool was_used = n->used;
+    redisReply *r = kvt_rnode_cmd(n, argc, argv, len, rc->deadline_ms, err);
+    if (!r && kvt_rclient_reconnect(rc, n, was_used, *err))
+        r = kvt_rnode_cmd(n, argc, argv, len, rc->deadline_ms, err);
+    if (!r)
+        rc->stale = rc->cluster;
+    return r;
 }
 
 redisReply *kvt_rclient_cmd(struct kvt_rclient *rc, const char *key, int argc, const char **argv,
@@ -239,21 +286,22 @@ redisReply *kvt_rclient_cmd(struct kvt_rclient *rc, const char *key, int argc, c
     *err = kvt_rclient_node(rc, key, &n);
     if (*err < 0)
         return NULL;
-    for (int hop = 0; hop < MAX_REDIRECTS; hop++) {
-        redisReply *r = kvt_rnode_cmd(n, argc, argv, len, err);
-        if (!r) {
-            rc->stale = rc->cluster;
-            return NULL;
-        }
-        if (r->type != REDIS_REPLY_ERROR)
+    for (int hop = 0; hop < MAX_REDIRECTS;) {
+        redisReply *r = node_cmd(rc, n, argc, argv, len, err);
+        if (!r || r->type != REDIS_REPLY_ERROR)
             return r;
+        if (kvt_rclient_busy(rc, r->str)) { /* the same command again, after a short wait */
+            freeReplyObject(r);
+            continue;
+        }
         bool ask;
         struct kvt_rnode *to = kvt_rclient_redirect(rc, r->str, &ask);
         if (!to)
             return r;
         freeReplyObject(r);
         n = to;
-        if (ask && !asking(n, err))
+        hop++;
+        if (ask && !asking(rc, n, err))
             return NULL;
     }
     *err = kvt_fail(-ELOOP, "redis: too many redirections for %s", key);
@@ -279,7 +327,8 @@ int kvt_rclient_masters(struct kvt_rclient *rc, struct kvt_rnode ***out, size_t 
         v[(*n)++] = first;
     for (size_t s = 0; rc->cluster && s < KVT_SLOTS; s++) {
         uint16_t ix = rc->slots[s];
-        if (ix != NO_NODE && !seen[ix] && kvt_rnode_connect(&rc->nodes[ix], &rc->cfg) == 0)
+        if (ix != NO_NODE && !seen[ix] &&
+            kvt_rnode_connect(&rc->nodes[ix], &rc->cfg, rc->deadline_ms) == 0)
             v[(*n)++] = &rc->nodes[ix];
         if (ix != NO_NODE)
             seen[ix] = true;

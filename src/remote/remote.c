@@ -42,6 +42,7 @@ void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
 static int sync_once(struct kvt_remote *r)
 {
     pthread_mutex_lock(&r->poll_mu);
+    kvt_rclient_arm(&r->poll_rc, 0);
     int rc = kvt_rview_sync(&r->view, &r->mu, &r->poll_rc, &r->keys, r->max_entry_bytes);
     pthread_mutex_unlock(&r->poll_mu);
     pthread_mutex_lock(&r->mu);
@@ -140,8 +141,6 @@ static int setup_cfg(struct kvt_remote *r, const struct kvt_remote_opts *o)
         rc = kvt_rclient_init(&r->poll_rc, &r->cfg);
     if (rc == 0)
         rc = kvt_rclient_init(&r->put_rc, &r->cfg);
-    if (rc == 0)
-        rc = kvt_rclient_init(&r->get_rc, &r->cfg);
     return rc;
 }
 
@@ -222,7 +221,10 @@ void kvt_remote_close(kvt_remote *r)
     kvt_write_queue_free(r->q);
     kvt_rclient_free(&r->poll_rc);
     kvt_rclient_free(&r->put_rc);
-    kvt_rclient_free(&r->get_rc);
+    for (size_t i = 0; i < r->n_get_idle; i++) {
+        kvt_rclient_free(r->get_idle[i]);
+        free(r->get_idle[i]);
+    }
     kvt_rview_free(&r->view);
     kvt_rkeys_free(&r->keys);
     kvt_remote_cfg_free(&r->cfg);

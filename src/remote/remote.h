@@ -27,7 +27,7 @@ struct kvt_rcfg {
     char *seeds;     /* more cluster seed nodes, "host:port,host:port" (may be NULL) */
     char *unix_path; /* unix socket (single server only) */
     char *user, *password;
-    int timeout_ms; /* connect and every socket operation */
+    int timeout_ms; /* one call's deadline (kvt_rclient_arm()) */
 };
 
 /* ---- one server connection (rnode.c) ---------------------------------------------------- */
@@ -37,17 +37,21 @@ struct kvt_rnode {
     int port;
     struct redisContext *c; /* NULL while disconnected */
     int64_t retry_at_ms;    /* no new connection attempt before this (backoff) */
+    bool used;              /* a reply came on this connection (it may since have gone stale) */
+    char why[200];          /* the last failure, named again while backing off */
 };
 
-/** Connect (with AUTH) unless connected. 0, -ECONNREFUSED / -ETIMEDOUT / -EAGAIN (backing
- * off), or -EACCES (authentication refused: message in kvt_last_error()). */
-int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg);
+/** Connect (with AUTH) unless connected, before @p deadline_ms (monotonic). 0, -ECONNREFUSED /
+ * -ETIMEDOUT / -EAGAIN (backing off), or -EACCES (authentication refused: message in
+ * kvt_last_error()). */
+int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t deadline_ms);
 /** Close the connection after a failure; the next attempt waits out a short backoff. */
 void kvt_rnode_fail(struct kvt_rnode *n);
 void kvt_rnode_close(struct kvt_rnode *n);
-/** One command through hiredis. NULL on a connection failure (the node is failed, *err set). */
+/** One command, done by @p deadline_ms. NULL on a connection failure (the node is failed,
+ * *err set). */
 struct redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **argv,
-                                 const size_t *len, int *err);
+                                 const size_t *len, int64_t deadline_ms, int *err);
 
 /* ---- own RESP I/O for pipelined bulk payloads (resp_io.c) --------------------------------- */
 
@@ -56,6 +60,7 @@ enum { KVT_R_OK = 0, KVT_R_NIL = 1, KVT_R_ERR = 2, KVT_R_SINK = 3 };
 
 struct kvt_rio {
     int fd;
+    int64_t deadline_ms; /* monotonic; 0 = none (the socket's own timeout applies) */
     uint8_t buf[16384];
     size_t pos, len;
     char err[256]; /* the last error reply's text */
@@ -74,8 +79,12 @@ struct kvt_rsink {
     void *ud;
 };
 
-/** Write every byte of @p iov; 0 or -errno (-ETIMEDOUT when the socket timeout ran out). */
-int kvt_rio_send(int fd, struct iovec *iov, int n);
+/** Write every byte of @p iov before @p deadline_ms (monotonic; 0 = none), never raising
+ * SIGPIPE; 0 or -errno (-ETIMEDOUT when the deadline or the socket timeout ran out). */
+int kvt_rio_send(int fd, struct iovec *iov, int n, int64_t deadline_ms);
+/** One read of up to @p n bytes (EINTR retried) before @p deadline_ms: *@p got > 0, or -errno
+ * (-ECONNRESET when the server closed the connection, -ETIMEDOUT past the deadline). */
+int kvt_rio_recv(int fd, void *dst, size_t n, size_t *got, int64_t deadline_ms);
 /**
  * Read one reply. A bulk string must be exactly @p want bytes long and lands in @p dst (NULL:
  * a status or integer reply is expected); its length is checked before a byte is read.
@@ -103,12 +112,20 @@ struct kvt_rclient {
     bool stale;    /* the slot map needs a refresh */
     struct kvt_rnode *nodes;
     size_t n_nodes;
-    uint16_t *slots; /* node index per slot (cluster) */
+    uint16_t *slots;     /* node index per slot (cluster) */
+    int64_t deadline_ms; /* the current call's end (monotonic), set by kvt_rclient_arm() */
 };
+
+/* Bytes per ms a transfer is allowed at least: a call moving @p bytes gets timeout_ms plus
+ * bytes / KVT_RATE_FLOOR ms (1 s per 64 MiB) for its deadline. */
+#define KVT_RATE_FLOOR ((uint64_t)64 << 10)
 
 uint16_t kvt_key_slot(const char *key, size_t len);
 int kvt_rclient_init(struct kvt_rclient *rc, const struct kvt_rcfg *cfg);
 void kvt_rclient_free(struct kvt_rclient *rc);
+/** Start a call: every command until the next arm ends by timeout_ms from now, plus the
+ * transfer time of @p bytes at KVT_RATE_FLOOR. */
+void kvt_rclient_arm(struct kvt_rclient *rc, uint64_t bytes);
 /** Connect to the node serving @p key (detecting the mode, refreshing the map as needed). */
 int kvt_rclient_node(struct kvt_rclient *rc, const char *key, struct kvt_rnode **out);
 /**
@@ -119,6 +136,12 @@ struct redisReply *kvt_rclient_cmd(struct kvt_rclient *rc, const char *key, int 
                                    const char **argv, const size_t *len, int *err);
 /** Apply a MOVED / ASK error text; returns the node to retry on (ASK: *asking set), or NULL. */
 struct kvt_rnode *kvt_rclient_redirect(struct kvt_rclient *rc, const char *err, bool *asking);
+/** After the error reply @p err: TRYAGAIN or CLUSTERDOWN (a slot being migrated or a
+ * failover) waits a little and says true (send the command again) while the deadline allows. */
+bool kvt_rclient_busy(struct kvt_rclient *rc, const char *err);
+/** After error @p err on node @p n: whether it was a stale connection (@p was_used: it had
+ * answered before) that is now connected again, once, with no backoff. */
+bool kvt_rclient_reconnect(struct kvt_rclient *rc, struct kvt_rnode *n, bool was_used, int err);
 /** Every master once (for gc's SCAN and stats); 0 or -errno. */
 int kvt_rclient_masters(struct kvt_rclient *rc, struct kvt_rnode ***out, size_t *n);
 
@@ -129,6 +152,7 @@ struct kvt_rkeys {
     char *prefix;
     char ident[17]; /* wyhash of model, fingerprint and tokenizer, hex */
     char ver[160], idx[160], log[160];
+    char gone[160], bytes[160], floor[160]; /* removal log, byte total, trimmed-removals mark */
 };
 
 int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, const char *fp,
@@ -180,13 +204,35 @@ struct kvt_rrec {
 };
 
 void kvt_rrec_free(struct kvt_rrec *r);
+/** Free what @p r points to, not @p r itself. */
+void kvt_rrec_free_fields(struct kvt_rrec *r);
+/** Free an array of @p n records (their fields, then the array). */
+void kvt_rrecs_free(struct kvt_rrec *v, size_t n);
+/** Whether @p a and @p b describe the same entry bytes (uuid, sizes, header hash, time). */
+bool kvt_rrec_same(const struct kvt_rrec *a, const struct kvt_rrec *b);
 /** Encode @p r (malloc'd, *len bytes). */
 uint8_t *kvt_rrec_encode(const struct kvt_rrec *r, size_t *len);
 /** Decode untrusted bytes, every count bounded. 0 or KVT_E_CORRUPT. */
 int kvt_rrec_decode(const uint8_t *p, size_t len, uint64_t max_bytes, struct kvt_rrec *out);
 
-/** Publish @p r: record, change log and version in one atomic script. */
+/**
+ * In one atomic script: remove the oldest records until @p need bytes and @p r fit under
+ * @p cap (0 = no cap), then publish @p r (NULL: only make room). The records removed are
+ * decoded (bounded by @p max_rec) into *@p gone, n of them (NULL: not wanted; free with
+ * kvt_rrecs_free()), so that their chunks can be deleted. 0 or < 0.
+ */
+int kvt_rindex_admit(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r,
+                     uint64_t need, uint64_t cap, uint64_t max_rec, struct kvt_rrec **gone,
+                     size_t *n_gone);
+/** Publish @p r with no cap: record, change log, byte total and version at once. */
 int kvt_rindex_publish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r);
+/** The changes since version @p last (-1 = everything), read atomically: {version, full,
+ * uuids published since (all when full), uuids removed since}, checked in shape. */
+struct redisReply *kvt_rindex_changes(struct kvt_rclient *rc, const struct kvt_rkeys *k,
+                                      int64_t last, int *err);
+/** Read the record @p uuid into @p out: 1, 0 (absent), 2 (present but undecodable) or < 0. */
+int kvt_rindex_get(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid,
+                   uint64_t max_bytes, struct kvt_rrec *out);
 /** Remove the record @p uuid (idempotent). */
 int kvt_rindex_unpublish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid);
 

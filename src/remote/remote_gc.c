@@ -67,6 +67,8 @@ static int complete(struct kvt_remote *r, const struct kvt_rrec *rec)
         redisReply *rep = kvt_rclient_cmd(&r->put_rc, argv[1], argc, argv, NULL, &err);
         if (!rep)
             result = err;
+        else if (rep->type == REDIS_REPLY_ERROR) /* says nothing about the chunks (a migration) */
+            result = kvt_fail(-EIO, "redis: EXISTS: %s", rep->str);
         else if (rep->type != REDIS_REPLY_INTEGER || rep->integer != argc - 1)
             result = 0;
         freeReplyObject(rep);
@@ -117,6 +119,7 @@ int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropp
     for (size_t i = 0; rc == 0 && i < n; i++) {
         if (!v[i])
             continue;
+        kvt_rclient_arm(&r->put_rc, 0); /* each record's check and removal is one call */
         int ok = total > cap ? 0 : complete(r, v[i]);
         if (ok < 0)
             rc = ok;

@@ -5,8 +5,9 @@
  * namespace, tensor hashes as the bytes land) and writes them straight into the new entry's
  * buffers; the entry must then match the record (header hash, tokens). A missing chunk
  * (evicted, deleted, server restarted) is a miss; bytes that fail a check are corrupt: either
- * way the record and its chunks are deleted and counted, and the caller sees a miss. A
- * connection failure is a counted miss that keeps the record.
+ * way the record is read again and, still the same, deleted with its chunks; the caller sees a
+ * miss. A failure of this host's own (memory, the deadline, a connection, a redirection it
+ * could not follow) is a counted miss that keeps the entry for every other host.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,6 +33,35 @@ static void sink_restart(void *ud)
     kvt_feed_reset(ud);
 }
 
+/* A client for one restore: an idle one, or a new one (NULL when out of memory). */
+static struct kvt_rclient *get_client(struct kvt_remote *r)
+{
+    pthread_mutex_lock(&r->get_mu);
+    struct kvt_rclient *c = r->n_get_idle ? r->get_idle[--r->n_get_idle] : NULL;
+    pthread_mutex_unlock(&r->get_mu);
+    if (c || !(c = malloc(sizeof(*c))))
+        return c;
+    if (kvt_rclient_init(c, &r->cfg) < 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Give it back: kept for the next restore (up to KVT_GET_IDLE), else freed. */
+static void put_client(struct kvt_remote *r, struct kvt_rclient *c)
+{
+    pthread_mutex_lock(&r->get_mu);
+    bool keep = r->n_get_idle < KVT_GET_IDLE;
+    if (keep)
+        r->get_idle[r->n_get_idle++] = c;
+    pthread_mutex_unlock(&r->get_mu);
+    if (!keep) {
+        kvt_rclient_free(c);
+        free(c);
+    }
+}
+
 /* Fetch and load the entry of @p rec, and check it against the record. 0, KVT_R_NIL or < 0. */
 static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_entry **out)
 {
@@ -47,10 +77,15 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
     if (rc)
         return rc;
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
-    pthread_mutex_lock(&r->get_mu);
-    rc = kvt_rentry_get(&r->get_rc, &r->keys, &e,
-                        &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
-    pthread_mutex_unlock(&r->get_mu);
+    struct kvt_rclient *c = get_client(r);
+    if (!c)
+        rc = kvt_fail(-ENOMEM, "remote: out of memory");
+    if (c) {
+        kvt_rclient_arm(c, rec->bytes);
+        rc = kvt_rentry_get(c, &r->keys, &e,
+                            &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
+        put_client(r, c);
+    }
     struct kvt_header *h = NULL;
     if (rc == 0)
         rc = kvt_feed_finish(f, out, &h);
@@ -65,7 +100,36 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
     return rc;
 }
 
-/* Count the outcome; a miss or bad bytes also remove the entry. */
+/* Whether @p rc is a fact about the entry's shared bytes (a chunk missing, bytes that fail a
+ * check), not about this host's call (memory, the deadline, a connection, a redirection). */
+static bool entry_fault(int rc)
+{
+    return rc == KVT_R_NIL || rc == KVT_E_CORRUPT || rc == KVT_E_FORMAT ||
+           rc == KVT_E_UNSUPPORTED || rc == KVT_E_MISMATCH;
+}
+
+/* Remove the entry of @p rec once its record, read again, is still the one the restore used
+ * (its chunks were not being replaced under it); one that is gone only leaves the view. */
+static void drop_checked(struct kvt_remote *r, const struct kvt_rrec *rec)
+{
+    struct kvt_rclient *c = get_client(r);
+    if (!c)
+        return;
+    kvt_rclient_arm(c, 0);
+    struct kvt_rrec now = {0};
+    int found = kvt_rindex_get(c, &r->keys, rec->uuid, r->max_entry_bytes, &now);
+    if (found == 1 && kvt_rrec_same(&now, rec))
+        kvt_remote_delete(r, c, rec);
+    put_client(r, c);
+    kvt_rrec_free_fields(&now);
+    if (found == 0) {
+        pthread_mutex_lock(&r->mu);
+        kvt_rview_drop(&r->view, rec->uuid);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* Count the outcome; a miss or bad bytes also remove the entry (drop_checked()). */
 static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc)
 {
     pthread_mutex_lock(&r->mu);
@@ -74,24 +138,23 @@ static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc)
         r->st.restore_bytes += rec->bytes;
     } else if (rc == KVT_R_NIL) {
         r->st.misses++;
-    } else if (rc == KVT_E_CORRUPT || rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED ||
-               rc == KVT_E_MISMATCH) {
+    } else if (entry_fault(rc)) {
         r->st.corrupt++;
     } else {
         r->st.errors++;
     }
     pthread_mutex_unlock(&r->mu);
-    if (rc == 0 || (rc < 0 && rc > -1000 && rc != -ENOMEM)) {
-        if (rc < 0) /* a connection fault: the entry itself may be fine */
-            kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s unreachable: %s", rec->uuid,
-                            kvt_last_error());
+    if (rc == 0)
+        return;
+    const char *why = rc == KVT_R_NIL ? "a chunk is missing" : kvt_last_error();
+    if (!entry_fault(rc)) { /* this host's trouble: the entry itself may be fine */
+        kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s not restored (kept): %s", rec->uuid,
+                        why);
         return;
     }
     kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s (%zu tokens) dropped: %s", rec->uuid,
-                    rec->n_tokens, rc == KVT_R_NIL ? "a chunk is missing" : kvt_last_error());
-    pthread_mutex_lock(&r->get_mu);
-    kvt_remote_delete(r, &r->get_rc, rec);
-    pthread_mutex_unlock(&r->get_mu);
+                    rec->n_tokens, why);
+    drop_checked(r, rec);
 }
 
 int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entry **out)

@@ -9,6 +9,8 @@
 
 struct kvt_write_queue;
 
+#define KVT_GET_IDLE 4
+
 struct kvt_remote {
     char *model, *fp, *tok;
     int poll_ms;
@@ -23,9 +25,12 @@ struct kvt_remote {
     struct kvt_rview view;
     struct kvt_remote_stats st;
 
-    /* one client per thread role; each used under its own lock */
+    /* one client per thread role, each used under its own lock; a restore takes a client of
+     * its own (remote_get.c), so that restores on one handle run at once */
     pthread_mutex_t poll_mu, put_mu, get_mu;
-    struct kvt_rclient poll_rc, put_rc, get_rc;
+    struct kvt_rclient poll_rc, put_rc;
+    struct kvt_rclient *get_idle[KVT_GET_IDLE]; /* clients kept for the next restores */
+    size_t n_get_idle;
 
     struct kvt_write_queue *q;
     pthread_t poller;

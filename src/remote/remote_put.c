@@ -4,11 +4,13 @@
  * rendered), its chunks are SET straight from the entry's memory with a time to live, and only
  * then is its index record published (no reader ever sees a partial entry) and the chunks'
  * time to live lifted: the chunks of an upload whose writer dies before publishing expire. Room is
- * made first by deleting the oldest entries beyond max_bytes; once published, the records the new
- * entry supersedes (same tokens, and shorter prefixes when it is trimmable) are deleted, as the
- * store does on disk.
+ * made by the index script itself, before the chunks and again with the publish: it removes the
+ * oldest records while the server's byte total (all hosts' uploads) would exceed max_bytes;
+ * once published, the records the new entry supersedes (same tokens, and shorter prefixes when
+ * it is trimmable) are deleted, as the store does on disk.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,22 +49,31 @@ static void drop_recs(struct kvt_remote *r, struct kvt_rrec **v, size_t n, const
     free(v);
 }
 
-/* Delete the oldest entries until @p need more bytes fit under max_bytes (put_mu held). */
-static void make_room(struct kvt_remote *r, uint64_t need)
+/* The entries the index script removed to make room: their chunks deleted, out of the view,
+ * counted (put_mu held). */
+static void evicted(struct kvt_remote *r, struct kvt_rrec *v, size_t n)
 {
-    for (;;) {
+    for (size_t i = 0; i < n; i++) {
+        struct kvt_rentry e = {v[i].ns, v[i].uuid, v[i].bytes, v[i].chunk, v[i].n_chunks};
+        kvt_rentry_del(&r->put_rc, &r->keys, &e);
         pthread_mutex_lock(&r->mu);
-        struct kvt_rec *old = kvt_index_oldest(r->view.ix);
-        bool over = old && kvt_index_total_bytes(r->view.ix) + need > r->max_bytes;
-        struct kvt_rrec *victim = over ? kvt_remote_rec_copy_locked(old->owner) : NULL;
-        if (over)
-            r->st.evictions++;
+        kvt_rview_drop(&r->view, v[i].uuid);
+        r->st.evictions++;
         pthread_mutex_unlock(&r->mu);
-        if (!victim)
-            return;
-        kvt_remote_delete(r, &r->put_rc, victim);
-        kvt_rrec_free(victim);
     }
+    kvt_rrecs_free(v, n);
+}
+
+/* Make room for @p rec (the oldest entries removed against the server's own total, not this
+ * host's view), then, with @p publish, publish it under the cap in the same script. */
+static int admit(struct kvt_remote *r, const struct kvt_rrec *rec, bool publish)
+{
+    struct kvt_rrec *gone = NULL;
+    size_t n = 0;
+    int rc = kvt_rindex_admit(&r->put_rc, &r->keys, publish ? rec : NULL, publish ? 0 : rec->bytes,
+                              r->max_bytes, r->max_entry_bytes, &gone, &n);
+    evicted(r, gone, n);
+    return rc;
 }
 
 /*
@@ -81,14 +92,20 @@ static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_i
 {
     struct kvt_rentry re = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
     pthread_mutex_lock(&r->put_mu);
-    make_room(r, rec->bytes);
-    int rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, orphan_ttl_ms(rec->bytes));
+    kvt_rclient_arm(&r->put_rc, rec->bytes);
+    int rc = admit(r, rec, false);
     if (rc == 0)
-        rc = kvt_rindex_publish(&r->put_rc, &r->keys, rec);
+        rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, orphan_ttl_ms(rec->bytes));
+    if (rc == 0)
+        rc = admit(r, rec, true);
     if (rc == 0)
         rc = kvt_rentry_persist(&r->put_rc, &r->keys, &re);
-    if (rc < 0) /* a record published without its PERSISTs is a miss once its chunks expire */
+    if (rc < 0) { /* a record published without its PERSISTs is a miss once its chunks expire */
+        char why[512]; /* the failure, not the cleanup's own, is what the caller hears */
+        snprintf(why, sizeof(why), "%s", kvt_last_error());
         kvt_rentry_del(&r->put_rc, &r->keys, &re);
+        kvt_fail(rc, "%s", why);
+    }
     pthread_mutex_unlock(&r->put_mu);
     return rc;
 }
@@ -169,6 +186,7 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
     struct kvt_rrec **old;
     size_t n_old = superseded(r, e, ns, false, &old);
     pthread_mutex_lock(&r->put_mu);
+    kvt_rclient_arm(&r->put_rc, 0);
     drop_recs(r, old, n_old, uuid);
     pthread_mutex_unlock(&r->put_mu);
     return 0;

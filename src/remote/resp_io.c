@@ -5,28 +5,59 @@
  * against the length expected, so a hostile or confused server can never make us allocate
  * or write past what the index record promised.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "remote/remote.h"
+#include "tier/tier.h"
 
 static int io_errno(void)
 {
     return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
 }
 
-int kvt_rio_send(int fd, struct iovec *iov, int n)
+/* Wait until @p fd is ready for @p events or @p deadline_ms (monotonic; 0 = no deadline, the
+ * socket's own timeout applies) has passed: 0 or -ETIMEDOUT. */
+static int wait_ready(int fd, short events, int64_t deadline_ms)
+{
+    if (!deadline_ms)
+        return 0;
+    for (;;) {
+        int64_t left = deadline_ms - kvt_tier_mono_ms();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        struct pollfd p = {fd, events, 0};
+        int k = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (k > 0)
+            return 0;
+        if (k < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+int kvt_rio_send(int fd, struct iovec *iov, int n, int64_t deadline_ms)
 {
     while (n > 0) {
-        ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
+        /* MSG_NOSIGNAL: a peer that went away is an error code, never a SIGPIPE for the host */
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(n > IOV_MAX ? IOV_MAX : n)};
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | (deadline_ms ? MSG_DONTWAIT : 0));
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && deadline_ms && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_ready(fd, POLLOUT, deadline_ms);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
         if (w < 0)
             return io_errno();
         while (n > 0 && (size_t)w >= iov->iov_len) {
@@ -42,11 +73,12 @@ int kvt_rio_send(int fd, struct iovec *iov, int n)
     return 0;
 }
 
-/* One read of up to @p n bytes into @p dst (EINTR retried): *@p got > 0, or -errno
- * (-ECONNRESET when the server closed the connection). */
-static int read_some(int fd, void *dst, size_t n, size_t *got)
+int kvt_rio_recv(int fd, void *dst, size_t n, size_t *got, int64_t deadline_ms)
 {
     for (;;) {
+        int rc = wait_ready(fd, POLLIN, deadline_ms);
+        if (rc < 0)
+            return rc;
         ssize_t k = read(fd, dst, n);
         if (k < 0 && errno == EINTR)
             continue;
@@ -69,7 +101,7 @@ static int fill(struct kvt_rio *r)
         r->pos = 0;
     }
     size_t got;
-    int rc = read_some(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, &got);
+    int rc = kvt_rio_recv(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, &got, r->deadline_ms);
     if (rc == 0)
         r->len += got;
     return rc;
@@ -86,6 +118,8 @@ static int read_line(struct kvt_rio *r, char *line, size_t cap)
             if (n == 0 || s[n - 1] != '\r')
                 return kvt_fail(KVT_E_CORRUPT, "redis: malformed reply line");
             n--;
+            if (memchr(s, '\0', n)) /* the line is used as a C string: "$3\0..." is no 3 */
+                return kvt_fail(KVT_E_CORRUPT, "redis: NUL byte in a reply line");
             if (n >= cap)
                 n = cap - 1; /* error texts are truncated, never overrun */
             memcpy(line, s, n);
@@ -109,7 +143,7 @@ static int read_exact(struct kvt_rio *r, uint8_t *dst, size_t n)
     memcpy(dst, r->buf + r->pos, take);
     r->pos += take;
     for (size_t done = take, got; done < n; done += got) {
-        int rc = read_some(r->fd, dst + done, n - done, &got);
+        int rc = kvt_rio_recv(r->fd, dst + done, n - done, &got, r->deadline_ms);
         if (rc < 0)
             return rc;
     }
@@ -143,7 +177,7 @@ static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
                 memcpy(at, r->buf + r->pos, got);
             r->pos += got;
         } else {
-            int rc = read_some(r->fd, at, len, &got);
+            int rc = kvt_rio_recv(r->fd, at, len, &got, r->deadline_ms);
             if (rc < 0)
                 return rc;
         }
@@ -154,13 +188,20 @@ static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
     return 0;
 }
 
+/* Whether @p s is a length as Redis writes it: -1, or digits with no leading zero (strtoll
+ * alone would take "", " 5", "+5" and "-0"). */
+static bool canonical_len(const char *s)
+{
+    size_t n = strspn(s, "0123456789");
+    return !strcmp(s, "-1") || (n > 0 && s[n] == '\0' && (s[0] != '0' || n == 1));
+}
+
 /* The bulk's announced length, checked against @p want. */
 static int bulk_len(const char *line, bool have_dst, size_t want)
 {
-    char *end;
     errno = 0;
-    long long len = strtoll(line + 1, &end, 10);
-    if (errno || *end || len < -1)
+    long long len = strtoll(line + 1, NULL, 10);
+    if (!canonical_len(line + 1) || errno)
         return kvt_fail(KVT_E_CORRUPT, "redis: bad bulk length \"%.32s\"", line);
     if (len == -1)
         return KVT_R_NIL;
@@ -200,7 +241,11 @@ static int reply_line(struct kvt_rio *r, char *line, size_t cap, bool bulk_wante
                            : KVT_R_OK;
     case '-': snprintf(r->err, sizeof(r->err), "%s", line + 1); return KVT_R_ERR;
     case '$': return BULK;
-    default: return kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0]);
+    default:
+        return isgraph((unsigned char)line[0])
+                   ? kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type '%c'", line[0])
+                   : kvt_fail(KVT_E_CORRUPT, "redis: unexpected reply type 0x%02x",
+                              (unsigned char)line[0]);
     }
 }
 

@@ -33,6 +33,9 @@ int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, c
     snprintf(k->ver, sizeof(k->ver), "%s:{%s}:ver", prefix, k->ident);
     snprintf(k->idx, sizeof(k->idx), "%s:{%s}:idx", prefix, k->ident);
     snprintf(k->log, sizeof(k->log), "%s:{%s}:log", prefix, k->ident);
+    snprintf(k->gone, sizeof(k->gone), "%s:{%s}:gone", prefix, k->ident);
+    snprintf(k->bytes, sizeof(k->bytes), "%s:{%s}:bytes", prefix, k->ident);
+    snprintf(k->floor, sizeof(k->floor), "%s:{%s}:floor", prefix, k->ident);
     return 0;
 }
 

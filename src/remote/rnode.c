@@ -1,13 +1,16 @@
 /*
- * One server connection through hiredis: connect with a timeout (TCP or unix socket), the
- * same timeout on every later read and write, AUTH (password or ACL user), and a short
+ * One server connection: hiredis connects (TCP or unix socket, within the call's deadline) and
+ * parses replies, kvtier's own socket I/O sends and receives them (no SIGPIPE, one deadline per
+ * call across every partial read and write), AUTH (password or ACL user), and a short
  * backoff after a failure so that a dead server costs one refused connect per interval
  * instead of one per request.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include "common/error.h"
 #include "remote/remote.h"
@@ -21,7 +24,7 @@ static struct timeval tv_of(int ms)
     return tv;
 }
 
-static int auth(struct kvt_rnode *n, const struct kvt_rcfg *cfg)
+static int auth(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t deadline_ms)
 {
     if (!cfg->password)
         return 0;
@@ -31,30 +34,29 @@ static int auth(struct kvt_rnode *n, const struct kvt_rcfg *cfg)
     if (cfg->user)
         argv[argc++] = cfg->user;
     argv[argc++] = cfg->password;
-    redisReply *r = redisCommandArgv(n->c, argc, argv, NULL);
-    if (!r) {
-        kvt_rnode_fail(n);
-        return kvt_fail(-ECONNRESET, "redis: AUTH: connection lost");
-    }
     int rc = 0;
+    redisReply *r = kvt_rnode_cmd(n, argc, argv, NULL, deadline_ms, &rc);
+    if (!r)
+        return rc;
     if (r->type == REDIS_REPLY_ERROR)
         rc = kvt_fail(-EACCES, "redis: authentication refused: %s", r->str);
     freeReplyObject(r);
-    if (rc < 0) {
-        redisFree(n->c);
-        n->c = NULL;
-    }
+    if (rc < 0)
+        kvt_rnode_close(n);
     return rc;
 }
 
-int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg)
+int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t deadline_ms)
 {
     if (n->c)
         return 0;
     int64_t now = kvt_tier_mono_ms();
     if (now < n->retry_at_ms)
-        return kvt_fail(-EAGAIN, "redis: backing off after a failure");
-    struct timeval tv = tv_of(cfg->timeout_ms);
+        return kvt_fail(-EAGAIN, "%s (not retried yet)", n->why);
+    int64_t left = deadline_ms - now;
+    if (left <= 0)
+        return kvt_fail(-ETIMEDOUT, "redis: the call's deadline passed before a connect");
+    struct timeval tv = tv_of(left < cfg->timeout_ms ? (int)left : cfg->timeout_ms);
     redisContext *c = n->host ? redisConnectWithTimeout(n->host, n->port, tv)
                               : redisConnectUnixWithTimeout(cfg->unix_path, tv);
     if (!c || c->err) {
@@ -62,20 +64,23 @@ int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg)
             kvt_fail(-ECONNREFUSED, "redis: connect %s:%d: %s", n->host ? n->host : cfg->unix_path,
                      n->port, c ? c->errstr : "out of memory");
         redisFree(c);
-        n->retry_at_ms = now + BACKOFF_MS;
+        kvt_rnode_fail(n);
         return rc;
     }
     if (redisSetTimeout(c, tv) != REDIS_OK) {
         redisFree(c);
-        n->retry_at_ms = now + BACKOFF_MS;
-        return kvt_fail(-EIO, "redis: cannot set socket timeouts");
+        int rc = kvt_fail(-EIO, "redis: cannot set socket timeouts");
+        kvt_rnode_fail(n);
+        return rc;
     }
     n->c = c;
-    return auth(n, cfg);
+    n->used = false;
+    return auth(n, cfg, deadline_ms);
 }
 
 void kvt_rnode_fail(struct kvt_rnode *n)
 {
+    snprintf(n->why, sizeof(n->why), "%s", kvt_last_error());
     kvt_rnode_close(n);
     n->retry_at_ms = kvt_tier_mono_ms() + BACKOFF_MS;
 }
@@ -87,16 +92,48 @@ void kvt_rnode_close(struct kvt_rnode *n)
     n->c = NULL;
 }
 
-redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **argv, const size_t *len,
-                          int *err)
+/* Send the request, then feed what arrives to the connection's hiredis reader until it holds
+ * a whole reply: kvtier's own socket I/O, so no write raises SIGPIPE and the call's deadline
+ * bounds the whole exchange, not each read. 0 or -errno. */
+static int exchange(struct kvt_rnode *n, const char *req, size_t len, int64_t deadline_ms,
+                    void **reply)
 {
-    redisReply *r = redisCommandArgv(n->c, argc, argv, len);
-    if (!r) {
-        bool timeout = n->c->err == REDIS_ERR_IO &&
-                       (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT);
-        *err = kvt_fail(timeout ? -ETIMEDOUT : -ECONNRESET, "redis: %s: %s", argv[0],
-                        timeout ? "timed out" : n->c->errstr);
-        kvt_rnode_fail(n);
+    struct iovec iov = {(void *)req, len};
+    int rc = kvt_rio_send(n->c->fd, &iov, 1, deadline_ms);
+    while (rc == 0) {
+        if (redisReaderGetReply(n->c->reader, reply) != REDIS_OK)
+            return -EPROTO;
+        if (*reply)
+            return 0;
+        char buf[16384];
+        size_t got;
+        rc = kvt_rio_recv(n->c->fd, buf, sizeof(buf), &got, deadline_ms);
+        if (rc == 0 && redisReaderFeed(n->c->reader, buf, got) != REDIS_OK)
+            rc = -EPROTO;
     }
+    return rc;
+}
+
+redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **argv, const size_t *len,
+                          int64_t deadline_ms, int *err)
+{
+    char *req = NULL;
+    int rl = redisFormatCommandArgv(&req, argc, argv, len);
+    if (rl < 0) {
+        *err = kvt_fail(-ENOMEM, "redis: %s: out of memory", argv[0]);
+        return NULL;
+    }
+    void *r = NULL;
+    int rc = exchange(n, req, (size_t)rl, deadline_ms, &r);
+    redisFreeCommand(req);
+    if (rc < 0) {
+        *err = kvt_fail(rc, "redis: %s: %s", argv[0],
+                        rc == -ETIMEDOUT ? "timed out"
+                        : rc == -EPROTO  ? "protocol error"
+                                         : strerror(-rc));
+        kvt_rnode_fail(n);
+        return NULL;
+    }
+    n->used = true;
     return r;
 }

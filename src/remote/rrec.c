@@ -31,13 +31,34 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
+void kvt_rrec_free_fields(struct kvt_rrec *r)
+{
+    free(r->ns);
+    free(r->tokens);
+    r->ns = NULL;
+    r->tokens = NULL;
+}
+
+void kvt_rrecs_free(struct kvt_rrec *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        kvt_rrec_free_fields(&v[i]);
+    free(v);
+}
+
 void kvt_rrec_free(struct kvt_rrec *r)
 {
     if (!r)
         return;
-    free(r->ns);
-    free(r->tokens);
+    kvt_rrec_free_fields(r);
     free(r);
+}
+
+bool kvt_rrec_same(const struct kvt_rrec *a, const struct kvt_rrec *b)
+{
+    return !strcmp(a->uuid, b->uuid) && a->bytes == b->bytes && a->chunk == b->chunk &&
+           a->n_chunks == b->n_chunks && a->header_hash == b->header_hash &&
+           a->created_ms == b->created_ms;
 }
 
 uint8_t *kvt_rrec_encode(const struct kvt_rrec *r, size_t *len)

@@ -139,6 +139,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     s->max_header_bytes = o->max_header_bytes;
     s->no_verify = o->no_verify;
     s->quarantine = o->quarantine;
+    s->keep_saved_cached = o->keep_saved_cached;
     s->read_only = o->read_only;
     s->share = o->share_prefixes;
     s->tmp_grace_ms = o->tmp_grace_ms;
@@ -652,7 +653,8 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
     w.meta.tokenizer_hash = s->tokenizer_hash;
     w.meta.ns = ns;
     /* planned once: the size checked here is the file the save writes */
-    struct kvt_save_opts so = {.run_exclusive = run_exclusive, .engine = engine};
+    struct kvt_save_opts so = {
+        .run_exclusive = run_exclusive, .engine = engine, .keep_cache = s->keep_saved_cached};
     struct kvt_save_plan *plan;
     rc = kvt_save_plan_new(&w, &so, &plan);
     if (rc < 0)

@@ -48,7 +48,7 @@ struct kvt_store {
     char *root, *model_id, *fingerprint, *tokenizer_hash;
     uint64_t max_bytes;
     size_t n_layers, max_header_bytes;
-    bool no_verify, quarantine, read_only;
+    bool no_verify, quarantine, read_only, keep_saved_cached;
     int64_t tmp_grace_ms;
     kvt_log_fn log;
     void *log_ud;

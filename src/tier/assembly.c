@@ -174,6 +174,8 @@ void kvt_pcache_close(kvt_pcache *t)
         t->cfg.remote_ops->close(t->cfg.remote); /* the writer, its only producer, is gone */
     if (t->cfg.cold && t->cfg.cold->close)
         t->cfg.cold->close(t->cfg.store);
+    if (t->cfg.dev)
+        t->cfg.dev->close(t->cfg.dev_ud);
     free(t);
 }
 
@@ -186,6 +188,8 @@ int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out)
             cfg->remote_ops->close(cfg->remote);
         if (cfg->cold && cfg->cold->close)
             cfg->cold->close(cfg->store);
+        if (cfg->dev)
+            cfg->dev->close(cfg->dev_ud);
         return kvt_fail(-ENOMEM, "prompt cache: out of memory");
     }
     t->cfg = *cfg;
@@ -209,6 +213,31 @@ int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
         return kvt_fail(-EINVAL, "kvt_pcache_take: NULL cache");
     }
     return kvt_ram_lru_take(t->pc, tok, n, ns, out);
+}
+
+int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
+                              kvt_device_place_fn place, void *ud, struct kvt_take *out,
+                              struct kvt_header **out_header)
+{
+    if (out_header)
+        *out_header = NULL;
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!t || !out || !out_header || !place)
+        return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: NULL argument");
+    if (!t->cfg.dev)
+        return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: the prompt cache has no device");
+    struct kvt_dev_dest dest = {place, ud, NULL};
+    int rc = kvt_ram_lru_take_to(t->pc, tok, n, ns, &dest, out);
+    *out_header = dest.header;
+    if (rc < 0 || !out->entry)
+        return rc;
+    rc = t->cfg.dev->to_device(t->cfg.dev_ud, out->entry, place, ud, out_header);
+    kvt_ram_lru_entry_free(t->pc, out->entry); /* the donor stays in RAM; this was its clone */
+    kvt_retain_release(out->retain);
+    out->entry = NULL;
+    out->retain = NULL;
+    return rc;
 }
 
 int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)

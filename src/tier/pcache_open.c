@@ -10,6 +10,7 @@
 #include "common/cpus.h"
 #include "common/error.h"
 #include "io/stream.h"
+#include "tier/device_twin.h"
 #include "tier/tier.h"
 
 /* The real layers plug in as they are: the ops tables take their functions unchanged. */
@@ -124,6 +125,27 @@ static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
                  (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
 }
 
+/* The device binding (kvt_pcache_opts.device), then the tier, which closes every part on
+ * failure. The pool holds the RAM tier and the spills queued from it. */
+static int open_tier(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg, kvt_pcache **out)
+{
+    if (o->device) {
+        struct kvt_tier_dev *td;
+        uint64_t pool = o->ram_max_bytes + (uint64_t)o->spill_queue_max_bytes;
+        int rc = kvt_tier_dev_new(o->device, (size_t)pool, &td);
+        if (rc < 0) {
+            if (cfg->remote_ops && cfg->remote_ops->close)
+                cfg->remote_ops->close(cfg->remote);
+            if (cfg->cold && cfg->cold->close)
+                cfg->cold->close(cfg->store);
+            return rc;
+        }
+        cfg->dev = &kvt_tier_dev_ops;
+        cfg->dev_ud = td;
+    }
+    return kvt_tier_open(cfg, out);
+}
+
 int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
 {
     if (!out)
@@ -155,7 +177,7 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
         if (cold_opts_set(o))
             kvt_log_line(o->log, o->log_ud, KVT_LOG_WARN,
                          "[ssd-cache] cold-tier options ignored: no cold_dir given");
-        return kvt_tier_open(&cfg, out);
+        return open_tier(o, &cfg, out);
     }
 
     struct kvt_store_opts so = o->cold;
@@ -181,5 +203,5 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     cfg.cold = &real_cold_ops;
     cfg.store = store;
     cfg.demote_idle_ms = o->demote_idle_ms;
-    return kvt_tier_open(&cfg, out); /* closes the store on failure */
+    return open_tier(o, &cfg, out); /* closes the store on failure */
 }

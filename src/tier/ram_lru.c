@@ -271,11 +271,32 @@ static void promote(struct kvt_ram_lru *lru, const struct kvt_entry *loaded)
         lru->links.spill(lru->links.ud, copy);
 }
 
-/* Step 2's restore (no lock held): 1 = *out is the trimmed entry, 0 = fall back. */
-static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
-                     bool remote, struct kvt_take *out)
+/* A cold hit's prefix straight into device memory: 1 = landed, 0 = fall back, < 0 = the
+ * placement's refusal (or another error it raised). */
+static int cold_to_device(struct kvt_ram_lru *lru, const struct kvt_hit *hit,
+                          struct kvt_dev_dest *dest, struct kvt_take *out)
 {
     const struct kvt_tier_cfg *c = &lru->cfg;
+    int rc = c->dev->cold_to_device(c->dev_ud, c->store, hit, dest->place, dest->ud, &dest->header);
+    if (rc == KVT_E_UNSUPPORTED || (rc == 0 && !dest->header))
+        return 0; /* another kind of cache (restored to the host, then copied), or a miss */
+    if (rc < 0)
+        return rc;
+    out->from_disk = true;
+    return 1;
+}
+
+/* Step 2's restore (no lock held): 1 = *out is the trimmed entry (or, with @p dest, the
+ * bytes landed in device memory), 0 = fall back, < 0 = a device placement's refusal. */
+static int take_cold(struct kvt_ram_lru *lru, const int32_t *tok, const struct kvt_hit *hit,
+                     bool remote, struct kvt_dev_dest *dest, struct kvt_take *out)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    if (dest && !remote) {
+        int rd = cold_to_device(lru, hit, dest, out);
+        if (rd != 0)
+            return rd;
+    }
     struct kvt_entry *loaded = NULL;
     int rc = remote ? c->remote_ops->restore(c->remote, hit, &loaded)
                     : c->cold->restore(c->store, hit, &loaded);
@@ -332,15 +353,22 @@ static void find_lower(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, co
 
 /* Step 2's restores (no lock held), the longest first: 1 = *out set, 0 = fall back to RAM. */
 static int take_lower(struct kvt_ram_lru *lru, const int32_t *tok, const struct lower *lo,
-                      struct kvt_take *out)
+                      struct kvt_dev_dest *dest, struct kvt_take *out)
 {
-    if (lo->try_remote && take_cold(lru, tok, &lo->remote, true, out))
-        return 1;
-    return lo->try_cold && take_cold(lru, tok, &lo->cold, false, out);
+    int rc = lo->try_remote ? take_cold(lru, tok, &lo->remote, true, dest, out) : 0;
+    if (rc == 0 && lo->try_cold)
+        rc = take_cold(lru, tok, &lo->cold, false, dest, out);
+    return rc;
 }
 
 int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                      struct kvt_take *out)
+{
+    return kvt_ram_lru_take_to(lru, tok, n, ns, NULL, out);
+}
+
+int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                        struct kvt_dev_dest *dest, struct kvt_take *out)
 {
     memset(out, 0, sizeof(*out));
     if (!tok && n)
@@ -378,10 +406,11 @@ int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, cons
     pthread_mutex_unlock(&lru->mu);
 
     if (try_cold) {
-        if (take_lower(lru, tok, &lo, out)) {
+        int rc = take_lower(lru, tok, &lo, dest, out);
+        if (rc != 0) {
             kvt_ram_lru_entry_free(lru, clones);
             kvt_retain_release(share);
-            return 0;
+            return rc < 0 ? rc : 0;
         }
         if (have_donor) {
             pthread_mutex_lock(&lru->mu);
@@ -484,9 +513,41 @@ static int put_refused(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain 
     return rc;
 }
 
+/* A device entry of this tier's device: 1 with *@p e replaced by its host copy in page-locked
+ * memory, 0 when it was saved from the device instead (no room), < 0 on failure (released). */
+static int device_to_host(struct kvt_ram_lru *lru, struct kvt_entry **e, kvt_retain *retain)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    struct kvt_entry *h = NULL;
+    int rc = kvt_ram_lru_entry_bytes(lru, *e) > c->ram_max_bytes
+                 ? -ENOSPC
+                 : c->dev->to_host(c->dev_ud, *e, &h);
+    if (rc == -ENOSPC) { /* over the cap, as a host entry would be: straight to the cold tier */
+        dispose_with_spill(lru, *e, retain);
+        return 0;
+    }
+    kvt_ram_lru_entry_free(lru, *e);
+    if (rc < 0) {
+        kvt_retain_release(retain);
+        return rc;
+    }
+    *e = h;
+    return 1;
+}
+
+static bool ours_on_device(const struct kvt_ram_lru *lru, const struct kvt_entry *e)
+{
+    const struct kvt_tier_cfg *c = &lru->cfg;
+    return e && c->dev && c->cache->entry_on_device && c->cache->entry_on_device(e) &&
+           c->dev->owns(c->dev_ud, e);
+}
+
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain)
 {
-    int rc = put_refused(lru, e, retain);
+    int rc = ours_on_device(lru, e) ? device_to_host(lru, &e, retain) : 1;
+    if (rc <= 0)
+        return rc;
+    rc = put_refused(lru, e, retain);
     if (rc)
         return rc;
     size_t bytes = kvt_ram_lru_entry_bytes(lru, e);

@@ -31,7 +31,19 @@ void kvt_ram_lru_free(struct kvt_ram_lru *lru);
 /** TIER.md §2.2. On a miss out->entry is NULL. */
 int kvt_ram_lru_take(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                      struct kvt_take *out);
-/** TIER.md §2.3: takes @p e and @p retain on every path. */
+/* A take into device memory: a cold hit streams there through cfg->dev (header set). */
+struct kvt_dev_dest {
+    kvt_device_place_fn place;
+    void *ud;
+    struct kvt_header *header; /* set when the bytes have landed */
+};
+
+/** kvt_ram_lru_take() that lands a cold hit in device memory through @p dest (the RAM and
+ * remote hits come back as host entries in out->entry, for the caller to copy). */
+int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
+                        struct kvt_dev_dest *dest, struct kvt_take *out);
+/** TIER.md §2.3: takes @p e and @p retain on every path. With cfg->dev, an entry in its
+ * device's memory is copied into page-locked host memory and held so. */
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain);
 size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
                                    const char *ns);

@@ -62,6 +62,26 @@ struct kvt_tier_remote_ops {
 };
 
 /*
+ * Device entries (kvt_pcache_opts.device): the RAM tier holds host copies of them in
+ * page-locked memory, and takes land in device memory. The real table is device_twin.c's.
+ */
+struct kvt_tier_device_ops {
+    /* Whether @p e lies in this tier's device's memory (and in no other device's). */
+    bool (*owns)(void *ud, const struct kvt_entry *e);
+    /* A host copy of device entry @p e in page-locked memory, its copies done; -ENOSPC when
+     * the page-locked memory has no room for it. */
+    int (*to_host)(void *ud, const struct kvt_entry *e, struct kvt_entry **out);
+    /* Host entry @p e into device memory: its header to @p place, then its bytes copied. */
+    int (*to_device)(void *ud, const struct kvt_entry *e, kvt_device_place_fn place, void *pud,
+                     struct kvt_header **out);
+    /* A cold-tier hit's prefix, streamed from its file straight into device memory (0 with
+     * *out NULL on a miss; KVT_E_UNSUPPORTED when its caches cannot be cut so). */
+    int (*cold_to_device)(void *ud, kvt_store *s, const struct kvt_hit *hit,
+                          kvt_device_place_fn place, void *pud, struct kvt_header **out);
+    void (*close)(void *ud);
+};
+
+/*
  * Everything a prompt cache is assembled from (TIER.md §8 options, already validated): the
  * one configuration every part of the tier reads.
  */
@@ -92,10 +112,12 @@ struct kvt_tier_cfg {
     void *log_ud;
     const struct kvt_tier_remote_ops *remote_ops; /* NULL = no remote tier (needs cold) */
     kvt_remote *remote;
+    const struct kvt_tier_device_ops *dev; /* NULL = host entries only */
+    void *dev_ud;
 };
 
-/** Assemble a prompt cache; on failure cfg->cold->close() and cfg->remote_ops->close() have
- * been called (if set). */
+/** Assemble a prompt cache; on failure cfg->cold->close(), cfg->remote_ops->close() and
+ * cfg->dev->close() have been called (if set). */
 int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out);
 
 /* Small helpers shared by the tier files (tier_util.c). */

@@ -254,3 +254,54 @@ void remote_tokens(uint64_t seed, size_t n, int32_t *out)
     for (size_t i = 0; i < n; i++)
         out[i] = (int32_t)((seed * 1000003u + i * 7919u + (i == 0 ? seed * 13u : 0)) % 60000u);
 }
+
+void remote_opts(struct kvt_remote_opts *o, const char *url, uint64_t chunk, int timeout_ms,
+                 int poll_ms)
+{
+    kvt_remote_opts_init(o);
+    o->url = url;
+    o->model_id = REMOTE_MODEL;
+    o->config_fingerprint = REMOTE_FP;
+    o->tokenizer_hash = REMOTE_TOK;
+    o->timeout_ms = timeout_ms;
+    o->poll_ms = poll_ms;
+    if (chunk)
+        o->chunk_bytes = chunk;
+}
+
+struct kvt_entry *remote_entry(uint64_t seed, size_t n)
+{
+    int32_t *tok = malloc(n * sizeof(*tok));
+    remote_tokens(seed, n, tok);
+    struct kvt_entry *e = synth_random_entry(tok, n, seed, "m", "f", "t");
+    free(tok);
+    return e;
+}
+
+int remote_put(kvt_remote *r, uint64_t seed, size_t n)
+{
+    struct kvt_entry *e = remote_entry(seed, n);
+    int rc = kvt_remote_put(r, e);
+    kvt_entry_free(e);
+    return rc;
+}
+
+int remote_restore(kvt_remote *r, uint64_t seed, size_t n)
+{
+    int32_t *tok = malloc((n + 1) * sizeof(*tok));
+    remote_tokens(seed, n, tok);
+    tok[n] = 1;
+    struct kvt_hit hit;
+    int found = kvt_remote_find(r, tok, n + 1, "", &hit) == 0 && hit.prefix_len == n;
+    free(tok);
+    if (!found)
+        return -1;
+    struct kvt_entry *got = NULL;
+    if (kvt_remote_restore(r, &hit, &got) != 0 || !got)
+        return 0;
+    struct kvt_entry *want = remote_entry(seed, n);
+    int same = synth_same_entry_bytes(got, want) ? 1 : -2;
+    kvt_entry_free(want);
+    kvt_entry_free(got);
+    return same;
+}

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "kvtier.h"
+
 struct redis_srv {
     pid_t pid;
     int port;
@@ -58,6 +60,16 @@ int redis_cluster_master_of(struct redis_cluster *c, unsigned slot);
 #define REMOTE_TOK "tok-remote"
 /** Tokens of entry @p seed: n of them, distinct per seed from the first token on. */
 void remote_tokens(uint64_t seed, size_t n, int32_t *out);
+/** Options of that identity on @p url (@p chunk 0: the default chunk size). */
+void remote_opts(struct kvt_remote_opts *o, const char *url, uint64_t chunk, int timeout_ms,
+                 int poll_ms);
+/** Entry @p seed of @p n tokens (synth_random_entry() of remote_tokens()). */
+struct kvt_entry *remote_entry(uint64_t seed, size_t n);
+/** kvt_remote_put() of entry @p seed. */
+int remote_put(kvt_remote *r, uint64_t seed, size_t n);
+/** Find and restore entry @p seed: 1 identical, 0 miss, -1 not found, -2 wrong bytes (no
+ * cmocka asserts: forked children use it too). */
+int remote_restore(kvt_remote *r, uint64_t seed, size_t n);
 /* Time bounds stretch under the sanitizers, which slow every step several times. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define SLACK 4

@@ -72,6 +72,19 @@ void flip_slot_byte(const char *path, size_t ci, int sj, uint64_t at, uint8_t ma
  * prefix, the JSON and every slot's bytes (a flip there must make the load fail). */
 bool loader_checks_byte(const struct kvt_header *h, uint64_t off);
 
+/** Device allocations wrapped by synth_device_buf() and not yet released. */
+extern int synth_device_live;
+/** The release argument of device memory at @p addr (counted in synth_device_live). */
+void *synth_device_hold(kvt_device *d, uint64_t addr);
+/** Frees the allocation held by @p ud (a kvt_release_fn for synth_device_hold()). */
+void synth_device_release(void *ud, void *data);
+/** @p n bytes of device memory at @p addr, wrapped; the buffer's release frees them. */
+kvt_buf *synth_device_buf(kvt_device *d, uint64_t addr, size_t n);
+/** @p e copied into device memory of @p d (every state tensor its own allocation), with the
+ * identity @p model, @p fp, @p tok_hash. */
+struct kvt_entry *synth_device_twin(kvt_device *d, const struct kvt_entry *e, const char *model,
+                                    const char *fp, const char *tok_hash);
+
 /** kvt_store_opts_init(@p o) and the identity @p model, @p fp, @p tok. */
 void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp, const char *tok);
 
