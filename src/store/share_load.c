@@ -1,8 +1,9 @@
 /*
  * Loading an entry kept as shared chunks plus its tail (docs/SHARING.md §4): the tail is
  * loaded and checked first, then one destination of the whole entry's rows (with restore
- * capacity) per token-axis tensor, then each chunk, loaded and hash-checked like any file,
- * copied into its rows. At most the entry plus one chunk is held at once.
+ * capacity) is allocated per token-axis tensor and the tail's rows copied to its end; then
+ * each chunk's header is checked against the entry and its slots read straight into their
+ * rows, hashes checked in the same pass. Only the entry and the tail are held in memory.
  */
 #include "store/share.h"
 
@@ -63,11 +64,16 @@ static int composed_new(struct composed *d, const kvt_cache *c, int64_t n)
         int64_t shape[KVT_MAX_RANK], cap = (int64_t)kvt_restore_cap((uint64_t)n);
         memcpy(shape, st[j].shape, sizeof(shape));
         shape[2] = cap;
-        size_t row = kvt_dtype_size(st[j].dtype) * (size_t)shape[3];
+        size_t row = kvt_dtype_size(st[j].dtype) * (size_t)shape[3], bytes;
         size_t blocks = (size_t)(shape[0] * shape[1]);
         kvt_buf *b = NULL;
+        /* the tail's header sets n: a size past memory is that file's fault */
+        if (rc == 0 && (__builtin_mul_overflow(blocks, (size_t)cap, &bytes) ||
+                        __builtin_mul_overflow(bytes, row, &bytes)))
+            rc = kvt_fail(KVT_E_CORRUPT, "a tail of %lld tokens does not fit in memory",
+                          (long long)n);
         if (rc == 0)
-            rc = kvt_buf_new_for_fill(blocks * (size_t)cap * row, &b);
+            rc = kvt_buf_new_for_fill(bytes, &b);
         if (rc == 0 && (rc = kvt_tensor_init(&d->t[j], b, 0, st[j].dtype, 4, shape)) == 0)
             d->nt = j + 1;
         for (size_t k = 0; rc == 0 && !kvt_buf_zeroed(b) && k < blocks; k++)
