@@ -35,7 +35,9 @@ static void act(const struct check *c, enum kvt_check_kind k, const char *path, 
         c->co->report(c->co->ud, k, path, bytes, why, rc);
 }
 
-static void check_tmp(const struct check *c, const char *path)
+/* Remove @p path if no one holds its lock and it is older than the grace (an abandoned .tmp,
+ * a chunk no tail needs), reporting it as @p k. */
+static void check_claimed(const struct check *c, const char *path, enum kvt_check_kind k)
 {
     struct stat st;
     bool again;
@@ -44,8 +46,7 @@ static void check_tmp(const struct check *c, const char *path)
         return;
     int rc = c->co->repair ? kvt_tmp_unlink_claimed(path, &st) : 0;
     if (c->co->report)
-        c->co->report(c->co->ud, KVT_CHECK_TMP, path, (uint64_t)st.st_size, NULL,
-                      rc == -ENOENT ? 0 : rc);
+        c->co->report(c->co->ud, k, path, (uint64_t)st.st_size, NULL, rc == -ENOENT ? 0 : rc);
     kvt_io()->close(fd);
 }
 
@@ -121,31 +122,15 @@ static bool collect_needed(const char *dir, char **names, size_t n, struct kvt_h
     return complete;
 }
 
-/* A chunk no tail of its directory needs, claimed as a .tmp is (docs/SHARING.md §6). */
-static void check_chunk(const struct check *c, const char *path, const struct kvt_hmap *needed)
-{
-    if (kvt_hmap_get(needed, kvt_str_hash(path), str_same, path))
-        return;
-    struct stat st;
-    bool again;
-    int fd = kvt_tmp_claim(path, c->grace_ms, &st, &again);
-    if (fd < 0)
-        return;
-    int rc = c->co->repair ? kvt_tmp_unlink_claimed(path, &st) : 0;
-    if (c->co->report)
-        c->co->report(c->co->ud, KVT_CHECK_ORPHAN, path, (uint64_t)st.st_size, NULL,
-                      rc == -ENOENT ? 0 : rc);
-    kvt_io()->close(fd);
-}
-
 static void check_file(const struct check *c, const char *name, const char *path,
                        const struct kvt_hmap *needed)
 {
     if (kvt_layout_has_suffix(name, KVT_TMP_EXT)) {
-        check_tmp(c, path);
+        check_claimed(c, path, KVT_CHECK_TMP);
     } else if (kvt_layout_has_suffix(name, KVT_CHUNK_EXT)) {
-        if (needed)
-            check_chunk(c, path, needed);
+        /* no tail of its directory needs it (docs/SHARING.md §6) */
+        if (needed && !kvt_hmap_get(needed, kvt_str_hash(path), str_same, path))
+            check_claimed(c, path, KVT_CHECK_ORPHAN);
     } else if (kvt_layout_has_suffix(name, ".mlxkv.corrupt")) {
         if (c->co->remove_skipped)
             act(c, KVT_CHECK_QUARANTINED, path, NULL);

@@ -156,6 +156,29 @@ static inline int synth_set_meta(struct kvt_entry *e)
 }
 
 /*
+ * The entry of caches @p c (made with result @p rc: on any failure every one is freed), with
+ * the synthetic metadata.
+ */
+static inline int synth_entry_of(const int32_t *tok, size_t n, kvt_cache **c, size_t nc,
+                                 const char *ns, int rc, struct kvt_entry **out)
+{
+    *out = NULL;
+    if (rc == 0)
+        rc = kvt_entry_new(tok, n, c, nc, ns, out);
+    if (rc) {
+        for (size_t i = 0; i < nc; i++)
+            kvt_cache_free(c[i]);
+        return rc;
+    }
+    rc = synth_set_meta(*out);
+    if (rc) {
+        kvt_entry_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/*
  * A library-owned entry of @p nk layers of @p kinds over @p tok, in namespace @p ns, with the
  * synthetic metadata. Free with kvt_entry_free().
  */
@@ -169,19 +192,7 @@ static inline int synth_entry(const int32_t *tok, size_t n, const int *kinds, si
     int rc = 0;
     for (size_t i = 0; i < nk && rc == 0; i++)
         rc = synth_cache(kinds[i], tok, n, (int)i, &c[i]);
-    if (rc == 0)
-        rc = kvt_entry_new(tok, n, c, nk, ns, out);
-    if (rc) {
-        for (size_t i = 0; i < nk; i++)
-            kvt_cache_free(c[i]);
-        return rc;
-    }
-    rc = synth_set_meta(*out);
-    if (rc) {
-        kvt_entry_free(*out);
-        *out = NULL;
-    }
-    return rc;
+    return synth_entry_of(tok, n, c, nk, ns, rc, out);
 }
 
 /*
@@ -318,19 +329,7 @@ static inline int synth_shared_entry(uint32_t id, struct kvt_entry **out)
         rc = synth_shared_layer(KVT_KIND_QKV, tok, n, 1, &c[1]);
     if (rc == 0 && id % 2)
         rc = synth_cache(KVT_KIND_SSM, tok, n, 2, &c[2]);
-    if (rc == 0)
-        rc = kvt_entry_new(tok, n, c, id % 2 ? 3 : 2, "", out);
-    if (rc) {
-        for (int i = 0; i < 3; i++)
-            kvt_cache_free(c[i]);
-        return rc;
-    }
-    rc = synth_set_meta(*out);
-    if (rc) {
-        kvt_entry_free(*out);
-        *out = NULL;
-    }
-    return rc;
+    return synth_entry_of(tok, n, c, id % 2 ? 3 : 2, "", rc, out);
 }
 
 #endif
