@@ -579,6 +579,9 @@ struct kvt_store_opts {
     void *log_ud;
     const struct kvt_mem_opts *mem; /* applied to the process once open succeeds
                                        (kvt_mem_configure()); NULL = leave the settings */
+    bool share_prefixes; /* put entries of over 256 tokens as shared 256-token chunks plus a
+                            tail of their own (docs/SHARING.md); default off. Stores read
+                            shared entries either way */
 };
 
 /**
@@ -602,6 +605,8 @@ struct kvt_store_stats {
     double restore_ms_last;
     uint64_t longest_durable_prefix_tokens;
     uint64_t tmp_reaped; /* abandoned .tmp files removed (STORE.md §12.4) */
+    uint64_t shared_chunks, shared_bytes; /* chunks indexed entries need, and their bytes
+                                             (in total_bytes, once each; docs/SHARING.md) */
 };
 
 /** One indexed entry as kvt_store_list() reports it. */
@@ -628,6 +633,7 @@ enum kvt_check_kind {
     KVT_CHECK_QUARANTINED, /* a .mlxkv.corrupt (with remove_skipped) */
     KVT_CHECK_SKIPPED,     /* a file no identity here can use (with remove_skipped) */
     KVT_CHECK_EVICT,       /* an entry beyond max_bytes, in the store's eviction order */
+    KVT_CHECK_ORPHAN,      /* a shared chunk no entry needs (docs/SHARING.md §6, the grace) */
     KVT_CHECK_KINDS
 };
 

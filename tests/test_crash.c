@@ -12,7 +12,9 @@
  * Each store directory serves ten kills (later writers recover what earlier ones left), then a
  * new one starts, which keeps each check small; every other directory's writers save over the
  * plain path instead of the fast one. KVT_CRASH_SEED changes the kill moments. A
- * second test runs two writers on one directory and kills and restarts them in turn.
+ * second test runs two writers on one directory and kills and restarts them in turn. Both run
+ * again with the writers' store sharing prefixes (docs/SHARING.md): branches off three
+ * prompts, whose chunks every writer reuses, and tails and chunks verified after each kill.
  */
 #include "support/support.h"
 
@@ -134,16 +136,20 @@ static void read_acks(const char *path, uint32_t **ids, size_t *n, size_t *cap)
     free(text);
 }
 
+/* Whether the writers run with the store's share_prefixes on (docs/SHARING.md). */
+static bool writer_share;
+
 /* Find and restore entry @p id; it must be exactly what the writer stored. */
 static void check_acked(kvt_store *s, uint32_t id, struct counts *c)
 {
     struct kvt_entry *want;
-    assert_int_equal(synth_id_entry(id, &want), 0);
-    int32_t prompt[65];
+    assert_int_equal(writer_share ? synth_shared_entry(id, &want) : synth_id_entry(id, &want), 0);
+    int32_t prompt[SYNTH_SHARED_PREFIX + 65];
     memcpy(prompt, want->tokens, want->n_tokens * sizeof(*prompt));
     prompt[want->n_tokens] = 7; /* one more token to compute, so the whole entry is usable */
     struct kvt_hit hit;
-    assert_int_equal(kvt_store_find(s, prompt, want->n_tokens + 1, synth_id_ns(id), &hit), 0);
+    const char *ns = writer_share ? "" : synth_id_ns(id);
+    assert_int_equal(kvt_store_find(s, prompt, want->n_tokens + 1, ns, &hit), 0);
     if (hit.prefix_len != want->n_tokens || hit.n_tokens != want->n_tokens) {
         c->lost++;
         print_error("crash: acknowledged entry %u is missing (hit %zu of %zu tokens)\n", id,
@@ -202,7 +208,8 @@ static pid_t start_writer(const char *exe, const char *dir, const char *ack, uin
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        execl(exe, exe, dir, ack, first_s, grace_s, writer_plain ? "plain" : "fast", (char *)NULL);
+        execl(exe, exe, dir, ack, first_s, grace_s, writer_plain ? "plain" : "fast",
+              writer_share ? "share" : "whole", (char *)NULL);
         _exit(127);
     }
     track(pid, -1);
@@ -260,9 +267,17 @@ static void run_and_kill(const char *exe, const char *dir, const char *ack, uint
     kill_writer(pid);
 }
 
-static void test_kill_loop(void **state)
+/* Every published file: whole entries, and with sharing tails and chunks too. */
+static void verify_published(const char *root, struct counts *c)
 {
-    (void)state;
+    for_each_file(root, ".mlxkv", verify_file, c);
+    for_each_file(root, ".kvshare", verify_file, c);
+    for_each_file(root, ".kvchunk", verify_file, c);
+}
+
+static void kill_loop(bool share)
+{
+    writer_share = share;
     long kills = env_long("KVT_CRASH_KILLS", 200);
     uint64_t rng = (uint64_t)env_long("KVT_CRASH_SEED", 20250701);
     char *exe = writer_path();
@@ -304,7 +319,7 @@ static void test_kill_loop(void **state)
         read_acks(ack, &ids, &n_ids, &cap_ids);
 
         /* published files, before anything recovers the directory */
-        for_each_file(root, ".mlxkv", verify_file, &c);
+        verify_published(root, &c);
         c.tmp_seen += for_each_file(root, ".tmp", NULL, NULL); /* kills that hit a write */
 
         struct kvt_store_opts o;
@@ -328,13 +343,13 @@ static void test_kill_loop(void **state)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     c.acked += (long)n_ids;
     c.acked_plain += writer_plain ? (long)n_ids : 0;
-    printf("crash: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld over the plain path; "
+    printf("crash%s: %ld kills (%ld left a .tmp), %ld acknowledged puts (%ld over the plain path; "
            "%ld restores checked), "
            "%ld visible files verified, %ld corrupt, %ld corrupt at scan, %ld lost, %ld restored "
            "with different bytes, %ld .tmp left (%.1f s); %ld kills over the fast path, %ld over "
            "the plain one\n",
-           c.kills, c.tmp_seen, c.acked, c.acked_plain, c.checks, c.visible, c.corrupt,
-           c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
+           share ? " (sharing on)" : "", c.kills, c.tmp_seen, c.acked, c.acked_plain, c.checks,
+           c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
            c.kills - kills_plain, kills_plain);
     if (dir)
@@ -364,9 +379,9 @@ static void test_kill_loop(void **state)
  * fail that writer's put, and the writer would exit by itself. At the end every published file
  * verifies and every entry either writer acknowledged restores exactly.
  */
-static void test_two_writers(void **state)
+static void two_writers(bool share)
 {
-    (void)state;
+    writer_share = share;
     writer_plain = false; /* the fast path, whatever the kill loop ended on */
     long rounds = env_long("KVT_CRASH_KILLS", 200) / 5;
     if (rounds < 20)
@@ -405,7 +420,7 @@ static void test_two_writers(void **state)
         c.kills++;
     }
 
-    for_each_file(root, ".mlxkv", verify_file, &c);
+    verify_published(root, &c);
     uint32_t *ids = NULL;
     size_t n_ids = 0, cap_ids = 0;
     for (int w = 0; w < 2; w++)
@@ -423,10 +438,11 @@ static void test_two_writers(void **state)
     for (size_t i = 0; i < n_ids; i++)
         check_acked(s, ids[i], &c);
     kvt_store_close(s);
-    printf("crash, two writers: %ld kills, %zu acknowledged puts, %ld visible files verified, "
+    printf("crash, two writers%s: %ld kills, %zu acknowledged puts, %ld visible files verified, "
            "%ld corrupt, %ld corrupt at scan, %ld lost, %ld restored with different bytes, "
            "%ld .tmp left\n",
-           c.kills, n_ids, c.visible, c.corrupt, c.scan_corrupt, c.lost, c.mismatched, c.tmp_left);
+           share ? " (sharing on)" : "", c.kills, n_ids, c.visible, c.corrupt, c.scan_corrupt,
+           c.lost, c.mismatched, c.tmp_left);
     rm_rf(dir);
     for (int w = 0; w < 2; w++) {
         unlink(ack[w]);
@@ -444,11 +460,39 @@ static void test_two_writers(void **state)
     assert_int_equal(c.tmp_left, 0);
 }
 
+static void test_kill_loop(void **state)
+{
+    (void)state;
+    kill_loop(false);
+}
+
+/* The same with the writers' store sharing prefixes: branches off three prompts. */
+static void test_kill_loop_shared(void **state)
+{
+    (void)state;
+    kill_loop(true);
+}
+
+static void test_two_writers(void **state)
+{
+    (void)state;
+    two_writers(false);
+}
+
+/* Two writers sharing chunks on one directory, killed and restarted in turn. */
+static void test_two_writers_shared(void **state)
+{
+    (void)state;
+    two_writers(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_loop),
+        cmocka_unit_test(test_kill_loop_shared),
         cmocka_unit_test(test_two_writers),
+        cmocka_unit_test(test_two_writers_shared),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -335,7 +335,8 @@ static int walk(const char *dir, struct path_list *out)
         if (S_ISDIR(st.st_mode)) {
             rc = walk(p, out);
             free(p);
-        } else if (S_ISREG(st.st_mode) && ends_with(p, ".mlxkv")) {
+        } else if (S_ISREG(st.st_mode) && (ends_with(p, ".mlxkv") || ends_with(p, ".kvshare") ||
+                                           ends_with(p, ".kvchunk"))) { /* docs/SHARING.md */
             rc = list_add(out, p);
         } else {
             free(p);

@@ -110,7 +110,8 @@ static void free_list(char **v, size_t n)
 static bool is_store_file(const char *name)
 {
     return has_suffix(name, ".mlxkv") || has_suffix(name, ".mlxkv.tmp") ||
-           has_suffix(name, ".mlxkv.corrupt");
+           has_suffix(name, ".mlxkv.corrupt") || has_suffix(name, ".kvshare") ||
+           has_suffix(name, ".kvchunk"); /* shared entries: docs/SHARING.md */
 }
 
 /** Whether @p dir looks like a fingerprint directory: entry files one level down. */
@@ -188,7 +189,7 @@ static bool find_identities(struct target *t, const struct args *a)
         size_t nf;
         char **files = p ? list(p, false, &nf) : NULL;
         for (size_t j = 0; ok && files && j < nf; j++) {
-            if (!has_suffix(files[j], ".mlxkv"))
+            if (!has_suffix(files[j], ".mlxkv") && !has_suffix(files[j], ".kvshare"))
                 continue;
             char *f = join(p, files[j]);
             struct kvt_header *h = NULL;
@@ -572,9 +573,10 @@ static void print_stats_json(const struct kvt_store_stats *st)
     else
         printf("%" PRIu64, st->max_bytes);
     printf(",\"skipped_files\":%" PRIu64 ",\"skipped_bytes\":%" PRIu64 ",\"corrupt_files\":%" PRIu64
-           ",\"longest_durable_prefix_tokens\":%" PRIu64,
+           ",\"longest_durable_prefix_tokens\":%" PRIu64 ",\"shared_chunks\":%" PRIu64
+           ",\"shared_bytes\":%" PRIu64,
            st->skipped_files, st->skipped_bytes, st->corrupt_files,
-           st->longest_durable_prefix_tokens);
+           st->longest_durable_prefix_tokens, st->shared_chunks, st->shared_bytes);
 }
 
 static void stats_one(void *ud, const struct target *t, const struct identity *id, kvt_store *s,
@@ -591,9 +593,11 @@ static void stats_one(void *ud, const struct target *t, const struct identity *i
     printf("%s%s\n  model_id            %s\n  tokenizer_hash      %s\n"
            "  entries             %" PRIu64 "\n  total_bytes         %" PRIu64
            "\n  longest_prefix      %" PRIu64 " tokens\n  skipped_files       %" PRIu64 " (%" PRIu64
-           " bytes)\n  corrupt_files       %" PRIu64 "\n",
+           " bytes)\n  corrupt_files       %" PRIu64 "\n  shared_chunks       %" PRIu64 " (%" PRIu64
+           " bytes, counted once in total_bytes)\n",
            first ? "" : "\n", t->path, id->model_id, id->tokenizer_hash, st.entries, st.total_bytes,
-           st.longest_durable_prefix_tokens, st.skipped_files, st.skipped_bytes, st.corrupt_files);
+           st.longest_durable_prefix_tokens, st.skipped_files, st.skipped_bytes, st.corrupt_files,
+           st.shared_chunks, st.shared_bytes);
 }
 
 int cmd_store_stats(int argc, char **argv)
@@ -621,6 +625,7 @@ static const char *const gc_verb[KVT_CHECK_KINDS] = {
     [KVT_CHECK_QUARANTINED] = "remove quarantined",
     [KVT_CHECK_SKIPPED] = "remove skipped",
     [KVT_CHECK_EVICT] = "evict",
+    [KVT_CHECK_ORPHAN] = "remove unneeded chunk",
 };
 
 struct gc_run {

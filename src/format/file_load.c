@@ -4,7 +4,7 @@
  * every tensor, then the tensors are read straight into them (the read stream knows every
  * destination up front, so its direct reads land in place ahead of the hashing), hashed in
  * the same pass (L3), and their file ranges dropped from the page cache. Token-axis kinds
- * (kv, qkv, turboquant) get restore capacity beyond offset (restore_cap()) so that the first
+ * (kv, qkv, turboquant) get restore capacity beyond offset (kvt_restore_cap()) so that the first
  * appends after a restore write in place; the file holds [B, H, offset, D] contiguously, so
  * that is B*H row blocks read into a [B, H, cap, D] buffer with the slack zeroed. On any
  * failure everything built is freed.
@@ -43,7 +43,7 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
  * restored into buffers mostly of slack (8 tokens into 256 rows: 32 times the entry); at
  * least one row, so that the first decode step writes in place.
  */
-static uint64_t restore_cap(uint64_t offset)
+uint64_t kvt_restore_cap(uint64_t offset)
 {
     uint64_t step = (offset + KVT_STEP) / KVT_STEP * KVT_STEP;
     uint64_t margin = offset > 8 ? (offset + 7) / 8 : 1;
@@ -51,7 +51,7 @@ static uint64_t restore_cap(uint64_t offset)
 }
 
 /*
- * Rows on the token axis for cache @p c: restore_cap() for token-axis kinds while the
+ * Rows on the token axis for cache @p c: kvt_restore_cap() for token-axis kinds while the
  * entry's zeroed slack stays within @p budget (the file's tensor bytes or 64 MiB, whichever
  * is larger), else exactly offset. The header sizes B, H and D freely even at offset 0, so
  * without this bound a 16 KiB file could make a load allocate gigabytes.
@@ -61,7 +61,7 @@ static uint64_t restore_rows(const struct kvt_cache_header *c, uint64_t *budget)
     uint64_t offset = (uint64_t)c->info.offset;
     if (!has_capacity(c->info.kind))
         return offset;
-    uint64_t cap = restore_cap(offset), slack = 0;
+    uint64_t cap = kvt_restore_cap(offset), slack = 0;
     for (int i = 0; i < c->n_slots; i++) {
         const struct kvt_slot *s = &c->slots[i];
         uint64_t row = kvt_dtype_size(s->dtype), extra;

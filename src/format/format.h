@@ -278,6 +278,9 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
 int kvt_tensor_read_all(struct kvt_tensor_reader *r);
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
 
+/** Rows a restore gives a token-axis cache of @p offset rows (CACHES.md §12). */
+uint64_t kvt_restore_cap(uint64_t offset);
+
 /** The fresh tensors a load of a header restores into, and where each slot's bytes go. */
 struct kvt_load_bufs {
     struct kvt_tensor *t;   /* one per slot, all caches' slots in header order */

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "store/layout.h"
+#include "store/share.h"
 #include "store/store.h"
 
 struct check {
@@ -34,7 +35,9 @@ static void act(const struct check *c, enum kvt_check_kind k, const char *path, 
         c->co->report(c->co->ud, k, path, bytes, why, rc);
 }
 
-static void check_tmp(const struct check *c, const char *path)
+/* Remove @p path if no one holds its lock and it is older than the grace (an abandoned .tmp,
+ * a chunk no tail needs), reporting it as @p k. */
+static void check_claimed(const struct check *c, const char *path, enum kvt_check_kind k)
 {
     struct stat st;
     bool again;
@@ -43,9 +46,19 @@ static void check_tmp(const struct check *c, const char *path)
         return;
     int rc = c->co->repair ? kvt_tmp_unlink_claimed(path, &st) : 0;
     if (c->co->report)
-        c->co->report(c->co->ud, KVT_CHECK_TMP, path, (uint64_t)st.st_size, NULL,
-                      rc == -ENOENT ? 0 : rc);
+        c->co->report(c->co->ud, k, path, (uint64_t)st.st_size, NULL, rc == -ENOENT ? 0 : rc);
     kvt_io()->close(fd);
+}
+
+static bool str_same(const void *val, const void *key)
+{
+    return !strcmp(val, key);
+}
+
+static void free_path(void *val, void *ud)
+{
+    (void)ud;
+    free(val);
 }
 
 static bool same(const char *a, const char *b)
@@ -54,7 +67,8 @@ static bool same(const char *a, const char *b)
 }
 
 /* Why no identity here can use the entry at @p path (NULL: one can), its header read as @p rc. */
-static const char *unusable(const struct check *c, int rc, const struct kvt_header *h)
+static const char *unusable(const struct check *c, const char *path, int rc,
+                            const struct kvt_header *h)
 {
     if (rc == KVT_E_FORMAT || rc == KVT_E_UNSUPPORTED)
         return kvt_last_error();
@@ -65,25 +79,69 @@ static const char *unusable(const struct check *c, int rc, const struct kvt_head
     bool own = same(h->model_id, c->so->model_id) && same(h->tokenizer_hash, c->so->tokenizer_hash);
     if (!own && !(c->co->keep && h->model_id && h->tokenizer_hash && c->co->keep(c->co->ud, h)))
         return "another model or tokenizer";
-    if (!kvt_header_is_indexable(h))
+    if (!kvt_header_is_indexable(h) && !kvt_is_tail(path))
         return "V21: not indexable";
     return NULL;
 }
 
-static void check_file(const struct check *c, const char *name, const char *path)
+/* The chunks the tails among @p names in @p dir need, into @p set (names by hash). */
+struct needed {
+    const char *dir;
+    struct kvt_hmap *set;
+};
+
+static int note_needed(void *ud, size_t k, const char *id)
+{
+    (void)k;
+    struct needed *n = ud;
+    char *path = kvt_share_chunk_path(n->dir, id);
+    if (!path)
+        return -ENOMEM;
+    if (kvt_hmap_get(n->set, kvt_str_hash(path), str_same, path) ||
+        kvt_hmap_put(n->set, kvt_str_hash(path), path) < 0)
+        free(path);
+    return 0;
+}
+
+/* @return false when a tail could not be read: no chunk can then be called unneeded. */
+static bool collect_needed(const char *dir, char **names, size_t n, struct kvt_hmap *set)
+{
+    bool complete = true;
+    for (size_t i = 0; i < n; i++) {
+        if (!kvt_layout_has_suffix(names[i], KVT_SHARE_EXT))
+            continue;
+        char *p = kvt_path_join(dir, names[i]);
+        struct kvt_header *h = NULL;
+        struct needed nd = {dir, set};
+        if (!p || kvt_file_read_header(p, NULL, &h) != 0 ||
+            kvt_share_each_chunk(h->tokens, h->n_tokens, note_needed, &nd) < 0)
+            complete = false;
+        kvt_header_free(h);
+        free(p);
+    }
+    return complete;
+}
+
+static void check_file(const struct check *c, const char *name, const char *path,
+                       const struct kvt_hmap *needed)
 {
     if (kvt_layout_has_suffix(name, KVT_TMP_EXT)) {
-        check_tmp(c, path);
+        check_claimed(c, path, KVT_CHECK_TMP);
+    } else if (kvt_layout_has_suffix(name, KVT_CHUNK_EXT)) {
+        /* no tail of its directory needs it (docs/SHARING.md §6) */
+        if (needed && !kvt_hmap_get(needed, kvt_str_hash(path), str_same, path))
+            check_claimed(c, path, KVT_CHECK_ORPHAN);
     } else if (kvt_layout_has_suffix(name, ".mlxkv.corrupt")) {
         if (c->co->remove_skipped)
             act(c, KVT_CHECK_QUARANTINED, path, NULL);
-    } else if (kvt_layout_has_suffix(name, KVT_ENTRY_EXT)) {
+    } else if (kvt_layout_has_suffix(name, KVT_ENTRY_EXT) ||
+               kvt_layout_has_suffix(name, KVT_SHARE_EXT)) {
         struct kvt_header *h = NULL;
         int rc = kvt_file_read_header(path, NULL, &h);
         const char *why = NULL;
         if (rc == KVT_E_CORRUPT)
             act(c, KVT_CHECK_CORRUPT, path, kvt_last_error());
-        else if (c->co->remove_skipped && (why = unusable(c, rc, h)))
+        else if (c->co->remove_skipped && (why = unusable(c, path, rc, h)))
             act(c, KVT_CHECK_SKIPPED, path, why);
         kvt_header_free(h);
     }
@@ -102,12 +160,16 @@ static int check_files(const struct check *c, const char *root)
             free(d);
             continue; /* as the scan does: a directory that cannot be read is passed over */
         }
+        struct kvt_hmap needed = {0};
+        bool complete = collect_needed(d, files, nf, &needed);
         for (size_t j = 0; j < nf; j++) {
             char *p = kvt_path_join(d, files[j]);
             if (p)
-                check_file(c, files[j], p);
+                check_file(c, files[j], p, complete ? &needed : NULL);
             free(p);
         }
+        kvt_hmap_each(&needed, free_path, NULL);
+        kvt_hmap_free(&needed);
         kvt_store_free_names(files, nf);
         free(d);
     }

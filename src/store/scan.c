@@ -31,6 +31,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "store/layout.h"
+#include "store/share.h"
 #include "mem/mem.h"
 
 /* Changes within this many ms of a directory's mtime may share its timestamp. */
@@ -175,6 +176,11 @@ static int check_identity(const struct kvt_store *s, const char *path, const str
         if (!streq(got[i], want[i]))
             return kvt_fail(KVT_E_MISMATCH, "%s: %s mismatch (file %s, expected %s)", path, keys[i],
                             got[i] ? got[i] : "(absent)", want[i]);
+    if (kvt_is_tail(path)) /* its token-axis layers hold only its own rows */
+        return kvt_share_chunks(h->n_tokens)
+                   ? 0
+                   : kvt_fail(KVT_E_FORMAT, "%s: a tail of %zu tokens, too short for a chunk", path,
+                              h->n_tokens);
     if (!kvt_header_is_indexable(h))
         return kvt_fail(KVT_E_MISMATCH,
                         "%s: V21: a cache's offset differs from the %zu tokens; not indexed", path,
@@ -185,7 +191,8 @@ static int check_identity(const struct kvt_store *s, const char *path, const str
 /** One .mlxkv file of a directory being scanned. */
 struct scan_item {
     char *path;
-    struct kvt_header *h; /* compatible: to be indexed, in name order */
+    struct kvt_header *h;  /* compatible: to be indexed, in name order */
+    uint64_t *chunk_sizes; /* a tail's: the sizes of the chunks it needs */
     int64_t mtime_ms;
     bool again; /* retry at the next refresh */
 };
@@ -225,6 +232,8 @@ static void classify(struct kvt_store *s, struct kvt_sdir *d, struct scan_item *
     int rc = kvt_file_read_header(path, &ro, &h);
     if (rc == 0)
         rc = check_identity(s, path, h);
+    if (rc == 0 && kvt_is_tail(path))
+        rc = kvt_chunks_size(d->path, h->tokens, h->n_tokens, &it->chunk_sizes);
     if (rc == 0) {
         it->h = h;
         it->mtime_ms = kvt_timespec_ms(&st.st_mtim);
@@ -260,10 +269,12 @@ static void commit(struct kvt_store *s, struct kvt_sdir *d, struct scan_item *it
     if (!it->h)
         return;
     pthread_mutex_lock(&s->lock);
-    int rc = kvt_store_add_locked(s, d, it->h, it->path, it->mtime_ms);
+    int rc = kvt_store_add_locked(s, d, it->h, it->path, it->mtime_ms, it->chunk_sizes);
     pthread_mutex_unlock(&s->lock);
     kvt_header_free(it->h);
+    free(it->chunk_sizes);
     it->h = NULL;
+    it->chunk_sizes = NULL;
     if (rc < 0 && rc != -EEXIST)
         it->again = true; /* out of memory: the next refresh tries again */
 }
@@ -361,6 +372,24 @@ static void forget_missing(struct kvt_store *s, struct kvt_sdir *d, const struct
     free(g.v);
 }
 
+/* Remove the chunks among @p names that no indexed tail needs (and no writer is reusing). */
+static void reap_chunks(struct kvt_store *s, struct kvt_sdir *d, char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!kvt_layout_has_suffix(names[i], KVT_CHUNK_EXT))
+            continue;
+        char *path = kvt_path_join(d->path, names[i]);
+        if (!path)
+            continue;
+        pthread_mutex_lock(&s->lock);
+        bool needed = kvt_chunk_needed_locked(s, path);
+        pthread_mutex_unlock(&s->lock);
+        if (!needed)
+            kvt_chunk_remove(path, s->tmp_grace_ms);
+        free(path);
+    }
+}
+
 /* Reap the abandoned .tmp files among @p names and index the entries, in batches; true
  * when some file wants another look later. */
 static bool scan_names(struct kvt_store *s, struct kvt_sdir *d, char **names, size_t n)
@@ -372,7 +401,8 @@ static bool scan_names(struct kvt_store *s, struct kvt_sdir *d, char **names, si
         again = true;
     for (size_t i = 0; i < n && items; i++) {
         bool tmp = kvt_layout_has_suffix(names[i], KVT_TMP_EXT);
-        if (!tmp && !kvt_layout_has_suffix(names[i], KVT_ENTRY_EXT))
+        if (!tmp && !kvt_layout_has_suffix(names[i], KVT_ENTRY_EXT) &&
+            !kvt_layout_has_suffix(names[i], KVT_SHARE_EXT))
             continue;
         char *path = kvt_path_join(d->path, names[i]);
         if (!path) {
@@ -393,6 +423,8 @@ static bool scan_names(struct kvt_store *s, struct kvt_sdir *d, char **names, si
     if (n_items)
         again |= scan_batch(s, d, items, n_items);
     free(items);
+    if (!again && !s->read_only) /* every tail here is indexed: the rest need no chunk */
+        reap_chunks(s, d, names, n);
     return again;
 }
 

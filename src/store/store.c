@@ -27,6 +27,7 @@
 #include "io/io.h"
 #include "mem/mem.h"
 #include "store/layout.h"
+#include "store/share.h"
 
 #define DEFAULT_MAX_BYTES ((uint64_t)32 << 30)
 #define DEFAULT_TMP_GRACE_MS 60000
@@ -52,6 +53,7 @@ void kvt_store_close(kvt_store *s)
     kvt_hmap_free(&s->dirs);
     kvt_hmap_each(&s->pending, free_pending, NULL);
     kvt_hmap_free(&s->pending);
+    kvt_chunks_free(s);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->scan_lock);
     pthread_mutex_destroy(&s->log_lock);
@@ -140,6 +142,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     s->quarantine = o->quarantine;
     s->keep_saved_cached = o->keep_saved_cached;
     s->read_only = o->read_only;
+    s->share = o->share_prefixes;
     s->tmp_grace_ms = o->tmp_grace_ms;
     s->log = o->log;
     s->log_ud = o->log_ud;
@@ -251,9 +254,40 @@ static void restore_job_free(struct restore_job *j)
     free(j->tokens);
 }
 
-/** STORE.md §12.1, restore column: drop the record, act on the file by category. */
-static void restore_failed(struct kvt_store *s, const struct restore_job *j, int rc)
+/*
+ * A chunk of a shared entry failed for good (docs/SHARING.md §7): drop every entry that needs
+ * it, remove their tails (useless without it) and the chunk (corrupt, or gone already).
+ */
+static void chunk_lost(struct kvt_store *s, const struct restore_job *j, int rc, const char *bad)
 {
+    char *why = strdup(kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+    const char *msg = why ? why : kvt_strerror(rc);
+    kvt_store_logf(s, KVT_LOG_WARN,
+                   "[ssd-cache] restore failed, dropping %s and every entry that needs %s: %s",
+                   j->path, bad, msg);
+    struct kvt_pathlist pl = {0};
+    pthread_mutex_lock(&s->lock);
+    s->restore_misses++;
+    struct kvt_rec *r = kvt_index_by_seq(s->ix, j->id);
+    if (r)
+        kvt_store_drop_locked(s, r, s->read_only ? NULL : &pl);
+    kvt_share_drop_dependents_locked(s, bad, s->read_only ? NULL : &pl);
+    pthread_mutex_unlock(&s->lock);
+    if (rc != -ENOENT && !s->read_only) /* first: the list below may hold it too */
+        kvt_store_dispose_corrupt(s, bad, msg);
+    kvt_pathlist_unlink(&pl);
+    free(why);
+}
+
+/** STORE.md §12.1, restore column: drop the record, act on the file by category. */
+static void restore_failed(struct kvt_store *s, const struct restore_job *j, int rc,
+                           const char *bad_chunk)
+{
+    if (bad_chunk && (rc == -ENOENT || rc == KVT_E_CORRUPT || rc == KVT_E_FORMAT ||
+                      rc == KVT_E_UNSUPPORTED || rc == KVT_E_MISMATCH)) {
+        chunk_lost(s, j, rc, bad_chunk);
+        return;
+    }
     char *why = strdup(kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
     const char *msg = why ? why : kvt_strerror(rc);
     struct stat st;
@@ -298,6 +332,7 @@ struct restore_load {
     bool refused;
     struct kvt_entry *e;
     struct kvt_header *h;
+    char *bad_chunk; /* a shared entry's chunk that failed */
 };
 
 static int load_file(struct restore_load *l, const char *path, const struct kvt_expect *x,
@@ -306,7 +341,16 @@ static int load_file(struct restore_load *l, const char *path, const struct kvt_
     const int32_t *tok;
     size_t n;
     int rc;
-    if (l->load) {
+    if (kvt_is_tail(path) && l->load) {
+        l->refused = true; /* the caller's memory takes one file's slots; the entry stays */
+        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: a shared entry restores only into new caches", path);
+        tok = NULL;
+        n = 0;
+    } else if (kvt_is_tail(path)) {
+        rc = kvt_share_load(path, x, &l->e, &l->bad_chunk);
+        tok = rc ? NULL : l->e->tokens;
+        n = rc ? 0 : l->e->n_tokens;
+    } else if (l->load) {
         rc = l->load(l->ud, path, x, &l->h, &l->refused);
         tok = rc ? NULL : l->h->tokens;
         n = rc ? 0 : l->h->n_tokens;
@@ -361,7 +405,8 @@ static int restore(kvt_store *s, const struct kvt_hit *hit, struct restore_load 
     rc = load_file(l, j.path, &x, &j);
     if (rc < 0) {
         if (!l->refused)
-            restore_failed(s, &j, rc);
+            restore_failed(s, &j, rc, l->bad_chunk);
+        free(l->bad_chunk);
         restore_job_free(&j);
         return l->refused ? rc : 0;
     }
@@ -501,9 +546,10 @@ static int too_large(struct kvt_store *s, uint64_t bytes)
 }
 
 /** <root>/<nsHash>/<uuid>.mlxkv, registered as pending; the directory exists on return. */
-static int new_entry_path(struct kvt_store *s, const char *ns, struct kvt_sdir **dir, char **out)
+static int new_entry_path(struct kvt_store *s, const char *ns, const char *ext,
+                          struct kvt_sdir **dir, char **out)
 {
-    char nsdir[17], uuid[KVT_UUID_LEN + 1], name[KVT_UUID_LEN + sizeof(KVT_ENTRY_EXT)];
+    char nsdir[17], uuid[KVT_UUID_LEN + 1], name[KVT_UUID_LEN + sizeof(KVT_SHARE_EXT)];
     kvt_ns_hash(ns, nsdir);
     int rc = kvt_uuid_v4(uuid);
     if (rc < 0)
@@ -518,7 +564,7 @@ static int new_entry_path(struct kvt_store *s, const char *ns, struct kvt_sdir *
         return kvt_fail(rc, "%s: cannot create the namespace directory: %s", d->path,
                         kvt_strerror(rc));
     memcpy(name, uuid, KVT_UUID_LEN);
-    memcpy(name + KVT_UUID_LEN, KVT_ENTRY_EXT, sizeof(KVT_ENTRY_EXT));
+    strcpy(name + KVT_UUID_LEN, ext);
     char *path = kvt_path_join(d->path, name);
     if (!path)
         return -ENOMEM;
@@ -537,7 +583,8 @@ static int new_entry_path(struct kvt_store *s, const char *ns, struct kvt_sdir *
 /* Index a published entry (STORE.md §9 steps 3-6: supersession, insert, eviction), then take
  * the directory's new mtime as this process's own change. On failure the file goes. */
 static int index_new(struct kvt_store *s, const struct kvt_entry *e, const char *ns,
-                     struct kvt_sdir *d, const char *path, uint64_t bytes)
+                     struct kvt_sdir *d, const char *path, uint64_t bytes,
+                     const uint64_t *chunk_sizes)
 {
     bool trimmable = kvt_entry_is_trimmable(e);
     struct kvt_pathlist pl = {0};
@@ -549,10 +596,15 @@ static int index_new(struct kvt_store *s, const struct kvt_entry *e, const char 
     if (rc == 0)
         rc = kvt_index_insert(s->ix, ns, e->tokens, e->n_tokens, trimmable, bytes, kvt_now_ms(),
                               path, &r);
-    if (rc == 0 && (rc = kvt_hmap_put(&d->recs, kvt_str_hash(path), r)) < 0)
-        kvt_index_remove(s->ix, r);
     if (rc == 0) {
         r->owner = d;
+        if ((rc = kvt_hmap_put(&d->recs, kvt_str_hash(path), r)) == 0 && chunk_sizes &&
+            (rc = kvt_chunks_ref_locked(s, r, chunk_sizes)) < 0) /* before a supersession */
+            kvt_hmap_del(&d->recs, kvt_str_hash(path), r);
+        if (rc < 0)
+            kvt_index_remove(s->ix, r);
+    }
+    if (rc == 0) {
         for (size_t i = 0; i < n_sup; i++)
             kvt_store_drop_locked(s, sup[i], &pl);
         s->spills++;
@@ -567,6 +619,24 @@ static int index_new(struct kvt_store *s, const struct kvt_entry *e, const char 
     }
     kvt_fail(rc, "%s: written but not indexed: out of memory", path);
     return put_failed(s, rc, path);
+}
+
+/*
+ * Write @p w to @p path: planned whole, or, for a tail, as its shared chunks and the tail, with
+ * the sizes of the chunks it needs in *@p sizes (docs/SHARING.md §3).
+ */
+static int write_entry(const struct kvt_entry *w, struct kvt_save_plan *plan,
+                       const struct kvt_save_opts *so, const struct kvt_sdir *d, const char *path,
+                       uint64_t *bytes, uint64_t **sizes)
+{
+    if (!kvt_is_tail(path))
+        return kvt_file_save_planned(path, plan, bytes);
+    struct kvt_share_saved sv;
+    int rc = kvt_share_save(d->path, path, w, so, &sv);
+    *bytes = sv.tail_bytes;
+    if (rc == 0) /* a chunk removed meanwhile makes the put fail, never a broken entry */
+        rc = kvt_chunks_size(d->path, w->tokens, w->n_tokens, sizes);
+    return rc;
 }
 
 int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn run_exclusive,
@@ -605,10 +675,11 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
 
     struct kvt_sdir *d = NULL;
     char *path = NULL;
-    rc = new_entry_path(s, ns, &d, &path);
-    uint64_t bytes = 0;
+    bool shared = s->share && kvt_share_applies(&w);
+    rc = new_entry_path(s, ns, shared ? KVT_SHARE_EXT : KVT_ENTRY_EXT, &d, &path);
+    uint64_t bytes = 0, *sizes = NULL;
     if (rc == 0)
-        rc = kvt_file_save_planned(path, plan, &bytes);
+        rc = write_entry(&w, plan, &so, d, path, &bytes, &sizes);
     kvt_save_plan_free(plan);
     if (rc < 0) {
         put_failed(s, rc, path);
@@ -616,7 +687,8 @@ int kvt_store_put(kvt_store *s, const struct kvt_entry *e, kvt_run_exclusive_fn 
         return rc;
     }
 
-    rc = index_new(s, e, ns, d, path, bytes);
+    rc = index_new(s, e, ns, d, path, bytes, sizes);
+    free(sizes);
     free(path);
     return rc;
 }
@@ -651,6 +723,9 @@ void kvt_store_get_stats(kvt_store *s, struct kvt_store_stats *st)
     st->restore_ms_last = s->restore_ms_last;
     st->longest_durable_prefix_tokens = kvt_index_longest(s->ix);
     st->tmp_reaped = s->tmp_reaped;
+    st->shared_chunks = s->chunks.n;
+    st->shared_bytes = s->chunk_bytes;
+    st->total_bytes += s->chunk_bytes;
     kvt_hmap_each(&s->dirs, count_dir_skips, st);
     pthread_mutex_unlock(&s->lock);
 }

@@ -65,12 +65,24 @@ struct kvt_store {
     double restore_ms_last;
     bool warned_store_failure;
     uint32_t serial; /* kvt_hit.store: which store a hit came from */
+    /* Sharing (docs/SHARING.md): the chunks the indexed tails need, counted once. */
+    bool share;
+    struct kvt_hmap chunks; /* struct kvt_chunk * by path hash */
+    uint64_t chunk_bytes;
+};
+
+/** A shared chunk some indexed tail needs. */
+struct kvt_chunk {
+    char *path;
+    uint64_t bytes;
+    uint64_t refs; /* indexed tails that need it */
 };
 
 /** Paths collected under the lock and acted on after it. */
 struct kvt_pathlist {
     char **v;
     size_t n, cap;
+    int64_t grace_ms; /* chunks among them are removed only when this old (share_index.c) */
 };
 
 /* ---- store_dirs.c ---------------------------------------------------------------------- */
@@ -85,9 +97,10 @@ uint64_t kvt_str_hash(const char *s);
 struct kvt_sdir *kvt_sdir_get(struct kvt_store *s, const char *name, bool create);
 void kvt_sdir_free(struct kvt_sdir *d);
 
-/** Index a file (locked). -EEXIST when it is indexed or being written here already. */
+/** Index a file (locked), a tail with the sizes of its chunks (kvt_chunks_size()). -EEXIST
+ * when it is indexed or being written here already. */
 int kvt_store_add_locked(struct kvt_store *s, struct kvt_sdir *d, const struct kvt_header *h,
-                         const char *path, int64_t mtime_ms);
+                         const char *path, int64_t mtime_ms, const uint64_t *chunk_sizes);
 /** Drop a record (locked); when @p pl is not NULL its path goes there for unlinking. */
 void kvt_store_drop_locked(struct kvt_store *s, struct kvt_rec *r, struct kvt_pathlist *pl);
 /** Remember a skipped file (locked); replaces an older entry for the same path. */
@@ -111,6 +124,27 @@ bool kvt_store_dispose_corrupt(struct kvt_store *s, const char *path, const char
 int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path);
 /** Unlink every path (ENOENT and other errors ignored) and free the list. */
 void kvt_pathlist_unlink(struct kvt_pathlist *pl);
+
+/* ---- share_index.c: the chunks of shared entries (docs/SHARING.md) ------------------- */
+
+/** Whether @p path names a tail (an entry kept as chunks plus a tail). */
+bool kvt_is_tail(const char *path);
+/** The total size of the chunks the tail @p tok needs in @p dir (no lock held): 0, or
+ * KVT_E_CORRUPT naming a missing chunk (its entry is lost), or -errno. */
+int kvt_chunks_size(const char *dir, const int32_t *tok, size_t n, uint64_t **sizes);
+/** Count a reference of the tail @p r on each of its chunks (locked), with @p sizes from
+ * kvt_chunks_size(). -ENOMEM leaves nothing counted. */
+int kvt_chunks_ref_locked(struct kvt_store *s, const struct kvt_rec *r, const uint64_t *sizes);
+/** Drop the tail @p r's references (locked); chunks no tail needs any more go to @p pl. */
+void kvt_chunks_unref_locked(struct kvt_store *s, const struct kvt_rec *r, struct kvt_pathlist *pl);
+/** Drop every tail that needs the chunk @p bad (locked); their paths go to @p pl. */
+void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad,
+                                      struct kvt_pathlist *pl);
+/** Remove the chunk @p path if no writer is touching it and it is @p grace_ms old. */
+void kvt_chunk_remove(const char *path, int64_t grace_ms);
+/** Whether the chunk @p path is needed by an indexed tail (locked). */
+bool kvt_chunk_needed_locked(struct kvt_store *s, const char *path);
+void kvt_chunks_free(struct kvt_store *s);
 
 /* ---- scan.c --------------------------------------------------------------------------- */
 

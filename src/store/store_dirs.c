@@ -14,6 +14,7 @@
 
 #include "io/io.h"
 #include "store/layout.h"
+#include "store/share.h"
 
 void kvt_store_logf(struct kvt_store *s, int level, const char *fmt, ...)
 {
@@ -171,7 +172,7 @@ void kvt_pending_del_locked(struct kvt_store *s, const char *path)
 }
 
 int kvt_store_add_locked(struct kvt_store *s, struct kvt_sdir *d, const struct kvt_header *h,
-                         const char *path, int64_t mtime_ms)
+                         const char *path, int64_t mtime_ms, const uint64_t *chunk_sizes)
 {
     if (kvt_index_by_path(s->ix, path) || kvt_pending_has_locked(s, path))
         return -EEXIST;
@@ -182,6 +183,8 @@ int kvt_store_add_locked(struct kvt_store *s, struct kvt_sdir *d, const struct k
         return rc;
     r->owner = d;
     rc = kvt_hmap_put(&d->recs, kvt_str_hash(path), r);
+    if (rc == 0 && kvt_is_tail(path) && (rc = kvt_chunks_ref_locked(s, r, chunk_sizes)) < 0)
+        kvt_hmap_del(&d->recs, kvt_str_hash(path), r);
     if (rc < 0) {
         kvt_index_remove(s->ix, r);
         return rc;
@@ -210,7 +213,10 @@ int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path)
 void kvt_pathlist_unlink(struct kvt_pathlist *pl)
 {
     for (size_t i = 0; i < pl->n; i++) {
-        kvt_io()->unlinkat(AT_FDCWD, pl->v[i], 0);
+        if (kvt_layout_has_suffix(pl->v[i], KVT_CHUNK_EXT))
+            kvt_chunk_remove(pl->v[i], pl->grace_ms);
+        else
+            kvt_io()->unlinkat(AT_FDCWD, pl->v[i], 0);
         free(pl->v[i]);
     }
     free(pl->v);
@@ -226,6 +232,8 @@ void kvt_store_drop_locked(struct kvt_store *s, struct kvt_rec *r, struct kvt_pa
     /* A path that cannot be queued stays on disk; the next scan re-admits it. */
     if (pl && r->path)
         kvt_pathlist_push(pl, r->path);
+    if (kvt_is_tail(r->path) && d)
+        kvt_chunks_unref_locked(s, r, pl);
     kvt_index_remove(s->ix, r);
 }
 
@@ -233,7 +241,7 @@ void kvt_store_evict_locked(struct kvt_store *s, struct kvt_pathlist *pl)
 {
     if (s->read_only)
         return;
-    while (kvt_index_total_bytes(s->ix) > s->max_bytes) {
+    while (kvt_index_total_bytes(s->ix) + s->chunk_bytes > s->max_bytes) {
         struct kvt_rec *r = kvt_index_oldest(s->ix);
         if (!r)
             break;

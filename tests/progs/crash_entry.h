@@ -156,6 +156,29 @@ static inline int synth_set_meta(struct kvt_entry *e)
 }
 
 /*
+ * The entry of caches @p c (made with result @p rc: on any failure every one is freed), with
+ * the synthetic metadata.
+ */
+static inline int synth_entry_of(const int32_t *tok, size_t n, kvt_cache **c, size_t nc,
+                                 const char *ns, int rc, struct kvt_entry **out)
+{
+    *out = NULL;
+    if (rc == 0)
+        rc = kvt_entry_new(tok, n, c, nc, ns, out);
+    if (rc) {
+        for (size_t i = 0; i < nc; i++)
+            kvt_cache_free(c[i]);
+        return rc;
+    }
+    rc = synth_set_meta(*out);
+    if (rc) {
+        kvt_entry_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/*
  * A library-owned entry of @p nk layers of @p kinds over @p tok, in namespace @p ns, with the
  * synthetic metadata. Free with kvt_entry_free().
  */
@@ -169,19 +192,7 @@ static inline int synth_entry(const int32_t *tok, size_t n, const int *kinds, si
     int rc = 0;
     for (size_t i = 0; i < nk && rc == 0; i++)
         rc = synth_cache(kinds[i], tok, n, (int)i, &c[i]);
-    if (rc == 0)
-        rc = kvt_entry_new(tok, n, c, nk, ns, out);
-    if (rc) {
-        for (size_t i = 0; i < nk; i++)
-            kvt_cache_free(c[i]);
-        return rc;
-    }
-    rc = synth_set_meta(*out);
-    if (rc) {
-        kvt_entry_free(*out);
-        *out = NULL;
-    }
-    return rc;
+    return synth_entry_of(tok, n, c, nk, ns, rc, out);
 }
 
 /*
@@ -262,6 +273,63 @@ static inline bool synth_same_caches(const struct kvt_entry *a, const struct kvt
             kvt_tensor_release(&tb[k]);
     }
     return same;
+}
+
+/* ---- entries that share prefixes (docs/SHARING.md) ------------------------------------ */
+
+#define SYNTH_SHARED_PREFIX 520 /* two whole chunks and a few tokens */
+
+/*
+ * A token-axis layer whose rows [256k, 256(k + 1)) derive only from the tokens up to 256(k +
+ * 1), and the rows past the last whole chunk from all of them: what the chunks of a shared
+ * store hold, whichever entry wrote them.
+ */
+static inline int synth_shared_layer(int kind, const int32_t *tok, size_t n, int layer,
+                                     kvt_cache **out)
+{
+    struct kvt_cache_info p = {.kind = kind, .group_size = 32, .bits = 4};
+    int rc = kvt_cache_new(&p, out);
+    size_t cut = (n - 1) / 256 * 256;
+    for (size_t a = 0, b; rc == 0 && a < n; a = b) {
+        b = a < cut ? a + 256 : n;
+        kvt_cache *seg;
+        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+        if ((rc = synth_cache(kind, tok, b, layer, &seg)) != 0)
+            break;
+        int nt = kvt_cache_state(seg, st);
+        for (int i = 0; i < nt && rc == 0; i++)
+            rc = kvt_tensor_slice(&st[i], &st[i], 2, (int64_t)a, (int64_t)b);
+        if (rc == 0)
+            rc = nt < 0 ? nt : kvt_cache_append(*out, st, nt);
+        for (int i = 0; i < nt; i++)
+            kvt_tensor_release(&st[i]);
+        kvt_cache_free(seg);
+    }
+    if (rc) {
+        kvt_cache_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/*
+ * Entry @p id for a store with sharing on: one of three 520-token prompts (id % 3), then the
+ * id and tokens derived from it; a kv and a qkv layer cut into chunks, and for odd ids an ssm
+ * layer (kept whole, not trimmable). Namespace "".
+ */
+static inline int synth_shared_entry(uint32_t id, struct kvt_entry **out)
+{
+    int32_t tok[SYNTH_SHARED_PREFIX + 64];
+    for (size_t i = 0; i < SYNTH_SHARED_PREFIX; i++)
+        tok[i] = (int32_t)(60000 + (id % 3) * 1000 + i % 997);
+    size_t own = synth_tokens(id, tok + SYNTH_SHARED_PREFIX, 64), n = SYNTH_SHARED_PREFIX + own;
+    kvt_cache *c[3] = {0};
+    int rc = synth_shared_layer(KVT_KIND_KV, tok, n, 0, &c[0]);
+    if (rc == 0)
+        rc = synth_shared_layer(KVT_KIND_QKV, tok, n, 1, &c[1]);
+    if (rc == 0 && id % 2)
+        rc = synth_cache(KVT_KIND_SSM, tok, n, 2, &c[2]);
+    return synth_entry_of(tok, n, c, id % 2 ? 3 : 2, "", rc, out);
 }
 
 #endif

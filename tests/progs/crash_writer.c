@@ -4,7 +4,7 @@
  * that returned success it appends the entry's id to an acknowledgement log with write +
  * fsync (O_APPEND), so the parent knows which entries the store promised to keep.
  *
- *   crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS [fast|plain]]
+ *   crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS [fast|plain [share]]]
  *
  * "plain" installs the fault backend without faults, which makes saves take the plain path
  * (pwrite one call after the other) instead of the fast one (O_DIRECT, the asynchronous queue).
@@ -15,8 +15,9 @@
  *
  * Entries alternate between trimmable kinds (kv, qkv, turboquant) and all six kinds, and
  * between two namespaces; every fifth put stores an earlier id again (same bytes), which
- * exercises the replacement of an identical record. Exits 0 after 100000 puts, 1 on any
- * failure (the parent treats an exit before the kill as a failure).
+ * exercises the replacement of an identical record. "share" turns the store's share_prefixes
+ * on and puts synth_shared_entry() entries instead: branches off three prompts. Exits 0 after
+ * 100000 puts, 1 on any failure (the parent treats an exit before the kill as a failure).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,10 +42,10 @@ static int ack(int fd, uint32_t id)
     return fsync(fd) == 0 ? 0 : -1;
 }
 
-static int put_one(kvt_store *s, uint32_t id)
+static int put_one(kvt_store *s, uint32_t id, bool share)
 {
     struct kvt_entry *e;
-    int rc = synth_id_entry(id, &e);
+    int rc = share ? synth_shared_entry(id, &e) : synth_id_entry(id, &e);
     if (rc) {
         fprintf(stderr, "crash_writer: entry %u: %s\n", id, kvt_strerror(rc));
         return rc;
@@ -58,11 +59,13 @@ static int put_one(kvt_store *s, uint32_t id)
 
 int main(int argc, char **argv)
 {
-    if (argc < 4 || argc > 6) {
-        fprintf(stderr, "usage: crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS [fast|plain]]\n");
+    if (argc < 4 || argc > 7) {
+        fprintf(stderr, "usage: crash_writer DIR ACK_LOG FIRST_ID [TMP_GRACE_MS [fast|plain "
+                        "[share]]]\n");
         return 2;
     }
-    if (argc == 6 && !strcmp(argv[5], "plain"))
+    bool share = argc == 7 && !strcmp(argv[6], "share");
+    if (argc >= 6 && !strcmp(argv[5], "plain"))
         kvt_io_set(kvt_io_fault());
     uint32_t first = (uint32_t)strtoul(argv[3], NULL, 10);
     int fd = open(argv[2], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -76,6 +79,7 @@ int main(int argc, char **argv)
     o.config_fingerprint = SYNTH_FP;
     o.tokenizer_hash = SYNTH_TOK;
     o.tmp_grace_ms = argc >= 5 ? strtoll(argv[4], NULL, 10) : 0;
+    o.share_prefixes = share;
     kvt_store *s;
     int rc = kvt_store_open(argv[1], &o, &s);
     if (rc) {
@@ -85,7 +89,7 @@ int main(int argc, char **argv)
     }
     for (uint32_t k = 0; k < 100000 && rc == 0; k++) {
         uint32_t id = k % 5 == 4 && k >= 3 ? first + k - 3 : first + k;
-        rc = put_one(s, id);
+        rc = put_one(s, id, share);
         if (rc == 0 && ack(fd, id) != 0) {
             perror("crash_writer: ack");
             rc = -1;

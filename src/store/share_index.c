@@ -1,0 +1,224 @@
+/*
+ * The chunks of shared entries in the store's bookkeeping (docs/SHARING.md §5-§6): each
+ * indexed tail holds a reference on each chunk it needs; a chunk's bytes count towards the
+ * cap once, however many tails need it; a chunk no indexed tail needs is removed, but only
+ * once it is old enough that no writer can be about to reference it, under an exclusive lock
+ * that a writer reusing it waits for.
+ */
+#include "store/store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "io/io.h"
+#include "store/layout.h"
+#include "store/share.h"
+
+bool kvt_is_tail(const char *path)
+{
+    return path && kvt_layout_has_suffix(path, KVT_SHARE_EXT);
+}
+
+struct sizes_job {
+    const char *dir;
+    uint64_t *sizes;
+};
+
+static int size_one(void *ud, size_t k, const char *id)
+{
+    struct sizes_job *j = ud;
+    char *path = kvt_share_chunk_path(j->dir, id);
+    if (!path)
+        return -ENOMEM;
+    struct stat st;
+    int rc = kvt_io()->stat(path, &st, 0);
+    if (rc == -ENOENT)
+        rc = kvt_fail(KVT_E_CORRUPT, "%s: a chunk the entry needs is missing", path);
+    else if (rc < 0)
+        kvt_fail(rc, "%s: %s", path, kvt_strerror(rc));
+    else
+        j->sizes[k] = (uint64_t)st.st_size;
+    free(path);
+    return rc;
+}
+
+int kvt_chunks_size(const char *dir, const int32_t *tok, size_t n, uint64_t **sizes)
+{
+    size_t m = kvt_share_chunks(n);
+    struct sizes_job j = {dir, calloc(m ? m : 1, sizeof(uint64_t))};
+    if (!j.sizes)
+        return -ENOMEM;
+    int rc = kvt_share_each_chunk(tok, n, size_one, &j);
+    if (rc < 0) {
+        free(j.sizes);
+        return rc;
+    }
+    *sizes = j.sizes;
+    return 0;
+}
+
+static bool chunk_eq(const void *val, const void *key)
+{
+    return !strcmp(((const struct kvt_chunk *)val)->path, key);
+}
+
+static struct kvt_chunk *chunk_get(struct kvt_store *s, const char *path)
+{
+    return kvt_hmap_get(&s->chunks, kvt_str_hash(path), chunk_eq, path);
+}
+
+bool kvt_chunk_needed_locked(struct kvt_store *s, const char *path)
+{
+    return chunk_get(s, path) != NULL;
+}
+
+/* A walk over the chunks of one tail that adds or drops its references. */
+struct ref_job {
+    struct kvt_store *s;
+    const char *dir;
+    const uint64_t *sizes; /* adding: the chunks' sizes */
+    struct kvt_pathlist *pl;
+    size_t limit; /* dropping: only the first limit chunks */
+};
+
+static int ref_one(void *ud, size_t k, const char *id)
+{
+    struct ref_job *j = ud;
+    char *path = kvt_share_chunk_path(j->dir, id);
+    if (!path)
+        return -ENOMEM;
+    struct kvt_chunk *c = chunk_get(j->s, path);
+    if (c) {
+        free(path);
+    } else {
+        c = calloc(1, sizeof(*c));
+        if (!c || kvt_hmap_put(&j->s->chunks, kvt_str_hash(path), c) < 0) {
+            free(c);
+            free(path);
+            j->limit = k;
+            return -ENOMEM;
+        }
+        c->path = path;
+        c->bytes = j->sizes[k];
+        j->s->chunk_bytes += c->bytes;
+    }
+    c->refs++;
+    return 0;
+}
+
+static int unref_one(void *ud, size_t k, const char *id)
+{
+    struct ref_job *j = ud;
+    if (k >= j->limit)
+        return 1;
+    char *path = kvt_share_chunk_path(j->dir, id);
+    struct kvt_chunk *c = path ? chunk_get(j->s, path) : NULL;
+    free(path);
+    if (!c || --c->refs)
+        return 0;
+    kvt_hmap_del(&j->s->chunks, kvt_str_hash(c->path), c);
+    j->s->chunk_bytes -= c->bytes;
+    if (j->pl && kvt_pathlist_push(j->pl, c->path) == 0)
+        j->pl->grace_ms = j->s->tmp_grace_ms;
+    free(c->path);
+    free(c);
+    return 0;
+}
+
+/* Walk the chunks of tail @p r with @p fn. */
+static int walk(const struct kvt_rec *r, kvt_chunk_fn fn, struct ref_job *j)
+{
+    int32_t *tok = malloc((r->n_tokens ? r->n_tokens : 1) * sizeof(*tok));
+    if (!tok)
+        return -ENOMEM;
+    kvt_rec_tokens(r, tok);
+    j->dir = ((const struct kvt_sdir *)r->owner)->path;
+    int rc = kvt_share_each_chunk(tok, r->n_tokens, fn, j);
+    free(tok);
+    return rc;
+}
+
+int kvt_chunks_ref_locked(struct kvt_store *s, const struct kvt_rec *r, const uint64_t *sizes)
+{
+    struct ref_job j = {.s = s, .sizes = sizes};
+    int rc = walk(r, ref_one, &j);
+    if (rc < 0 && j.limit) { /* take back the references counted before the failure */
+        struct ref_job back = {.s = s, .limit = j.limit};
+        walk(r, unref_one, &back);
+    }
+    return rc < 0 ? rc : 0;
+}
+
+void kvt_chunks_unref_locked(struct kvt_store *s, const struct kvt_rec *r, struct kvt_pathlist *pl)
+{
+    /* Out of memory here leaves the references counted: the chunks stay until a reopen. */
+    struct ref_job j = {.s = s, .pl = pl, .limit = SIZE_MAX};
+    walk(r, unref_one, &j);
+}
+
+void kvt_chunk_remove(const char *path, int64_t grace_ms)
+{
+    struct stat st;
+    bool again;
+    int fd = kvt_tmp_claim(path, grace_ms, &st, &again);
+    if (fd < 0)
+        return; /* in use or young: a later scan takes it if no tail needs it then */
+    kvt_tmp_unlink_claimed(path, &st);
+    kvt_io()->close(fd);
+}
+
+static void free_chunk(void *val, void *ud)
+{
+    (void)ud;
+    struct kvt_chunk *c = val;
+    free(c->path);
+    free(c);
+}
+
+void kvt_chunks_free(struct kvt_store *s)
+{
+    kvt_hmap_each(&s->chunks, free_chunk, NULL);
+    kvt_hmap_free(&s->chunks);
+}
+
+struct needs_job {
+    const char *dir, *bad;
+};
+
+static int is_bad(void *ud, size_t k, const char *id)
+{
+    (void)k;
+    struct needs_job *j = ud;
+    char *path = kvt_share_chunk_path(j->dir, id);
+    int hit = path && !strcmp(path, j->bad);
+    free(path);
+    return hit;
+}
+
+/* Whether tail @p r needs the chunk @p bad. */
+static bool needs(const struct kvt_rec *r, const char *bad)
+{
+    int32_t *tok = malloc((r->n_tokens ? r->n_tokens : 1) * sizeof(*tok));
+    if (!tok)
+        return false;
+    kvt_rec_tokens(r, tok);
+    struct needs_job j = {((const struct kvt_sdir *)r->owner)->path, bad};
+    bool yes = kvt_share_each_chunk(tok, r->n_tokens, is_bad, &j) == 1;
+    free(tok);
+    return yes;
+}
+
+void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad, struct kvt_pathlist *pl)
+{
+    struct kvt_rec **recs;
+    size_t n;
+    if (kvt_index_records(s->ix, &recs, &n) < 0)
+        return; /* their restores fail on the chunk one by one instead */
+    for (size_t i = 0; i < n; i++)
+        if (kvt_is_tail(recs[i]->path) && needs(recs[i], bad))
+            kvt_store_drop_locked(s, recs[i], pl);
+    free(recs);
+}
