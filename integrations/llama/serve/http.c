@@ -101,7 +101,7 @@ struct stream {
     struct server *s;
     struct job *j;
     int fd;
-    size_t sent;
+    size_t sent, mark; /* text sent; job.marks sent */
     bool started, ended;
     char *pend;
     size_t pend_len, pend_off;
@@ -113,9 +113,12 @@ static void events(struct stream *st, FILE *f)
     struct server *s = st->s;
     struct job *j = st->j;
     char *ev;
-    if (j->released > st->sent) {
-        ev = api_chunk(s, j, j->text + st->sent, j->released - st->sent, false, NULL);
-        st->sent = j->released;
+    while (st->sent < j->released) {
+        size_t end = st->mark < j->n_marks ? j->marks[st->mark++] : j->released;
+        if (end <= st->sent)
+            continue;
+        ev = api_chunk(s, j, j->text + st->sent, end - st->sent, false, NULL);
+        st->sent = end;
         fputs(ev ? ev : "", f);
         free(ev);
     }

@@ -32,6 +32,7 @@ void job_release(struct job *j)
     for (int i = 0; i < j->sp.n_stop; i++)
         free(j->sp.stop[i]);
     free(j->text);
+    free(j->marks);
     free(j);
 }
 
@@ -119,6 +120,22 @@ static size_t held_back(const struct job *j)
     return held;
 }
 
+static void set_released(struct job *j, size_t to)
+{
+    if (to == j->released)
+        return;
+    j->released = to;
+    if (j->n_marks == j->cap_marks) {
+        size_t cap = j->cap_marks ? 2 * j->cap_marks : 64;
+        size_t *m = realloc(j->marks, cap * sizeof(*m));
+        if (!m)
+            return; /* the stream then sends more text per chunk */
+        j->marks = m;
+        j->cap_marks = cap;
+    }
+    j->marks[j->n_marks++] = to;
+}
+
 bool job_release_text(struct job *j, bool final)
 {
     if (final)
@@ -128,12 +145,12 @@ bool job_release_text(struct job *j, bool final)
         if (at) {
             j->len = (size_t)(at - j->text);
             j->text[j->len] = '\0';
-            j->released = j->len;
+            set_released(j, j->len);
             return true;
         }
     }
     size_t keep = final ? 0 : held_back(j);
     if (j->len - keep > j->released)
-        j->released = j->len - keep;
+        set_released(j, j->len - keep);
     return false;
 }

@@ -52,6 +52,8 @@ struct job {
     struct job *next; /* the queue */
     char *text;       /* generated text, valid UTF-8; text[0..released) may be sent */
     size_t len, cap, released;
+    size_t *marks; /* released as it grew, token by token: a stream sends one chunk each */
+    size_t n_marks, cap_marks;
     size_t n_cached, n_gen;
     enum cache_source source;
     bool done, cancelled;
