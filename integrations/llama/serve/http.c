@@ -281,9 +281,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 {
     (void)version;
     struct request *rq = *con_cls;
+    struct server *s = cls;
     if (!rq) {
         *con_cls = rq = calloc(1, sizeof(*rq));
-        return rq ? MHD_YES : MHD_NO;
+        if (!rq)
+            return MHD_NO;
+        pthread_mutex_lock(&s->mu);
+        s->open_requests++;
+        pthread_mutex_unlock(&s->mu);
+        return MHD_YES;
     }
     if (*size) {
         if (!rq->too_big && rq->len + *size <= MAX_BODY) {
@@ -299,18 +305,37 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *size = 0;
         return MHD_YES;
     }
-    return route(cls, c, url, method, rq);
+    return route(s, c, url, method, rq);
 }
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode why)
 {
-    (void)cls, (void)c, (void)why;
+    (void)c, (void)why;
+    struct server *s = cls;
     struct request *rq = *con_cls;
-    if (rq)
-        free(rq->body);
+    if (!rq)
+        return;
+    free(rq->body);
     free(rq);
     *con_cls = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->open_requests--;
+    pthread_cond_broadcast(&s->progress);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void http_drain(struct server *s, double secs)
+{
+    double end = now_s() + secs;
+    pthread_mutex_lock(&s->mu);
+    while (s->open_requests && now_s() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&s->progress, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 struct MHD_Daemon *http_start(struct server *s, int *port)

@@ -57,6 +57,12 @@ char *metrics_text(struct server *s)
     fprintf(f, "kvtier_prefilled_tokens_total %llu\n", (unsigned long long)m.prefilled);
     counter(f, "generated_tokens_total", "Completion tokens generated.", "counter");
     fprintf(f, "kvtier_generated_tokens_total %llu\n", (unsigned long long)m.generated);
+    counter(f, "decode_steps_total", "llama_decode calls, each one batch across the busy slots.",
+            "counter");
+    fprintf(f, "kvtier_decode_steps_total %llu\n", (unsigned long long)m.decode_steps);
+    counter(f, "decode_sequences_total", "Sequences in those batches, summed over the calls.",
+            "counter");
+    fprintf(f, "kvtier_decode_sequences_total %llu\n", (unsigned long long)m.decode_seqs);
     counter(f, "time_to_first_token_seconds", "From a request's arrival to its first token.",
             "histogram");
     for (int i = 0; i < TTFT_BUCKETS; i++)

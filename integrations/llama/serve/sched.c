@@ -264,6 +264,11 @@ static void step(struct server *s, struct llama_batch *b)
     if (fill_batch(s, b) == 0)
         return;
     int rc = llama_decode(s->ctx, *b);
+    pthread_mutex_lock(&s->mu);
+    s->m.decode_steps++;
+    for (int i = 0; i < s->o.slots; i++)
+        s->m.decode_seqs += s->slots[i].in_batch;
+    pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->o.slots; i++) {
         struct slot *sl = &s->slots[i];
         if (sl->job && sl->in_batch && rc != 0) { /* it may hold part of the batch: drop all */

@@ -71,6 +71,7 @@ struct job {
 #define TTFT_BUCKETS 12
 struct metrics {
     uint64_t requests[2], errors, prompt_tokens, prefilled, generated;
+    uint64_t decode_steps, decode_seqs; /* batches, and the sequences in them summed */
     uint64_t cached[SRC_COUNT];
     uint64_t ttft_count, ttft_le[TTFT_BUCKETS];
     double ttft_sum;
@@ -94,6 +95,7 @@ struct server {
     pthread_cond_t progress; /* the HTTP side: some job got text or ended */
     struct job *head, *tail;
     size_t queued, busy;
+    size_t open_requests; /* HTTP requests not yet answered to the end */
     bool stopping;
     struct metrics m;
 
@@ -147,6 +149,8 @@ void metrics_ttft(struct metrics *m, double secs);
 /* http.c */
 struct MHD_Daemon;
 struct MHD_Daemon *http_start(struct server *s, int *port);
+/** Wait up to @p secs until every request has been answered to its end. */
+void http_drain(struct server *s, double secs);
 
 int cmd_serve(int argc, char **argv);
 

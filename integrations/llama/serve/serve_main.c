@@ -173,6 +173,7 @@ int cmd_serve(int argc, char **argv)
     if (lfd != MHD_INVALID_SOCKET)
         close(lfd);
     sched_stop(&s);
+    http_drain(&s, 30); /* the streams send their last events */
     MHD_stop_daemon(d);
     rc = kvt_llama_flush(s.kl, -1);
     if (rc)
