@@ -228,12 +228,15 @@ struct job *api_parse(struct server *s, enum job_kind kind, const char *body, si
         ok = j->prompt != NULL;
     }
     json_decref(r);
-    if (ok && j->n_prompt == 0)
-        ok = bad(e, 400, "invalid_value", "the prompt is empty") != NULL;
-    if (ok && j->n_prompt >= s->n_ctx_seq)
-        ok = bad(e, 400, "context_length_exceeded",
-                 "This model's maximum context length is %zu tokens; the prompt has %zu",
-                 s->n_ctx_seq, j->n_prompt) != NULL;
+    if (ok && j->n_prompt == 0) {
+        bad(e, 400, "invalid_value", "the prompt is empty");
+        ok = false;
+    } else if (ok && j->n_prompt >= s->n_ctx_seq) {
+        bad(e, 400, "context_length_exceeded",
+            "This model's maximum context length is %zu tokens; the prompt has %zu", s->n_ctx_seq,
+            j->n_prompt);
+        ok = false;
+    }
     if (!ok) {
         job_release(j);
         return NULL;
