@@ -264,7 +264,7 @@ static json_t *envelope(const struct server *s, const struct job *j, bool chunk)
                                                    : "chat.completion";
     return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", j->id, "object", object, "created",
                      (json_int_t)j->created, "model", s->model_id, "system_fingerprint",
-                     kvt_llama_identity(s->kl)->config_fingerprint);
+                     s->fingerprint);
 }
 
 static char *dump(json_t *o, bool event)

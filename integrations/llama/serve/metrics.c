@@ -30,8 +30,9 @@ char *metrics_text(struct server *s)
     FILE *f = open_memstream(&buf, &len);
     if (!f)
         return NULL;
-    struct kvt_pcache_stats st;
-    kvt_pcache_get_stats(kvt_llama_pcache(s->kl), &st);
+    struct kvt_pcache_stats st = {0};
+    if (s->kl)
+        kvt_pcache_get_stats(kvt_llama_pcache(s->kl), &st);
     pthread_mutex_lock(&s->mu);
     struct metrics m = s->m;
     size_t queued = s->queued, busy = s->busy;

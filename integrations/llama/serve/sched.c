@@ -98,11 +98,11 @@ static bool grow(struct slot *sl, size_t n)
 static void slot_begin(struct server *s, struct slot *sl)
 {
     struct job *j = sl->job;
-    size_t own = common_prefix(sl->tok, sl->n, j->prompt, j->n_prompt);
+    size_t own = s->kl ? common_prefix(sl->tok, sl->n, j->prompt, j->n_prompt) : 0;
     if (own >= j->n_prompt) /* at least one token is decoded, for its logits */
         own = j->n_prompt - 1;
     enum cache_source src = own ? SRC_SLOT : SRC_NONE;
-    if (cached_prefix(s, j) > own) {
+    if (s->kl && cached_prefix(s, j) > own) {
         struct kvt_llama_loaded r;
         if (kvt_llama_load(s->kl, sl->seq, j->prompt, j->n_prompt, &r) != 0) {
             fprintf(stderr, "kvtier-llama serve: cache load failed: %s\n", kvt_last_error());
@@ -145,7 +145,7 @@ static void slot_end(struct server *s, struct slot *sl, const char *finish, cons
     pthread_cond_broadcast(&s->progress);
     job_release(j);
     pthread_mutex_unlock(&s->mu);
-    if (sl->n && kvt_llama_save(s->kl, sl->seq, sl->tok, sl->n) != 0)
+    if (s->kl && sl->n && kvt_llama_save(s->kl, sl->seq, sl->tok, sl->n) != 0)
         fprintf(stderr, "kvtier-llama serve: save failed: %s\n", kvt_last_error());
     llama_sampler_free(sl->smpl);
     sl->smpl = NULL;

@@ -19,6 +19,7 @@ struct serve_opts {
     const char *model, *cache_dir, *host, *alias;
     int port, slots, ctx, threads;
     uint64_t ram_bytes;
+    bool no_cache; /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
 };
 
 enum job_kind { JOB_CHAT, JOB_COMPLETION };
@@ -87,7 +88,8 @@ struct server {
     struct llama_context *ctx;
     const struct llama_vocab *vocab;
     const char *tmpl;
-    kvt_llama *kl;
+    kvt_llama *kl; /* NULL with no_cache */
+    const char *fingerprint;
     size_t n_ctx_seq;
 
     pthread_mutex_t mu;

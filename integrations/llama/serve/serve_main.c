@@ -15,10 +15,12 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: kvtier-llama serve -m MODEL.gguf --cache-dir DIR [--host 127.0.0.1] "
-                    "[--port 8080]\n"
-                    "                          [--slots 4] [--ctx 4096] [--ram-bytes 1073741824] "
-                    "[--threads N] [--alias NAME]\n");
+    fprintf(stderr,
+            "usage: kvtier-llama serve -m MODEL.gguf --cache-dir DIR [--host 127.0.0.1] "
+            "[--port 8080]\n"
+            "                          [--slots 4] [--ctx 4096] [--ram-bytes 1073741824] "
+            "[--threads N] [--alias NAME]\n"
+            "       kvtier-llama serve -m MODEL.gguf --no-cache ...   (the prompt cache off)\n");
     return 2;
 }
 
@@ -48,7 +50,10 @@ static int parse(int argc, char **argv, struct serve_opts *o)
             o->host = v;
         else if (strcmp(a, "--alias") == 0)
             o->alias = v;
-        else if (strcmp(a, "--port") == 0)
+        else if (strcmp(a, "--no-cache") == 0) {
+            o->no_cache = true;
+            continue;
+        } else if (strcmp(a, "--port") == 0)
             ok = ok && num(v, 0, 65535, &x), o->port = (int)x;
         else if (strcmp(a, "--slots") == 0)
             ok = ok && num(v, 1, 64, &x), o->slots = (int)x;
@@ -68,7 +73,7 @@ static int parse(int argc, char **argv, struct serve_opts *o)
         }
         i++;
     }
-    if (!o->model || !o->cache_dir) {
+    if (!o->model || (!o->cache_dir && !o->no_cache)) {
         fprintf(stderr, "kvtier-llama serve: -m MODEL and --cache-dir DIR are required\n");
         return usage();
     }
@@ -114,6 +119,9 @@ static int open_engine(struct server *s)
     size_t l = strlen(s->model_id);
     if (!s->o.alias && l > 5 && strcmp(s->model_id + l - 5, ".gguf") == 0)
         s->model_id[l - 5] = '\0';
+    s->fingerprint = "no-cache";
+    if (s->o.no_cache)
+        return 0;
     struct kvt_llama_opts ko;
     kvt_llama_opts_init(&ko);
     ko.cache_dir = s->o.cache_dir;
@@ -124,6 +132,7 @@ static int open_engine(struct server *s)
         fprintf(stderr, "kvtier-llama serve: cache: %s\n", kvt_last_error());
         return -1;
     }
+    s->fingerprint = kvt_llama_identity(s->kl)->config_fingerprint;
     return 0;
 }
 
@@ -165,7 +174,8 @@ int cmd_serve(int argc, char **argv)
     fprintf(stderr,
             "kvtier-llama serve: listening on http://%s:%d (model %s, %d slots of %zu tokens, "
             "cache %s)\n",
-            s.o.host, port, s.model_id, s.o.slots, s.n_ctx_seq, s.o.cache_dir);
+            s.o.host, port, s.model_id, s.o.slots, s.n_ctx_seq,
+            s.o.no_cache ? "off" : s.o.cache_dir);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvtier-llama serve: %s: finishing the running requests\n", strsignal(sig));
@@ -175,7 +185,7 @@ int cmd_serve(int argc, char **argv)
     sched_stop(&s);
     http_drain(&s, 30); /* the streams send their last events */
     MHD_stop_daemon(d);
-    rc = kvt_llama_flush(s.kl, -1);
+    rc = s.kl ? kvt_llama_flush(s.kl, -1) : 0;
     if (rc)
         fprintf(stderr, "kvtier-llama serve: flush failed: %s\n", kvt_last_error());
     kvt_llama_close(s.kl, 0);

@@ -3,6 +3,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
+import { existsSync } from 'node:fs';
 import { scratch, start, stop, client, curl, metrics, chat } from './server.mjs';
 
 let s, srv, api;
@@ -130,4 +131,20 @@ test('the SDK sees errors as APIError with the status', async () => {
     (e) => e.status === 404 && /does not exist/.test(e.message));
   await assert.rejects(api.chat.completions.create(chat([{ role: 'user', content: 'y'.repeat(700) }])),
     (e) => e.status === 400 && e.code === 'context_length_exceeded');
+});
+
+test('--no-cache: every prompt prefilled whole, nothing kept', async () => {
+  const off = await start(s.model, join(s.dir, 'never-created'), ['--no-cache', '--slots', '1']);
+  try {
+    const a = await client(off).chat.completions.create(chat(hello));
+    const b = await client(off).chat.completions.create(chat(hello));
+    assert.equal(b.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal(b.choices[0].message.content, a.choices[0].message.content);
+    const m = await metrics(off);
+    assert.equal(m.kvtier_prefilled_tokens_total, 2 * a.usage.prompt_tokens);
+    assert.equal(m['kvtier_cache_entries{tier="ram"}'], 0);
+  } finally {
+    assert.equal((await stop(off)).code, 0);
+  }
+  assert.ok(!existsSync(join(s.dir, 'never-created')));
 });
