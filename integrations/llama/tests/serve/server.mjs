@@ -25,7 +25,10 @@ export function start(model, cacheDir, extra = []) {
     '--ctx', '512', ...extra];
   const proc = spawn(cli, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
-  const exited = new Promise((res) => proc.on('exit', (code, signal) => res({ code, signal })));
+  const exited = new Promise((res) => proc.on('exit', (code, signal) => {
+    if (code !== 0 && signal !== 'SIGKILL') console.error(`server exited ${code ?? signal}:\n${log}`);
+    res({ code, signal });
+  }));
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), 30000);
     proc.stderr.on('data', (d) => {
