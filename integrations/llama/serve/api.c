@@ -65,7 +65,11 @@ static char *chat_prompt(struct server *s, json_t *msgs, struct api_error *e)
     char **content = calloc(n, sizeof(*content));
     char *out = NULL;
     size_t i, total = 0;
-    for (i = 0; m && content && i < n; i++) {
+    if (!m || !content) {
+        bad(e, 500, "out_of_memory", "out of memory");
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
         json_t *msg = json_array_get(msgs, i), *role = json_object_get(msg, "role");
         content[i] = content_text(json_object_get(msg, "content"));
         if (!json_is_string(role) || !content[i]) {

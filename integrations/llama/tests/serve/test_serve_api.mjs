@@ -72,6 +72,20 @@ test('sampling: a seed repeats its text, top_k 1 is greedy', async () => {
   assert.equal(k1.choices[0].text, greedy.choices[0].text);
 });
 
+test('text is valid UTF-8 when the sampled bytes are not, streamed or not', async () => {
+  const prompt = 'héllo ✓ 日本';
+  const req = { model: 'chat', prompt, max_tokens: 200, temperature: 2, seed: 3 };
+  const r = curl(srv, '/v1/completions', req);
+  assert.equal(r.status, 200, r.text); // curl's bytes parsed as JSON: valid UTF-8 throughout
+  assert.equal(r.body.usage.prompt_tokens, 1 + Buffer.byteLength(prompt)); // one token per byte
+  const t = r.body.choices[0].text;
+  assert.ok(t.includes('\uFFFD'), 'stray bytes became U+FFFD');
+  assert.ok(/[^\x00-\x7F\uFFFD]/.test(t), 'characters of several bytes came through');
+  let streamed = '';
+  for await (const c of await api.completions.create({ ...req, stream: true })) streamed += c.choices[0].text;
+  assert.equal(streamed, t);
+});
+
 test('a conversation taken over by another in the only slot comes back from the RAM tier', async () => {
   const one = [{ role: 'user', content: 'first conversation, which gets evicted from the slot' }];
   const two = [{ role: 'user', content: 'second conversation' }];
