@@ -12,9 +12,19 @@
  *    (llama_version() "0.5.0-dev"); kvt_llama_open() refuses any other build
  *    (KVT_E_UNSUPPORTED).
  *  - Identity: entries are keyed by the model's architecture and hyper-parameters, a digest
- *    of its weights and of its vocabulary, and every context setting that changes the state's
- *    layout or meaning (docs/LLAMA.md lists them). Another model, quantization, tokenizer or
- *    cache setting never loads another's state: it is a miss.
+ *    of its weights and of its vocabulary, the LoRA adapters and control vector the handle
+ *    declares, and every context setting that changes what the state's bytes mean
+ *    (docs/LLAMA.md lists them). Another model, quantization, tokenizer, adapter or cache
+ *    setting never loads another's state: it is a miss. Settings that only change how much
+ *    the context holds (n_seq_max, kv_unified, swa_full, n_ctx) are not part of it.
+ *  - Adapters: llama.h cannot report which LoRA adapters or control vector a context runs,
+ *    so the handle declares them (struct kvt_llama_opts) and kvt_llama_open() sets exactly
+ *    those on the context. Setting others afterwards (llama_set_adapters_lora(),
+ *    llama_set_adapter_cvec()) is not seen: close the handle and open one that declares them.
+ *  - Pending memory updates: a K-shift after llama_memory_seq_add()/seq_div() is applied by
+ *    llama.cpp only when it next decodes; kvt_llama_save() applies it first, so the entry
+ *    holds the rows the context will attend to. A shift llama.cpp cannot run (a memory
+ *    whose llama_memory_can_shift() is false) aborts there as at llama.cpp's next decode.
  *  - Mapping (docs/LLAMA.md): attention layers become `kv` caches, sliding-window layers
  *    `rotating` caches, recurrent layers `ssm` caches. Hybrid memories, M-RoPE cells and
  *    shared-memory contexts are refused (KVT_E_UNSUPPORTED) rather than mapped
@@ -43,6 +53,23 @@ extern "C" {
 
 typedef struct kvt_llama kvt_llama;
 
+/** A LoRA adapter the context runs with. */
+struct kvt_llama_lora {
+    struct llama_adapter_lora *adapter; /* as llama_adapter_lora_init() returned it */
+    /* The adapter's identity: the bytes of its GGUF file (read once at open), or a digest the
+     * caller already has. One of the two is required. */
+    const char *path;
+    const char *digest;
+    float scale; /* as llama_set_adapters_lora() takes it; 0: not applied, not identity */
+};
+
+/** A control vector, as llama_set_adapter_cvec() takes it (its bytes are the identity). */
+struct kvt_llama_cvec {
+    const float *data; /* n_embd floats per layer, from layer 1 */
+    size_t len;        /* floats at data */
+    int32_t n_embd, il_start, il_end;
+};
+
 struct kvt_llama_opts {
     const char *cache_dir; /* store directory (required) */
     const char *ns;        /* namespace of this program's entries; NULL = "" */
@@ -54,6 +81,12 @@ struct kvt_llama_opts {
     /* The parameters the context was created with (required): their layout- and
      * meaning-changing fields are part of the identity. */
     const struct llama_context_params *cparams;
+    /* What the context runs on top of the model: kvt_llama_open() sets exactly these LoRA
+     * adapters and this control vector (NULL: none) on it, clearing any others, and they
+     * are part of the identity. */
+    const struct kvt_llama_lora *loras;
+    size_t n_loras;
+    const struct kvt_llama_cvec *cvec;
     uint64_t ram_max_bytes;      /* RAM tier; default 1 GiB */
     uint64_t disk_max_bytes;     /* store cap; default 32 GiB */
     int64_t demote_idle_ms;      /* move RAM entries idle this long to disk; default 300000 */
@@ -67,9 +100,12 @@ KVT_API void kvt_llama_opts_init(struct kvt_llama_opts *o);
 
 /**
  * Open the prompt cache of context @p ctx (which must outlive the handle): derive the
- * identity, open the RAM tier and its store (recovering what earlier processes left).
- * @return 0, -EINVAL (missing option), KVT_E_UNSUPPORTED (another llama.cpp build, or a
- *         memory kind the mapping refuses), a store error or -errno (model file unreadable).
+ * identity, open the RAM tier and its store (recovering what earlier processes left), then
+ * set the declared adapters and control vector on the context (the only change open makes
+ * to it, and only when everything else succeeded).
+ * @return 0, -EINVAL (missing option, an adapter without a path or digest, a control vector
+ *         llama.cpp refuses), KVT_E_UNSUPPORTED (another llama.cpp build, or a memory kind
+ *         the mapping refuses), a store error or -errno (model or adapter file unreadable).
  */
 KVT_API int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o,
                            kvt_llama **out);
@@ -83,9 +119,12 @@ KVT_API void kvt_llama_close(kvt_llama *kl, int64_t flush_timeout_ms);
 /**
  * Persist what sequence @p seq holds: @p tok[0..n) are the tokens at its positions 0..n-1
  * (attention memory: n cells at positions 0..n-1; recurrent: the state after n tokens). The
- * state is copied out of llama.cpp once (llama_state_seq_get_data) into the entry, which the
- * RAM tier keeps and writes behind to disk; the context is free to go on at once.
- * @return 0, -EINVAL, KVT_E_STATE (the sequence does not hold exactly those positions),
+ * context's pending memory updates (a K-shift after llama_memory_seq_add(), copies between
+ * streams) are applied first, as llama_decode() would; the logits of the last decode stay
+ * readable. The state is copied out of llama.cpp once (llama_state_seq_get_data) into the
+ * entry, which the RAM tier keeps and writes behind to disk; the context is free to go on.
+ * @return 0, -EINVAL (no handle or tokens, @p seq outside [0, llama_n_seq_max())),
+ *         KVT_E_STATE (the sequence does not hold exactly those positions),
  *         KVT_E_UNSUPPORTED (state the mapping refuses), -ENOMEM.
  */
 KVT_API int kvt_llama_save(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n);
@@ -108,8 +147,10 @@ struct kvt_llama_loaded {
  * foreign entry file is a miss and never reaches llama.cpp. From disk, the tensor bytes go
  * from the file straight into the state buffer that llama_state_seq_set_data() reads.
  * An entry llama.cpp refuses (no room in the context, rows of another size) is a miss too.
- * @return 0 (see r->n_tokens; a miss is not an error; the sequence is then empty), -EINVAL,
- *         -ENOMEM, or KVT_E_STATE when llama.cpp refuses a RAM entry's state.
+ * @return 0 (see r->n_tokens; a miss is not an error; the sequence is then empty), -EINVAL
+ *         (no handle, result or tokens, or @p seq outside [0, llama_n_seq_max()): nothing is
+ *         placed and the context is untouched), -ENOMEM, or KVT_E_STATE when llama.cpp
+ *         refuses a RAM entry's state.
  */
 KVT_API int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n,
                            struct kvt_llama_loaded *r);

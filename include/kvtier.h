@@ -80,7 +80,11 @@ typedef void (*kvt_log_fn)(void *ud, int level, const char *msg);
  */
 KVT_API uint64_t kvt_wyhash(uint64_t seed, const void *data, size_t len);
 
-/** Streaming form; gives the same value as kvt_wyhash() over the concatenated input. */
+/**
+ * Streaming form; gives the same value as kvt_wyhash() over the concatenated input, however it
+ * is split into updates. The state is a plain value the caller owns (no allocation, nothing to
+ * free); one thread at a time per state.
+ */
 struct kvt_wyhash_state {
     uint64_t s[3];
     uint64_t total;
@@ -88,8 +92,11 @@ struct kvt_wyhash_state {
     uint8_t last[16]; /* the 16 bytes before buf, once a block has been consumed */
     size_t nbuf;
 };
+/** Start hashing with @p seed (kvtier's files use seed 0). */
 KVT_API void kvt_wyhash_init(struct kvt_wyhash_state *st, uint64_t seed);
+/** Add the @p len bytes at @p data. */
 KVT_API void kvt_wyhash_update(struct kvt_wyhash_state *st, const void *data, size_t len);
+/** The hash of everything added so far; leaves @p st unchanged, so updates may continue. */
 KVT_API uint64_t kvt_wyhash_final(const struct kvt_wyhash_state *st);
 
 /* ------------------------------------------------------------------------------------------
@@ -120,10 +127,11 @@ typedef void (*kvt_release_fn)(void *ud, void *data);
 /** A new zero-filled host buffer of @p bytes (64-byte aligned, page aligned from 64 KiB on;
  * from 1 MiB on a mapping of its own, possibly a cleared one from the buffer cache, and from
  * 2 MiB on 2 MiB aligned, with transparent huge pages asked for unless
- * kvt_mem_opts.no_hugepages is set; 0 bytes is allowed). */
+ * kvt_mem_opts.no_hugepages is set; 0 bytes is allowed). The caller holds the one reference
+ * (kvt_buf_unref()). @return 0, -EINVAL (@p out NULL) or -ENOMEM. Any thread. */
 KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out);
 /** A new host buffer of @p bytes whose contents are unspecified (for immediate overwrite). From
- * 1 MiB on it may come from the buffer cache (below). */
+ * 1 MiB on it may come from the buffer cache (below). Returns and errors as kvt_buf_new(). */
 KVT_API int kvt_buf_new_uninit(size_t bytes, kvt_buf **out);
 /**
  * The buffer cache: host buffers of 1 MiB and more are kept when their last reference drops,
@@ -184,7 +192,10 @@ KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void 
 KVT_API kvt_buf *kvt_buf_ref(kvt_buf *b);
 /** Drop a reference; the last one frees the buffer (or calls its release). */
 KVT_API void kvt_buf_unref(kvt_buf *b);
+/** The buffer's bytes, borrowed: valid while the caller holds a reference. NULL for NULL and
+ * for device memory (kvt_buf_wrap_device()), which host code cannot address. */
 KVT_API void *kvt_buf_data(const kvt_buf *b);
+/** The buffer's size in bytes as created or wrapped; 0 for NULL. */
 KVT_API size_t kvt_buf_size(const kvt_buf *b);
 /** Current number of references (for tests and diagnostics; racy by nature). */
 KVT_API int kvt_buf_refcount(const kvt_buf *b);
@@ -210,21 +221,31 @@ struct kvt_tensor {
  */
 KVT_API int kvt_tensor_init(struct kvt_tensor *t, kvt_buf *buf, size_t offset, int dtype,
                             int rank, const int64_t *shape);
-/** A new zero-filled contiguous tensor of its own buffer. */
+/** A new zero-filled contiguous tensor of its own buffer; @p t owns it (kvt_tensor_release()).
+ * @return 0, -EINVAL (NULL @p t, rank outside 0-8, unknown dtype, a size that overflows) or
+ * -ENOMEM; on failure @p t is cleared. */
 KVT_API int kvt_tensor_zeros(struct kvt_tensor *t, int dtype, int rank, const int64_t *shape);
 /** Drop the reference held by @p t and clear it. */
 KVT_API void kvt_tensor_release(struct kvt_tensor *t);
 /** A second owned view of the same bytes (takes a reference). */
 KVT_API void kvt_tensor_share(struct kvt_tensor *dst, const struct kvt_tensor *src);
+/** Number of elements (the product of the shape; 1 for rank 0, 0 for NULL). */
 KVT_API size_t kvt_tensor_numel(const struct kvt_tensor *t);
+/** Bytes of the elements, numel × item size (0 for NULL or an unknown dtype); what
+ * kvt_tensor_copy_out() writes, not the span of a strided view in its buffer. */
 KVT_API size_t kvt_tensor_nbytes(const struct kvt_tensor *t);
+/** Whether the strides are row-major with no gaps (axes of size 1 and empty tensors count as
+ * contiguous); false for NULL. */
 KVT_API bool kvt_tensor_is_contiguous(const struct kvt_tensor *t);
-/** An owned view of rows [start, end) along @p axis. */
+/** An owned view of rows [start, end) along @p axis of @p src, sharing its bytes (takes a
+ * reference; @p dst may be @p src). @return 0 or -EINVAL (a bad axis or range; @p dst cleared
+ * unless it is @p src). */
 KVT_API int kvt_tensor_slice(struct kvt_tensor *dst, const struct kvt_tensor *src, int axis,
                              int64_t start, int64_t end);
 /** Copy the elements of @p src in row-major order into @p dst (kvt_tensor_nbytes() bytes). */
 KVT_API void kvt_tensor_copy_out(const struct kvt_tensor *src, void *dst);
-/** A new contiguous owned copy of @p src. */
+/** A new contiguous owned copy of @p src in a buffer of its own. @return 0, -EINVAL or
+ * -ENOMEM. */
 KVT_API int kvt_tensor_contiguous(struct kvt_tensor *dst, const struct kvt_tensor *src);
 
 /* ------------------------------------------------------------------------------------------
@@ -285,6 +306,8 @@ KVT_API int kvt_cache_new(const struct kvt_cache_info *params, kvt_cache **out);
  */
 KVT_API int kvt_cache_from_state(const struct kvt_cache_info *info, const struct kvt_tensor *t,
                                  int nt, kvt_cache **out);
+/** Free @p c and drop its references on its buffers (NULL allowed); clones and tensors that
+ * share those buffers stay valid. */
 KVT_API void kvt_cache_free(kvt_cache *c);
 
 /**
@@ -294,7 +317,9 @@ KVT_API void kvt_cache_free(kvt_cache *c);
  * For ssm use kvt_cache_ssm_update(). @return 0, -EINVAL (shape/dtype), KVT_E_STATE, -ENOMEM.
  */
 KVT_API int kvt_cache_append(kvt_cache *c, const struct kvt_tensor *in, int nin);
-/** ssm: replace conv and recurrent (copied) and advance offset by @p n_tokens. */
+/** ssm: replace conv and recurrent (copied; the caller keeps its tensors) and advance offset by
+ * @p n_tokens. @return 0, -EINVAL (not an ssm cache, NULL or ill-shaped tensors, a negative
+ * count), KVT_E_UNSUPPORTED (device memory) or -ENOMEM; the cache is unchanged on failure. */
 KVT_API int kvt_cache_ssm_update(kvt_cache *c, const struct kvt_tensor *conv,
                                  const struct kvt_tensor *recurrent, int64_t n_tokens);
 /**
@@ -305,8 +330,12 @@ KVT_API int kvt_cache_ssm_update(kvt_cache *c, const struct kvt_tensor *conv,
 KVT_API int kvt_cache_window(const kvt_cache *c, struct kvt_tensor *out);
 /** Drop the last @p n tokens. KVT_E_STATE when n > 0 and the cache is not trimmable. */
 KVT_API int kvt_cache_trim(kvt_cache *c, int64_t n);
+/** Whether kvt_cache_trim() with n > 0 would succeed now (CACHES.md §9); false for NULL. */
 KVT_API bool kvt_cache_is_trimmable(const kvt_cache *c);
+/** Copy the cache's kind and scalars into @p info (all zero for a NULL cache; NULL @p info:
+ * nothing). */
 KVT_API void kvt_cache_get_info(const kvt_cache *c, struct kvt_cache_info *info);
+/** Tokens the cache covers (rings: tokens ever appended); 0 for NULL. */
 KVT_API int64_t kvt_cache_offset(const kvt_cache *c);
 /** Sum of state bytes (kv kinds: the full capacity buffers; clones: the region referenced). */
 KVT_API size_t kvt_cache_bytes(const kvt_cache *c);
@@ -318,7 +347,11 @@ KVT_API int64_t kvt_cache_capacity(const kvt_cache *c);
  * cache ("cannot persist an empty cache").
  */
 KVT_API int kvt_cache_state(const kvt_cache *c, struct kvt_tensor *out);
-/** A clone sharing the donor's bytes, immune to later writes to either (CACHES.md §13). */
+/**
+ * A clone sharing the donor's bytes, immune to later writes to either (CACHES.md §13). The
+ * caller owns *@p out (kvt_cache_free()); donor and clone may then live on different threads.
+ * @return 0, -EINVAL, KVT_E_STATE (an empty cache: "cannot clone an empty cache") or -ENOMEM.
+ */
 KVT_API int kvt_cache_clone(const kvt_cache *c, kvt_cache **out);
 
 /* ------------------------------------------------------------------------------------------
@@ -356,10 +389,13 @@ KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches
                           size_t n_caches, const char *ns, struct kvt_entry **out);
 /** Free a library-made entry and everything it owns. */
 KVT_API void kvt_entry_free(struct kvt_entry *e);
-/** Clone every cache of @p e into a new library-owned entry (tokens and meta copied). */
+/** Clone every cache of @p e into a new library-owned entry (tokens and meta copied; free it
+ * with kvt_entry_free()). @return 0, -EINVAL, KVT_E_STATE (an empty cache) or -ENOMEM; on
+ * failure no clone is left behind. */
 KVT_API int kvt_entry_clone(const struct kvt_entry *e, struct kvt_entry **out);
 /** Sum of kvt_cache_bytes() over the caches. */
 KVT_API size_t kvt_entry_bytes(const struct kvt_entry *e);
+/** Whether every cache of @p e is trimmable (an entry without caches is); false for NULL. */
 KVT_API bool kvt_entry_is_trimmable(const struct kvt_entry *e);
 
 /**
@@ -399,7 +435,9 @@ struct kvt_save_opts {
  */
 KVT_API int kvt_file_save(const char *path, const struct kvt_entry *e,
                           const struct kvt_save_opts *o, uint64_t *out_bytes);
-/** The file size kvt_file_save() would write for @p e, from the plan alone. */
+/** The file size kvt_file_save() would write for @p e, from the plan alone (no file touched).
+ * @return 0, or the plan's errors of kvt_file_save() (-EINVAL, KVT_E_STATE, KVT_E_TOO_LARGE,
+ * -ENOMEM) with *@p out_bytes 0. */
 KVT_API int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes);
 
 /** One tensor slot of a header. */
@@ -444,6 +482,7 @@ struct kvt_read_opts {
  */
 KVT_API int kvt_file_read_header(const char *path, const struct kvt_read_opts *o,
                                  struct kvt_header **out);
+/** Free a header the library returned and the strings and arrays it holds (NULL allowed). */
 KVT_API void kvt_header_free(struct kvt_header *h);
 /** Every cache trimmable, from the header's scalars (CACHES.md §9). */
 KVT_API bool kvt_header_is_trimmable(const struct kvt_header *h);
@@ -473,7 +512,9 @@ struct kvt_expect {
  */
 KVT_API int kvt_file_load(const char *path, const struct kvt_expect *x, struct kvt_entry **out,
                           struct kvt_header **out_header);
-/** Full structural and hash check without building caches. */
+/** Full structural and hash check without building caches: the header (V1-V20), the
+ * expectations of @p x (may be NULL) and, unless x->no_verify, every tensor hash (L3).
+ * @return as kvt_file_load(). */
 KVT_API int kvt_file_verify(const char *path, const struct kvt_expect *x);
 
 /**
@@ -609,6 +650,11 @@ KVT_API int kvt_store_check(const char *dir, const struct kvt_store_opts *so,
  * struct kvt_store_opts), -errno or KVT_E_* of the directory.
  */
 KVT_API int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out);
+/**
+ * Free the store's index and handles (NULL allowed); files on disk stay as they are. Call it
+ * once no other thread uses @p s: hits, roots and records taken from it become invalid. A
+ * prompt cache's store (kvt_pcache_store()) is closed by kvt_pcache_close(), never directly.
+ */
 KVT_API void kvt_store_close(kvt_store *s);
 /** Longest usable prefix (STORE.md §7); index only. @return 0 (a miss is prefix_len 0). */
 KVT_API int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const char *ns,
@@ -627,21 +673,36 @@ KVT_API int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kv
 KVT_API int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place,
                                    void *ud, struct kvt_header **out_header);
 /**
- * Store @p e under namespace e->meta.ns (NULL = ""), synchronously. @p run_exclusive may be
- * NULL. Soft failure: returns a negative code, removes partial files, the store stays usable.
+ * Store @p e under namespace e->meta.ns (NULL = ""), synchronously, on the calling thread
+ * (STORE.md §9); the entry stays the caller's. The identity written is the store's, whatever
+ * e->meta holds. @p run_exclusive may be NULL. Soft failure: returns a negative code, removes
+ * partial files, counts a store_failure (once the arguments are valid), the store stays usable.
+ * @return 0, -EINVAL (no entry or caches; a non-ssm cache whose offset is not the token count,
+ * V21), KVT_E_STATE (a read-only store, an empty cache), KVT_E_TOO_LARGE (the planned file is
+ * over max_bytes, nothing written), KVT_E_REFUSED, or the -errno of the write.
  */
 KVT_API int kvt_store_put(kvt_store *s, const struct kvt_entry *e,
                           kvt_run_exclusive_fn run_exclusive, void *engine);
+/**
+ * Whether an indexed entry of namespace @p ns (NULL = "") starts with the @p n tokens and is
+ * either exactly that long or trimmable (STORE.md §4): whether a restart could serve them
+ * from disk. Index only, no I/O. False for a NULL store or NULL tokens with n > 0.
+ */
 KVT_API bool kvt_store_has_durable_prefix(kvt_store *s, const int32_t *tok, size_t n,
                                           const char *ns);
-/** Pick up entries published (or removed) by other processes, then evict to cap. */
+/** Pick up entries published (or removed) by other processes, then evict to cap (STORE.md
+ * §12.4, §12.6): ns directories that are new or changed are listed again. @return 0, -EINVAL,
+ * or the -errno of listing the store's directory (nothing new is indexed then). */
 KVT_API int kvt_store_refresh(kvt_store *s);
+/** Fill @p st (required) with the counters of STORE.md §11, read together under the store's
+ * lock; all zero for a NULL store. */
 KVT_API void kvt_store_get_stats(kvt_store *s, struct kvt_store_stats *st);
 /**
  * A snapshot of the index in index order (ascending id): one allocation holding the array and
  * its strings; release it with kvt_store_list_free(). @return 0 or -ENOMEM (*out NULL).
  */
 KVT_API int kvt_store_list(kvt_store *s, struct kvt_store_record **out, size_t *n);
+/** Free what kvt_store_list() or kvt_remote_list() returned, strings included (NULL allowed). */
 KVT_API void kvt_store_list_free(struct kvt_store_record *v);
 /** The directory this store owns (<dir>/<config_fingerprint>). */
 KVT_API const char *kvt_store_root(const kvt_store *s);
@@ -669,6 +730,8 @@ struct kvt_remote_opts;
  * last one — including when kvt_retain_new() itself fails (-ENOMEM).
  */
 typedef struct kvt_retain kvt_retain;
+/** @return 0 with *@p out (required) set, or -ENOMEM with *@p out NULL after running @p hook.
+ * Any thread; the references may be released on any thread. */
 KVT_API int kvt_retain_new(void (*hook)(void *ud), void *ud, kvt_retain **out);
 /** Another reference to @p r; returns @p r (NULL stays NULL). */
 KVT_API kvt_retain *kvt_retain_acquire(kvt_retain *r);
@@ -763,12 +826,18 @@ KVT_API void kvt_pcache_close(kvt_pcache *pc);
  * The longest usable cached prefix of @p tok (TIER.md §2.2): a trimmed clone of a RAM entry
  * (which stays in RAM), or an entry restored from disk when the disk prefix is strictly
  * longer. A miss is 0 with out->entry NULL. The caller owns out->entry and out->retain.
+ * Failures of the cold or remote tier are misses, never errors.
+ * @return 0, -EINVAL (NULL @p pc or @p out, NULL tokens with n > 0), or the error of cloning or
+ * trimming a RAM hit (-ENOMEM, KVT_E_STATE; nothing is returned then).
  */
 KVT_API int kvt_pcache_take(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
                             struct kvt_take *out);
 /**
  * Insert @p e under e->meta.ns (NULL = "") (TIER.md §2.3); takes ownership of @p e and
  * @p retain (may be NULL) on every path. Evicted entries spill to the cold tier.
+ * @return 0 (also when @p e alone exceeds ram_max_bytes: it goes straight to the spill),
+ * -EINVAL (NULL @p pc or @p e, NULL tokens), KVT_E_UNSUPPORTED (device memory, see
+ * kvt_buf_wrap_device()) or -ENOMEM; on failure @p e is freed and @p retain released.
  */
 KVT_API int kvt_pcache_put(kvt_pcache *pc, struct kvt_entry *e, kvt_retain *retain);
 /** The RAM prefix length take() would find; changes nothing (no counters, no LRU). */
@@ -792,6 +861,11 @@ KVT_API void kvt_pcache_clear(kvt_pcache *pc);
  * @return 0 (see r->durable) or KVT_E_TIMEOUT (r filled, durable false).
  */
 KVT_API int kvt_pcache_flush(kvt_pcache *pc, int64_t timeout_ms, struct kvt_flush_report *r);
+/**
+ * Fill @p st (required) with the counters of TIER.md §9: the RAM tier's, the write-behind
+ * queue's, the dirty snapshot keys and, with a cold tier, the store's (kvt_store_get_stats()).
+ * Each part is read under its own lock: together they are no atomic snapshot. All zero for NULL.
+ */
 KVT_API void kvt_pcache_get_stats(kvt_pcache *pc, struct kvt_pcache_stats *st);
 /** The cold tier, or NULL (borrowed; valid until kvt_pcache_close()). */
 KVT_API kvt_store *kvt_pcache_store(kvt_pcache *pc);
@@ -851,7 +925,8 @@ KVT_API void kvt_remote_opts_init(struct kvt_remote_opts *o);
 KVT_API int kvt_remote_open(const struct kvt_remote_opts *o, kvt_remote **out);
 /** Stop the threads (the upload in flight finishes; queued ones are dropped). NULL allowed. */
 KVT_API void kvt_remote_close(kvt_remote *r);
-/** Longest usable remote prefix (STORE.md §7 rules) from the local view; no I/O. */
+/** Longest usable remote prefix (STORE.md §7 rules) from the local view; no I/O. @return 0
+ * (a miss is prefix_len 0) or -EINVAL. A hit stays valid until kvt_remote_close(). */
 KVT_API int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const char *ns,
                             struct kvt_hit *hit);
 /**
@@ -859,21 +934,34 @@ KVT_API int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const c
  * vanished, was evicted, or is corrupt: its record is removed and counted); -EINVAL.
  */
 KVT_API int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entry **out);
-/** Upload @p e now (on the calling thread). Skips an entry the index already holds. */
+/**
+ * Upload @p e now, on the calling thread (the entry stays the caller's); then drop the remote
+ * records it supersedes. Skips an entry whose tokens the index already holds (put_skipped).
+ * @return 0, -EINVAL, KVT_E_TOO_LARGE (over max_entry_bytes), -ENOMEM, or the connection's
+ * error (-ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EIO, -EPROTO, -EAGAIN, -EACCES; counted in
+ * put_failures).
+ */
 KVT_API int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e);
-/** Queue a clone of @p e for upload (write-behind; never blocks on the network). */
+/** Queue a clone of @p e for upload (write-behind; never blocks on the network; @p e stays the
+ * caller's). @return 0, -EINVAL, or the clone's errors (KVT_E_STATE, -ENOMEM). Upload failures
+ * are counted, not returned. */
 KVT_API int kvt_remote_put_async(kvt_remote *r, const struct kvt_entry *e);
 /** Wait for the uploads queued before the call; 0 or KVT_E_TIMEOUT. */
 KVT_API int kvt_remote_drain(kvt_remote *r, int64_t timeout_ms);
-/** Merge the remote index now (as the poll thread does); 0 or a connection error. */
+/** Merge the remote index now (as the poll thread does), on the calling thread; 0, -EINVAL or a
+ * connection error (as kvt_remote_put()). */
 KVT_API int kvt_remote_refresh(kvt_remote *r);
+/** Fill @p st (required) with the remote's counters and the size of its local view of the
+ * index; no network I/O. All zero for NULL. */
 KVT_API void kvt_remote_get_stats(kvt_remote *r, struct kvt_remote_stats *st);
-/** The index as kvt_store_list() reports it (path = the entry's uuid; mtime = publication). */
+/** The index as kvt_store_list() reports it (path = the entry's uuid; mtime = publication),
+ * from the local view, no I/O; free with kvt_store_list_free(). @return 0, -EINVAL or -ENOMEM. */
 KVT_API int kvt_remote_list(kvt_remote *r, struct kvt_store_record **out, size_t *n);
 /**
  * Check every record of this identity: drop records whose chunks are gone, then delete the
  * oldest entries beyond @p max_bytes (0 = the max_bytes option). @p dry_run only counts.
  * *@p dropped (may be NULL) receives the number of records dropped (or that would be).
+ * Runs on the calling thread. @return 0, -EINVAL, -ENOMEM or a connection error.
  */
 KVT_API int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropped);
 /** The remote attached to a prompt cache (kvt_pcache_opts.remote), or NULL (borrowed). */
@@ -906,15 +994,34 @@ struct kvt_device_opts {
  * @return 0, KVT_E_UNSUPPORTED (no driver or no such device: "unavailable"), -EIO, -ENOMEM. */
 KVT_API int kvt_device_open_cuda(int ordinal, const struct kvt_device_opts *o,
                                  kvt_device **out);
-/** Open the host-memory stand-in: its copies run on a worker thread, in order. */
+/** Open the host-memory stand-in: its copies run on a worker thread, in order; close it with
+ * kvt_device_close(). @return 0, -EINVAL (@p out NULL), -ENOMEM or -EAGAIN (the worker thread
+ * could not start). */
 KVT_API int kvt_device_open_host(const struct kvt_device_opts *o, kvt_device **out);
 /** Close a device (NULL allowed); memory allocated on it must be freed first. */
 KVT_API void kvt_device_close(kvt_device *d);
 /** "cuda:0 NVIDIA H200", "host stand-in". */
 KVT_API const char *kvt_device_name(const kvt_device *d);
+/**
+ * Allocate @p bytes of device memory (0 allowed: a valid, unique address) and set *@p addr.
+ * The caller owns it and frees it with kvt_device_free() before kvt_device_close().
+ * @return 0, -EINVAL (no device or @p addr), -EIO (CUDA refused, out of memory included; the
+ * driver's message in kvt_last_error()) or -ENOMEM (the host stand-in). Any thread.
+ */
 KVT_API int kvt_device_alloc(kvt_device *d, size_t bytes, uint64_t *addr);
+/**
+ * Free memory kvt_device_alloc() returned on @p d (0 and a NULL device: nothing). No load,
+ * save, copy or wrapping buffer (kvt_buf_wrap_device()) may still use it. Any thread.
+ */
 KVT_API void kvt_device_free(kvt_device *d, uint64_t addr);
-/** Synchronous copies between host memory and device memory, through the staging ring. */
+/**
+ * Synchronous copies of @p n bytes between host memory and device memory, through the staging
+ * ring (allocated on first use): the copy is complete when the call returns. The device range
+ * must lie in memory of @p d (not checked: CUDA reports -EIO, the stand-in would touch the
+ * wrong memory). Copies, loads and saves of one device take turns; any thread.
+ * @return 0, -EINVAL (no device, or a NULL host pointer with n > 0), -EIO (a CUDA failure,
+ * the staging allocation included) or -ENOMEM (the stand-in's staging could not be allocated).
+ */
 KVT_API int kvt_device_upload(kvt_device *d, uint64_t dst, const void *src, size_t n);
 KVT_API int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n);
 
@@ -942,11 +1049,14 @@ typedef int (*kvt_device_place_fn)(void *ud, const struct kvt_header *h, uint64_
  * kvt_file_load_into() into device memory: the file streams through the device's staging
  * ring, each chunk hashed there and copied to the device while the next is read. Every copy
  * has finished when the call returns; on failure the device memory must not be used.
+ * @return the codes of kvt_file_load_into(), and -EIO for a CUDA failure.
  */
 KVT_API int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
                                     kvt_device_place_fn place, void *ud,
                                     struct kvt_header **out_header);
-/** kvt_store_restore_into() into device memory (kvt_file_load_to_device()). */
+/** kvt_store_restore_into() into device memory (kvt_file_load_to_device()): 0 with
+ * *@p out_header set, 0 with it NULL on a miss (the device memory must not be used), @p place's
+ * refusal, or -EINVAL. */
 KVT_API int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
                                         kvt_device_place_fn place, void *ud,
                                         struct kvt_header **out_header);

@@ -15,6 +15,20 @@
 #include "llama_identity.h"
 #include "llama_state.h"
 
+/*
+ * llama.cpp applies a context's pending memory updates (the K-shift that
+ * llama_memory_seq_add()/seq_div() leave, copies between streams) only when it next decodes,
+ * and its state blob holds the K rows as they are: saved before that, rows rotated for the
+ * old positions would be stored under the new ones. llama.h of this build has no call that
+ * applies them (llama_kv_self_update() is gone); llama_context::memory_update(false), what
+ * llama_decode() runs first, is exported by the one build this library maps (checked at
+ * open). It touches neither the outputs nor the sequences, and returns at once when nothing
+ * is pending.
+ */
+extern bool
+llama_context_memory_update(struct llama_context *ctx,
+                            bool optimize) __asm__("_ZN13llama_context13memory_updateEb");
+
 struct kvt_llama {
     struct llama_context *ctx;
     struct llama_identity id;
@@ -28,6 +42,32 @@ void kvt_llama_opts_init(struct kvt_llama_opts *o)
     memset(o, 0, sizeof(*o));
     o->ram_max_bytes = 1ull << 30;
     o->demote_idle_ms = 300000;
+}
+
+/* Set exactly the declared adapters and control vector on @p ctx (clearing any others), so
+ * that what the context runs is what the identity says. Nothing is changed on failure. */
+static int adapters_apply(struct llama_context *ctx, const struct kvt_llama_opts *o)
+{
+    struct llama_adapter_lora **a = calloc(o->n_loras + 1, sizeof(*a));
+    float *scales = calloc(o->n_loras + 1, sizeof(*scales));
+    int rc = a && scales ? 0 : kvt_set_error(-ENOMEM, "out of memory");
+    for (size_t i = 0; rc == 0 && i < o->n_loras; i++) {
+        a[i] = o->loras[i].adapter;
+        scales[i] = o->loras[i].scale;
+    }
+    const struct kvt_llama_cvec *v = o->cvec;
+    if (rc == 0 &&
+        llama_set_adapter_cvec(ctx, v ? v->data : NULL, v ? v->len : 0, v ? v->n_embd : 0,
+                               v ? v->il_start : 0, v ? v->il_end : 0))
+        rc = kvt_set_error(-EINVAL,
+                           "kvt_llama_open: llama.cpp refused the control vector "
+                           "(n_embd %d, layers %d..%d, %zu floats)",
+                           v->n_embd, v->il_start, v->il_end, v->len);
+    if (rc == 0) /* takes any arrays it is given */
+        llama_set_adapters_lora(ctx, a, o->n_loras, scales);
+    free(a);
+    free(scales);
+    return rc;
 }
 
 int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kvt_llama **out)
@@ -67,6 +107,8 @@ int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kv
     po.log = o->log;
     po.log_ud = o->log_ud;
     rc = kvt_pcache_open(&po, &kl->pc);
+    if (rc == 0 && (rc = adapters_apply(ctx, o)))
+        kvt_pcache_close(kl->pc);
     if (rc)
         goto fail;
     *out = kl;
@@ -150,10 +192,26 @@ static int entry_of_blob(kvt_llama *kl, kvt_buf *buf, llama_seq_id seq, const ll
     return rc;
 }
 
+/* -EINVAL unless @p seq is one of the context's sequences (llama.cpp's state calls take any
+ * id below its internal limit of 256 and place the cells there, and assert beyond it). */
+static int check_seq(const kvt_llama *kl, llama_seq_id seq, const char *fn)
+{
+    uint32_t n_seq = llama_n_seq_max(kl->ctx);
+    if (seq < 0 || (uint32_t)seq >= n_seq)
+        return kvt_set_error(-EINVAL, "%s: sequence %d is not one of the context's %u", fn, seq,
+                             n_seq);
+    return 0;
+}
+
 int kvt_llama_save(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size_t n)
 {
-    if (!kl || !tok || n == 0 || seq < 0)
+    if (!kl || !tok || n == 0)
         return kvt_set_error(-EINVAL, "kvt_llama_save: needs a handle, a sequence and tokens");
+    int rc = check_seq(kl, seq, "kvt_llama_save");
+    if (rc)
+        return rc;
+    llama_synchronize(kl->ctx); /* the last decode's outputs are copied out before the update */
+    llama_context_memory_update(kl->ctx, false);
     llama_memory_t mem = llama_get_memory(kl->ctx);
     llama_pos pmax = llama_memory_seq_pos_max(mem, seq);
     if (pmax != (llama_pos)n - 1)
@@ -163,8 +221,8 @@ int kvt_llama_save(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size
                              seq, pmax, n);
     size_t size = llama_state_seq_get_size(kl->ctx, seq);
     kvt_buf *buf;
-    int rc = size ? kvt_buf_new_uninit(size, &buf)
-                  : kvt_set_error(KVT_E_STATE, "kvt_llama_save: llama.cpp has no state size");
+    rc = size ? kvt_buf_new_uninit(size, &buf)
+              : kvt_set_error(KVT_E_STATE, "kvt_llama_save: llama.cpp has no state size");
     if (rc)
         return rc;
     if (llama_state_seq_get_data(kl->ctx, kvt_buf_data(buf), size, seq) != size) {
@@ -329,12 +387,15 @@ int kvt_llama_load(kvt_llama *kl, llama_seq_id seq, const llama_token *tok, size
     if (!r)
         return kvt_set_error(-EINVAL, "kvt_llama_load: no result");
     memset(r, 0, sizeof(*r));
-    if (!kl || (!tok && n) || seq < 0)
+    if (!kl || (!tok && n))
         return kvt_set_error(-EINVAL, "kvt_llama_load: needs a handle, a sequence and tokens");
+    int rc = check_seq(kl, seq, "kvt_llama_load");
+    if (rc)
+        return rc;
     double t0 = mono_ms();
     size_t ram = kvt_pcache_peek_prefix_len(kl->pc, tok, n, kl->ns);
     struct kvt_hit hit;
-    int rc = kvt_store_find(kvt_pcache_store(kl->pc), tok, n, kl->ns, &hit);
+    rc = kvt_store_find(kvt_pcache_store(kl->pc), tok, n, kl->ns, &hit);
     if (rc == 0 && hit.prefix_len > ram) {
         rc = load_from_disk(kl, seq, &hit, r);
         if (rc == KVT_E_STATE) /* llama.cpp refused the state (and emptied the sequence) */

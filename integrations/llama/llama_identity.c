@@ -88,15 +88,61 @@ static void model_meta(struct canon *c, const struct llama_model *m)
         (int)llama_model_rope_type(m));
 }
 
-/* The context parameters that change the state's layout or what its bytes mean. */
-static void context_params(struct canon *c, const struct llama_context_params *p, uint32_t n_seq)
+/*
+ * The context parameters that change what the state's bytes mean or how a sequence's rows are
+ * laid out. Flash attention counts as on or off: llama.cpp creates the same memory for AUTO
+ * and ENABLED (V token-major) and AUTO resolves to the flash kernel wherever the device has
+ * one; off transposes V and runs the other kernel, whose rows differ in their last bits.
+ * n_seq_max, kv_unified and swa_full change only how many cells and streams the context
+ * has: a sequence's cells and rows are the same, and a restore places them in its own stream.
+ */
+static void context_params(struct canon *c, const struct llama_context_params *p)
 {
-    put(c, "type_k %d type_v %d flash_attn %d n_seq_max %u kv_unified %d swa_full %d", p->type_k,
-        p->type_v, (int)p->flash_attn_type, n_seq, p->kv_unified, p->swa_full);
+    put(c, "type_k %d type_v %d flash_attn %s", p->type_k, p->type_v,
+        p->flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED ? "off" : "on");
+    /* llama.cpp stores quantized K and V rotated (Hadamard) where the head size allows,
+     * unless its environment says otherwise when the context is made: the same bytes then
+     * hold other rows */
+    const char *no_rot = getenv("LLAMA_ATTN_ROT_DISABLE");
+    if (ggml_is_quantized(p->type_k) || ggml_is_quantized(p->type_v))
+        put(c, "attn_rot_disable %d", no_rot && atoi(no_rot) != 0);
     put(c, "rope %d base %a scale %a yarn %a %a %a %a %u", (int)p->rope_scaling_type,
         p->rope_freq_base, p->rope_freq_scale, p->yarn_ext_factor, p->yarn_attn_factor,
         p->yarn_beta_fast, p->yarn_beta_slow, p->yarn_orig_ctx);
     put(c, "pooling %d attention %d", (int)p->pooling_type, (int)p->attention_type);
+}
+
+/* The LoRA adapters and control vector the handle declares (llama.h cannot report them). */
+static int adapters(struct canon *c, const struct kvt_llama_opts *o)
+{
+    if (o->n_loras && !o->loras)
+        return kvt_set_error(-EINVAL, "kvt_llama_open: %zu LoRA adapters but no list", o->n_loras);
+    for (size_t i = 0; i < o->n_loras; i++) {
+        const struct kvt_llama_lora *l = &o->loras[i];
+        if (!l->adapter || (!l->path && !l->digest))
+            return kvt_set_error(-EINVAL,
+                                 "kvt_llama_open: LoRA adapter %zu needs the adapter "
+                                 "and its path or digest",
+                                 i);
+        if (l->scale == 0.0f) /* llama.cpp leaves it out */
+            continue;
+        char digest[17 + 64];
+        int rc = 0;
+        if (l->digest)
+            snprintf(digest, sizeof(digest), "%.80s", l->digest);
+        else
+            rc = file_digest(l->path, digest);
+        if (rc)
+            return rc;
+        put(c, "lora %s scale %a", digest, l->scale);
+    }
+    const struct kvt_llama_cvec *v = o->cvec;
+    if (v && (!v->data || v->len == 0))
+        return kvt_set_error(-EINVAL, "kvt_llama_open: a control vector needs its data");
+    if (v)
+        put(c, "cvec n_embd %d layers %d..%d len %zu data %016" PRIx64, v->n_embd, v->il_start,
+            v->il_end, v->len, kvt_wyhash(0, v->data, v->len * sizeof(float)));
+    return 0;
 }
 
 static void tokenizer_digest(const struct llama_model *m, char out[17])
@@ -169,7 +215,9 @@ int identity_derive(struct llama_context *ctx, const struct kvt_llama_opts *o,
     put(&c, "kvtier-llama 1 llama.cpp %s", llama_version());
     model_meta(&c, m);
     put(&c, "weights %s", weights);
-    context_params(&c, p, n_seq);
+    context_params(&c, p);
+    if ((rc = adapters(&c, o)))
+        return rc;
     snprintf(id->fingerprint, sizeof(id->fingerprint), "llama-%016" PRIx64, kvt_wyhash_final(&c.h));
 
     char tok[17];

@@ -15,6 +15,7 @@
 #include "support/support.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,18 @@ static int gen_models(void **state)
     p = model_path("gemma2-wide");
     rc |= model_write(&m, p);
     free(p);
+    model_spec_named("llama", &m);
+    m.n_embd = 128; /* heads of 64: llama.cpp stores quantized K and V rotated */
+    m.n_ff = 256;
+    p = model_path("llama-h64");
+    rc |= model_write(&m, p);
+    free(p);
+    model_spec_named("llama", &m);
+    for (uint64_t seed = 7; seed <= 8; seed++) { /* two adapters of rank 4 */
+        p = model_path(seed == 7 ? "llama-lora" : "llama-lora-b");
+        rc |= lora_write(&m, 4, seed, p);
+        free(p);
+    }
     return rc;
 }
 
@@ -148,6 +161,19 @@ static struct loaded load(const struct config *c, const char *dir, const int32_t
     free(ca);
     free(ta);
     return l;
+}
+
+/* What a refused call returned, and what the sequence held after it. */
+static void assert_refused(const char *out, int want_rc)
+{
+    int rc = 0;
+    long pos_max = -2;
+    const char *at = strstr(out, "failed rc=");
+    if (!at)
+        fail_msg("not refused:\n%s", out);
+    assert_int_equal(sscanf(at, "failed rc=%d pos_max=%ld", &rc, &pos_max), 2);
+    assert_int_equal(rc, want_rc);
+    assert_int_equal(pos_max, -1); /* nothing placed */
 }
 
 static void assert_same_file(const char *a, const char *b)
@@ -247,6 +273,7 @@ static void test_llama_q8_0(void **s)
 {
     (void)s;
     roundtrip(&(struct config){"llama", "q8_0", 1});
+    roundtrip(&(struct config){"llama-h64", "q8_0", 1});
 }
 
 static void test_llama_bf16(void **s)
@@ -440,6 +467,240 @@ static void test_other_identity_misses(void **s)
     free(dir);
 }
 
+/*
+ * A context shift (the first 10 tokens removed, the rest moved down by 10) leaves llama.cpp a
+ * K-shift that it applies at its next decode. Saved right after the shift, the 38 tokens
+ * restore in a new process bit-identically with the same tokens saved after llama.cpp's own
+ * decode applied the shift (--settle). The shifted context's own continuation is the
+ * reference within a tolerance only: it reuses the freed cells, so its rows lie at other
+ * cell indices and attention sums them in another order.
+ */
+static void shifted_roundtrip(const struct config *c)
+{
+    enum { SHIFT = 10 };
+    char *dir = strf("%s/shift-%s-%s-%d", test_dir, c->model, c->type, c->fa);
+    char *settled = strf("%s-settled", dir);
+    char *a = strf("%s.uninterrupted", dir), *b = strf("%s.restored", dir),
+         *r = strf("%s.restored", settled);
+    int32_t tok[N_TOK];
+    prompt(tok, N_TOK, 0);
+    char *extra = strf("--shift %d --next %d --steps %d --out %s", SHIFT, NEXT, STEPS, a);
+    save(c, dir, tok, extra);
+    free(extra);
+    extra = strf("--shift %d --settle --next %d", SHIFT, NEXT);
+    save(c, settled, tok, extra);
+    char *ob = strf("--out %s", b), * or = strf("--out %s", r);
+    struct loaded l = load(c, dir, tok + SHIFT, N_TOK - SHIFT, ob);
+    assert_int_equal(l.loaded, N_TOK - SHIFT);
+    assert_int_equal(l.disk, 1);
+    assert_int_equal(l.pos_max, N_TOK - SHIFT - 1);
+    assert_int_equal(load(c, settled, tok + SHIFT, N_TOK - SHIFT, or).loaded, N_TOK - SHIFT);
+    assert_same_file(r, b);
+    double d = logit_diff(a, b);
+    print_message("%s %s fa=%d: shifted, restored vs the shifted context's continuation: %.2e\n",
+                  c->model, c->type, c->fa, d);
+    assert_true(d <= 1e-2);
+    free(ob);
+    free(or);
+    free(extra);
+    free(a);
+    free(b);
+    free(r);
+    free(settled);
+    free(dir);
+}
+
+static void test_context_shift(void **s)
+{
+    (void)s;
+    shifted_roundtrip(&(struct config){"llama", "f16", 1});
+    shifted_roundtrip(&(struct config){"llama", "f16", 0});
+    /* quantized K: this llama.cpp shifts it only where it stores it rotated (heads of 64) */
+    shifted_roundtrip(&(struct config){"llama-h64", "q8_0", 1});
+}
+
+/* Save with @p save_extra, load in a new process with @p load_extra: a hit, bit-identical.
+ * Returns the uninterrupted run's logits file; *@p dir_out (if not NULL) gets the store. */
+static char *restore_across(const char *name, const struct config *c, const char *save_extra,
+                            const char *load_extra, char **dir_out)
+{
+    char *dir = strf("%s/across-%s", test_dir, name);
+    char *a = strf("%s.uninterrupted", dir), *b = strf("%s.restored", dir);
+    int32_t tok[N_TOK];
+    prompt(tok, N_TOK, 0);
+    char *se = strf("%s --next %d --steps %d --out %s", save_extra, NEXT, STEPS, a);
+    char *le = strf("%s --out %s", load_extra, b);
+    save(c, dir, tok, se);
+    struct loaded l = load(c, dir, tok, N_TOK, le);
+    assert_int_equal(l.loaded, N_TOK);
+    assert_int_equal(l.disk, 1);
+    assert_int_equal(l.pos_max, N_TOK - 1);
+    assert_same_file(a, b);
+    free(se);
+    free(le);
+    free(b);
+    if (dir_out)
+        *dir_out = dir;
+    else
+        free(dir);
+    return a;
+}
+
+/*
+ * Settings that change how many cells and streams a context has, not what a sequence's rows
+ * mean, are not identity: a server that changes its slot count keeps its cache. Flash
+ * attention AUTO creates the memory ENABLED does and resolves to the same kernel here.
+ * (Flash attention off stays a miss: V is laid out transposed and computed by another
+ * kernel; test_other_identity_misses.)
+ */
+static void test_identity_across_settings(void **s)
+{
+    (void)s;
+    const struct config llama = {"llama", "f16", 1}, gemma2 = {"gemma2", "f16", 1};
+    const struct {
+        const char *name;
+        const struct config *c;
+        const char *save, *load;
+    } across[] = {
+        {"n-seq", &llama, "", "--n-seq 4 --seq 2"},
+        {"unified", &llama, "", "--n-seq 4 --unified --seq 3"},
+        {"unified-back", &llama, "--n-seq 4 --unified", ""},
+        {"fa-auto", &llama, "", "--fa auto"},
+        {"fa-auto-back", &llama, "--fa auto", ""},
+        {"swa-full-off", &gemma2, "", "--swa-full 0"},
+        {"swa-full-on", &gemma2, "--swa-full 0", ""},
+    };
+    for (size_t i = 0; i < sizeof(across) / sizeof(across[0]); i++)
+        free(restore_across(across[i].name, across[i].c, across[i].save, across[i].load, NULL));
+}
+
+/* A sequence id outside the context's is -EINVAL for load and save, with nothing placed. */
+static void test_bad_sequence_refused(void **s)
+{
+    (void)s;
+    const struct config c = {"llama", "f16", 1};
+    char *dir = strf("%s/bad-seq", test_dir);
+    int32_t tok[N_TOK];
+    prompt(tok, N_TOK, 0);
+    save(&c, dir, tok, "");
+    char *ca = config_args(&c, dir), *ta = tokens_arg(tok, N_TOK), *out;
+    const int bad[] = {4, 1, -1}; /* n_seq_max is 1 */
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(
+            worker(&out, "load %s --tokens %s --next %d --seq %d", ca, ta, NEXT, bad[i]), 1);
+        assert_refused(out, -EINVAL);
+        free(out);
+        assert_int_equal(
+            worker(&out, "save %s --tokens %s --prefill %d --seq %d", ca, ta, PREFILL, bad[i]), 1);
+        assert_refused(out, -EINVAL);
+        free(out);
+    }
+    /* the control: the same sequence in a context of five */
+    assert_int_equal(load(&c, dir, tok, N_TOK, "--n-seq 5 --seq 4").loaded, N_TOK);
+    free(ca);
+    free(ta);
+    free(dir);
+}
+
+/* Whether two logit files differ at all. */
+static bool files_differ(const char *a, const char *b)
+{
+    size_t na, nb;
+    uint8_t *x = read_file(a, &na), *y = read_file(b, &nb);
+    bool d = na != nb || memcmp(x, y, na) != 0;
+    free(x);
+    free(y);
+    return d;
+}
+
+/* Entries saved under @p save_extra (adapters) restore bit-identically with the same
+ * declaration and miss under each of @p other; returns the uninterrupted logits' path. */
+static char *adapter_case(const char *name, const char *save_extra, const char *const *other,
+                          size_t n_other)
+{
+    const struct config c = {"llama", "f16", 1};
+    int32_t tok[N_TOK];
+    prompt(tok, N_TOK, 0);
+    char *dir, *a = restore_across(name, &c, save_extra, save_extra, &dir);
+    for (size_t i = 0; i < n_other; i++) {
+        struct loaded l = load(&c, dir, tok, N_TOK, other[i]);
+        if (l.loaded != 0)
+            fail_msg("%s: loaded %ld tokens with \"%s\"", name, l.loaded, other[i]);
+        assert_int_equal(l.pos_max, -1);
+    }
+    free(dir);
+    return a;
+}
+
+/*
+ * LoRA adapters and control vectors change every row after the first layer: an entry saved
+ * with them restores bit-identically only under the same declaration, and misses without
+ * them, with another adapter or scale, or another vector; a base entry misses under any.
+ */
+static void test_adapters_are_identity(void **s)
+{
+    (void)s;
+    char *lora = model_path("llama-lora"), *lora_b = model_path("llama-lora-b");
+    char *with = strf("--lora %s", lora), *half = strf("--lora %s --lora-scale 0.5", lora);
+    char *other = strf("--lora %s", lora_b);
+    const char *not_lora[] = {"", half, other, "--cvec 7"};
+    char *l = adapter_case("lora", with, not_lora, 4);
+    const char *not_cvec[] = {"", "--cvec 8", with};
+    char *v = adapter_case("cvec", "--cvec 7", not_cvec, 3);
+    const char *not_base[] = {with, "--cvec 7"};
+    char *base = adapter_case("no-adapter", "", not_base, 2);
+    assert_true(files_differ(l, base)); /* each changes what the model computes */
+    assert_true(files_differ(v, base));
+    /* a vector llama.cpp refuses fails the open, with its reason */
+    char *m = model_path("llama"), *dir = strf("%s/adapters-bad", test_dir), *out;
+    assert_int_equal(worker(&out,
+                            "load --model %s --dir %s --tokens 1,2,3 --cvec 7 "
+                            "--cvec-embd 63 2>&1",
+                            m, dir),
+                     1);
+    assert_non_null(strstr(out, "llama.cpp refused the control vector (n_embd 63"));
+    free(out);
+    free(dir);
+    free(m);
+    free(l);
+    free(v);
+    free(base);
+    free(with);
+    free(half);
+    free(other);
+    free(lora);
+    free(lora_b);
+}
+
+/*
+ * Quantized K and V of heads of 64 are stored rotated, unless LLAMA_ATTN_ROT_DISABLE is set
+ * where the context is made: an entry saved rotated misses in a process that stores them
+ * plain, and the other way round.
+ */
+static void test_attention_rotation_is_identity(void **s)
+{
+    (void)s;
+    const struct config c = {"llama-h64", "q8_0", 1};
+    int32_t tok[N_TOK];
+    prompt(tok, N_TOK, 0);
+    for (int saved_plain = 0; saved_plain < 2; saved_plain++) {
+        char *dir = strf("%s/attn-rot-%d", test_dir, saved_plain);
+        if (saved_plain)
+            setenv("LLAMA_ATTN_ROT_DISABLE", "1", 1);
+        save(&c, dir, tok, "");
+        assert_int_equal(load(&c, dir, tok, N_TOK, "").loaded, N_TOK); /* the control */
+        if (saved_plain)
+            unsetenv("LLAMA_ATTN_ROT_DISABLE");
+        else
+            setenv("LLAMA_ATTN_ROT_DISABLE", "1", 1);
+        struct loaded l = load(&c, dir, tok, N_TOK, "");
+        assert_int_equal(l.loaded, 0);
+        assert_int_equal(l.pos_max, -1);
+        unsetenv("LLAMA_ATTN_ROT_DISABLE");
+        free(dir);
+    }
+}
+
 /* Paths of the .mlxkv files under @p dir (two levels: <fingerprint>/<ns>/). */
 static int find_entries(const char *dir, char **paths, int max)
 {
@@ -616,6 +877,11 @@ int main(void)
         cmocka_unit_test(test_mamba),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_other_identity_misses),
+        cmocka_unit_test(test_context_shift),
+        cmocka_unit_test(test_adapters_are_identity),
+        cmocka_unit_test(test_bad_sequence_refused),
+        cmocka_unit_test(test_identity_across_settings),
+        cmocka_unit_test(test_attention_rotation_is_identity),
         cmocka_unit_test(test_corrupt_entry_is_a_miss),
         cmocka_unit_test(test_entry_that_does_not_fit_is_a_miss),
         cmocka_unit_test(test_other_llama_build_refused),

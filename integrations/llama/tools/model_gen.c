@@ -263,18 +263,62 @@ static size_t arena_bytes(const struct model_spec *m)
     return all * sizeof(float) + (m->n_layer * 16 + 16) * (ggml_tensor_overhead() + 64);
 }
 
+static bool gen_init(struct gen *g, const struct model_spec *m, size_t bytes, uint64_t seed)
+{
+    struct ggml_init_params ip = {.mem_size = bytes, .mem_buffer = NULL, .no_alloc = false};
+    *g = (struct gen){.m = m,
+                      .ctx = ggml_init(ip),
+                      .gguf = gguf_init_empty(),
+                      .rng = seed * 0x9E3779B97F4A7C15ull + 1};
+    if (g->ctx && g->gguf)
+        return true;
+    fprintf(stderr, "model_gen: out of memory\n");
+    return false;
+}
+
+/* Write the file through a temporary name, then free the generator. */
+static int gen_finish(struct gen *g, const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    bool ok = gguf_write_to_file(g->gguf, tmp, false) && rename(tmp, path) == 0;
+    if (!ok) {
+        fprintf(stderr, "model_gen: cannot write %s\n", path);
+        remove(tmp);
+    }
+    gguf_free(g->gguf);
+    ggml_free(g->ctx);
+    return ok ? 0 : -1;
+}
+
+int lora_write(const struct model_spec *m, uint32_t rank, uint64_t seed, const char *path)
+{
+    int64_t kv = (int64_t)(m->n_embd / m->n_head * m->n_head_kv);
+    size_t bytes = (size_t)m->n_layer * 4 * (m->n_embd + kv) * rank * sizeof(float) +
+                   (m->n_layer * 4 + 4) * (ggml_tensor_overhead() + 64);
+    struct gen g;
+    if (!gen_init(&g, m, bytes, seed))
+        return -1;
+    gguf_set_val_str(g.gguf, "general.type", "adapter");
+    gguf_set_val_str(g.gguf, "general.architecture", m->arch);
+    gguf_set_val_str(g.gguf, "adapter.type", "lora");
+    gguf_set_val_f32(g.gguf, "adapter.lora.alpha", (float)rank);
+    for (uint32_t il = 0; il < m->n_layer; il++) /* x -> A (rank) -> B (K or V rows) */
+        for (int w = 0; w < 2; w++) {
+            char name[64];
+            snprintf(name, sizeof(name), "blk.%u.attn_%c.weight.lora_a", il, "kv"[w]);
+            add(&g, name, m->n_embd, rank, RANDOM);
+            snprintf(name, sizeof(name), "blk.%u.attn_%c.weight.lora_b", il, "kv"[w]);
+            add(&g, name, rank, kv, RANDOM);
+        }
+    return gen_finish(&g, path);
+}
+
 int model_write(const struct model_spec *m, const char *path)
 {
-    struct ggml_init_params ip = {
-        .mem_size = arena_bytes(m), .mem_buffer = NULL, .no_alloc = false};
-    struct gen g = {.m = m,
-                    .ctx = ggml_init(ip),
-                    .gguf = gguf_init_empty(),
-                    .rng = m->seed * 0x9E3779B97F4A7C15ull + 1};
-    if (!g.ctx || !g.gguf) {
-        fprintf(stderr, "model_gen: out of memory\n");
+    struct gen g;
+    if (!gen_init(&g, m, arena_bytes(m), m->seed))
         return -1;
-    }
     set_keys(&g);
     add(&g, "token_embd.weight", m->n_embd, m->n_vocab, RANDOM);
     add(&g, "output_norm.weight", m->n_embd, 0, ONES);
@@ -287,14 +331,5 @@ int model_write(const struct model_spec *m, const char *path)
         mamba_layers(&g);
     else
         attention_layers(&g);
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    bool ok = gguf_write_to_file(g.gguf, tmp, false) && rename(tmp, path) == 0;
-    if (!ok) {
-        fprintf(stderr, "model_gen: cannot write %s\n", path);
-        remove(tmp);
-    }
-    gguf_free(g.gguf);
-    ggml_free(g.ctx);
-    return ok ? 0 : -1;
+    return gen_finish(&g, path);
 }

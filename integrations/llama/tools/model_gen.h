@@ -30,5 +30,8 @@ struct model_spec {
 bool model_spec_named(const char *name, struct model_spec *out);
 /** Write the model to @p path. @return 0, or -1 with a message on stderr. */
 int model_write(const struct model_spec *m, const char *path);
+/** Write a LoRA adapter for attention model @p m to @p path: rank @p rank on every layer's K
+ * and V projections, random weights from @p seed. @return 0, or -1 with a message on stderr. */
+int lora_write(const struct model_spec *m, uint32_t rank, uint64_t seed, const char *path);
 
 #endif

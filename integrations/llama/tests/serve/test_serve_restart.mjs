@@ -47,8 +47,8 @@ test('SIGKILL and restart: the next turn is served from disk and continues as if
 });
 
 test('two servers on one directory: a prefix computed by one is served by the other', async () => {
-  const dir = join(s.dir, 'shared');
-  const [x, y] = await Promise.all([start(s.model, dir), start(s.model, dir)]);
+  const dir = join(s.dir, 'shared'); // their slot counts differ: not part of the identity
+  const [x, y] = await Promise.all([start(s.model, dir, ['--slots', '1']), start(s.model, dir, ['--slots', '3'])]);
   try {
     const msgs = [{ role: 'user', content: 'Computed by the first server, '.repeat(6) }];
     const a = await client(x).chat.completions.create(chat(msgs, { max_tokens: 8 }));
