@@ -253,26 +253,23 @@ static enum MHD_Result complete(struct server *s, struct MHD_Connection *c, enum
 static enum MHD_Result route(struct server *s, struct MHD_Connection *c, const char *url,
                              const char *method, const struct request *rq)
 {
-    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0) {
-        if (!post)
+        if (strcmp(method, "POST") != 0)
             return fail(s, c, 405, "method_not_allowed", "use POST");
         return complete(s, c, strcmp(url, "/v1/completions") ? JOB_CHAT : JOB_COMPLETION, rq);
     }
+    bool known = strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0 ||
+                 strcmp(url, "/v1/models") == 0;
+    if (!known)
+        return fail(s, c, 404, "not_found", "no such route");
     if (!get)
-        return fail(s, c,
-                    strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0 ||
-                            strcmp(url, "/v1/models") == 0
-                        ? 405
-                        : 404,
-                    "not_found", "no such route");
-    if (strcmp(url, "/health") == 0)
-        return reply(c, MHD_HTTP_OK, "application/json", strdup("{\"status\":\"ok\"}"));
+        return fail(s, c, 405, "method_not_allowed", "use GET");
     if (strcmp(url, "/v1/models") == 0)
         return reply(c, MHD_HTTP_OK, "application/json", api_models(s));
     if (strcmp(url, "/metrics") == 0)
         return reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4", metrics_text(s));
-    return fail(s, c, 404, "not_found", "no such route");
+    return reply(c, MHD_HTTP_OK, "application/json", strdup("{\"status\":\"ok\"}"));
 }
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,

@@ -135,6 +135,9 @@ test('errors: OpenAI-style bodies and statuses', () => {
     }
   }
   assert.equal(curl(srv, '/v1/chat/completions', undefined, 'GET').status, 405);
+  const del = curl(srv, '/v1/models', undefined, 'DELETE');
+  assert.equal(del.status, 405);
+  assert.equal(del.body.error.code, 'method_not_allowed');
   // unknown fields are ignored
   const r = curl(srv, '/v1/chat/completions', { messages: hello, max_tokens: 2, logit_bias: {}, user: 'u', frequency_penalty: 0, tools: [] });
   assert.equal(r.status, 200, r.text);
