@@ -85,15 +85,6 @@ static size_t cached_prefix(struct server *s, const struct job *j)
     return ram;
 }
 
-static bool grow(struct slot *sl, size_t n)
-{
-    llama_token *t = realloc(sl->tok, n * sizeof(*t));
-    if (!t)
-        return false;
-    sl->tok = t;
-    return true;
-}
-
 /* Put the longest usable prefix of the job's prompt into the slot's sequence. */
 static void slot_begin(struct server *s, struct slot *sl)
 {
@@ -113,8 +104,6 @@ static void slot_begin(struct server *s, struct slot *sl)
         src = !own ? SRC_NONE : r.from_disk ? SRC_DISK : SRC_RAM;
     } else
         llama_memory_seq_rm(llama_get_memory(s->ctx), sl->seq, (llama_pos)own, -1);
-    if (!grow(sl, s->n_ctx_seq))
-        own = 0, llama_memory_seq_rm(llama_get_memory(s->ctx), sl->seq, -1, -1);
     memcpy(sl->tok, j->prompt, own * sizeof(*sl->tok));
     sl->n = own;
     sl->generating = sl->sampled = false;
@@ -306,14 +295,29 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+static void free_slots(struct server *s)
+{
+    for (int i = 0; i < s->o.slots; i++)
+        free(s->slots[i].tok);
+    free(s->slots);
+    s->slots = NULL;
+}
+
 int sched_start(struct server *s)
 {
     s->slots = calloc((size_t)s->o.slots, sizeof(*s->slots));
     if (!s->slots)
         return -1;
-    for (int i = 0; i < s->o.slots; i++)
+    bool ok = true;
+    for (int i = 0; i < s->o.slots; i++) {
         s->slots[i].seq = i;
-    return pthread_create(&s->engine, NULL, engine_main, s) ? -1 : 0;
+        s->slots[i].tok = malloc(s->n_ctx_seq * sizeof(llama_token));
+        ok = ok && s->slots[i].tok;
+    }
+    if (ok && pthread_create(&s->engine, NULL, engine_main, s) == 0)
+        return 0;
+    free_slots(s);
+    return -1;
 }
 
 bool sched_submit(struct server *s, struct job *j)
@@ -352,7 +356,5 @@ void sched_stop(struct server *s)
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->engine, NULL);
-    for (int i = 0; i < s->o.slots; i++)
-        free(s->slots[i].tok);
-    free(s->slots);
+    free_slots(s);
 }

@@ -163,9 +163,10 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     int port = s.o.port;
-    struct MHD_Daemon *d = sched_start(&s) == 0 ? http_start(&s, &port) : NULL;
+    bool started = sched_start(&s) == 0;
+    struct MHD_Daemon *d = started ? http_start(&s, &port) : NULL;
     if (!d) {
-        if (s.slots)
+        if (started)
             sched_stop(&s);
         kvt_llama_close(s.kl, -1);
         close_engine(&s);
