@@ -86,6 +86,8 @@ struct server {
     char model_id[256];
     struct llama_model *model;
     struct llama_context *ctx;
+    struct ggml_threadpool *pool; /* kept across decodes (else each one starts threads) */
+    void (*pool_free)(struct ggml_threadpool *);
     const struct llama_vocab *vocab;
     const char *tmpl;
     kvt_llama *kl; /* NULL with no_cache */

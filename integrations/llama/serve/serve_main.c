@@ -19,7 +19,7 @@ static int usage(void)
             "usage: kvtier-llama serve -m MODEL.gguf --cache-dir DIR [--host 127.0.0.1] "
             "[--port 8080]\n"
             "                          [--slots 4] [--ctx 4096] [--ram-bytes 1073741824] "
-            "[--threads N] [--alias NAME]\n"
+            "[--threads CPUS] [--alias NAME]\n"
             "       kvtier-llama serve -m MODEL.gguf --no-cache ...   (the prompt cache off)\n");
     return 2;
 }
@@ -87,6 +87,28 @@ static void quiet(enum ggml_log_level level, const char *text, void *ud)
         fputs(text, stderr);
 }
 
+/* One thread pool for every decode, as llama-server has: without one, llama.cpp starts and
+ * joins its threads in each llama_decode(), which on a busy machine costs more than a small
+ * decode itself. The CPU back-end is loaded at run time, so its calls are looked up. */
+static void attach_pool(struct server *s)
+{
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_reg_t reg = cpu ? ggml_backend_dev_backend_reg(cpu) : NULL;
+    if (!reg)
+        return;
+    typedef struct ggml_threadpool *(*pool_new_fn)(struct ggml_threadpool_params *);
+    pool_new_fn pool_new =
+        (pool_new_fn)ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new");
+    s->pool_free = (void (*)(struct ggml_threadpool *))ggml_backend_reg_get_proc_address(
+        reg, "ggml_threadpool_free");
+    if (!pool_new || !s->pool_free)
+        return;
+    struct ggml_threadpool_params p = ggml_threadpool_params_default(llama_n_threads(s->ctx));
+    s->pool = pool_new(&p);
+    if (s->pool)
+        llama_attach_threadpool(s->ctx, s->pool, NULL);
+}
+
 /* The model, a context of one sequence per slot, kvtier's cache on it. */
 static int open_engine(struct server *s)
 {
@@ -101,14 +123,15 @@ static int open_engine(struct server *s)
     cp.n_ctx = (uint32_t)s->o.ctx * (uint32_t)s->o.slots;
     cp.n_seq_max = (uint32_t)s->o.slots;
     cp.n_batch = cp.n_ubatch = 512;
-    if (s->o.threads)
-        cp.n_threads = cp.n_threads_batch = s->o.threads;
+    cp.n_threads = cp.n_threads_batch =
+        s->o.threads ? s->o.threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
     s->ctx = llama_init_from_model(s->model, cp);
     if (!s->ctx) {
         fprintf(stderr, "kvtier-llama serve: cannot create a context of %d slots of %d tokens\n",
                 s->o.slots, s->o.ctx);
         return -1;
     }
+    attach_pool(s);
     s->vocab = llama_model_get_vocab(s->model);
     s->n_ctx_seq = llama_n_ctx_seq(s->ctx);
     s->tmpl = llama_model_chat_template(s->model, NULL);
@@ -139,6 +162,8 @@ static int open_engine(struct server *s)
 static void close_engine(struct server *s)
 {
     llama_free(s->ctx);
+    if (s->pool)
+        s->pool_free(s->pool);
     llama_model_free(s->model);
 }
 
