@@ -125,7 +125,8 @@ static void events(struct stream *st, FILE *f)
     if (!j->done)
         return;
     if (j->error[0]) {
-        struct api_error e = {j->status, "server_error", "engine_error", ""};
+        struct api_error e = {j->status, "server_error",
+                              j->status == 503 ? "shutting_down" : "engine_error", ""};
         snprintf(e.message, sizeof(e.message), "%s", j->error);
         ev = api_error_json(&e);
         fprintf(f, "data: %s\n\n", ev ? ev : "{}");
@@ -246,7 +247,7 @@ static enum MHD_Result complete(struct server *s, struct MHD_Connection *c, enum
     if (!stayed)
         return MHD_NO; /* nobody to answer */
     if (!body)
-        return fail(s, c, status, "engine_error", err);
+        return fail(s, c, status, status == 503 ? "shutting_down" : "engine_error", err);
     return reply(c, MHD_HTTP_OK, "application/json", body);
 }
 
