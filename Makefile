@@ -71,13 +71,15 @@ FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 LLAMA_DIR := build/llama
 LLAMA_STAMP := $(LLAMA_DIR)/.fetched-3.22.1
 LLAMA_LIBDIR := $(abspath $(LLAMA_DIR)/lib)
-LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools -Ibench/harness \
+LLAMA_CFLAGS := -I$(LLAMA_DIR)/include -Iintegrations/llama -Iintegrations/llama/tools \
+                -Iintegrations/llama/serve -Ibench/harness \
                 -DKVT_LLAMA_LIB_DIR=\"$(LLAMA_LIBDIR)\"
 LLAMA_LIBS := -L$(LLAMA_LIBDIR) -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so \
               -Wl,-rpath,$(LLAMA_LIBDIR)
 LLAMA_SRC := $(sort $(wildcard integrations/llama/*.c))
 LLAMA_OBJ := $(LLAMA_SRC:%.c=$(BUILD)/obj/%.o)
-LLAMA_TOOL_SRC := $(sort $(wildcard integrations/llama/tools/*.c))
+# kvtier-llama's commands, `serve` among them (its HTTP from libmicrohttpd)
+LLAMA_TOOL_SRC := $(sort $(wildcard integrations/llama/tools/*.c integrations/llama/serve/*.c))
 LLAMA_TOOL_OBJ := $(LLAMA_TOOL_SRC:%.c=$(BUILD)/obj/%.o)
 LLAMA_GEN_OBJ := $(BUILD)/obj/integrations/llama/tools/model_gen.o
 LLAMA_STATIC := $(BUILD)/libkvtier-llama.a
@@ -87,6 +89,11 @@ LLAMA_TEST_BIN := $(BUILD)/tests/test_llama
 LLAMA_WORKER := $(BUILD)/tests/progs/llama_worker
 LLAMA_OTHER_VERSION := $(BUILD)/tests/progs/other_version.so
 LLAMA_EXAMPLE := $(BUILD)/examples/llama_chat
+# kvtier-llama serve's suites: Node.js (apt's v20) with the official OpenAI SDK, pinned, which
+# scripts/openai-fetch.sh installs once into build/node.
+NODE_DIR := build/node
+NODE_STAMP := $(NODE_DIR)/.openai-6.30.1
+SERVE_TESTS := $(sort $(wildcard integrations/llama/tests/serve/test_*.mjs))
 
 STATIC := $(BUILD)/libkvtier.a
 SHARED := $(BUILD)/libkvtier.so.$(VERSION)
@@ -144,7 +151,7 @@ $(BUILD)/examples/%: examples/%.c $(STATIC) $(CONFIG)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(STATIC) $(LIBS_ALL) -lm
 
 tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN) $(LLAMA_TEST_BIN) $(LLAMA_WORKER) \
-       $(LLAMA_OTHER_VERSION) llama
+       $(LLAMA_OTHER_VERSION) llama $(NODE_STAMP)
 progs: $(PROG_BIN)
 benches: $(BENCH_BIN)
 
@@ -154,7 +161,9 @@ DOC_TESTS := tests/docs/check_spec_refs.sh tests/docs/check_doc_paths.sh
 # The normal build also runs the Python package's pytest suite (sanitizer builds: C only).
 test: tests $(if $(SANITIZE),,python)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN) $(LLAMA_TEST_BIN) $(DOC_TESTS); c=$$?; \
-	 $(if $(SANITIZE),exit $$c,scripts/run-pytest.sh $(PYTHON) $(PY_OUT); p=$$?; [ $$c = 0 ] && [ $$p = 0 ])
+	 scripts/run-node-tests.sh $(BUILD) $(SERVE_TESTS); n=$$?; \
+	 $(if $(SANITIZE),[ $$c = 0 ] && [ $$n = 0 ],scripts/run-pytest.sh $(PYTHON) $(PY_OUT); p=$$?; \
+	 [ $$c = 0 ] && [ $$n = 0 ] && [ $$p = 0 ])
 
 # The Python package (python/), built against this build's static library into $(PY_OUT).
 PYTHON ?= /usr/bin/python3
@@ -254,7 +263,8 @@ $(BUILD)/kvtier-llama.pc: kvtier-llama.pc.in
 
 # the benchmark's limits are the raw I/O baselines of `kvtier bench` (the harness)
 $(LLAMA_CLI): $(LLAMA_TOOL_OBJ) $(BENCH_LIB) $(LLAMA_STATIC) $(STATIC)
-	$(CC) -o $@ $(LLAMA_TOOL_OBJ) $(BENCH_LIB) $(LLAMA_STATIC) $(STATIC) $(LLAMA_LIBS) $(LIBS_ALL) -lm
+	$(CC) -o $@ $(LLAMA_TOOL_OBJ) $(BENCH_LIB) $(LLAMA_STATIC) $(STATIC) $(LLAMA_LIBS) $(LIBS_ALL) \
+	    -lmicrohttpd -lm
 
 $(LLAMA_TEST_BIN): $(BUILD)/obj/integrations/llama/tests/test_llama.o $(LLAMA_GEN_OBJ) \
                    $(SUPPORT_OBJ) $(LLAMA_STATIC) $(STATIC)
@@ -264,6 +274,13 @@ $(LLAMA_TEST_BIN): $(BUILD)/obj/integrations/llama/tests/test_llama.o $(LLAMA_GE
 $(LLAMA_WORKER): $(BUILD)/obj/integrations/llama/tests/llama_worker.o $(LLAMA_STATIC) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(LLAMA_LIBS) $(LIBS_ALL) -lm
+
+$(NODE_STAMP): scripts/openai-fetch.sh
+	@scripts/openai-fetch.sh $(NODE_DIR)
+
+.PHONY: test-serve
+test-serve: llama $(NODE_STAMP)
+	@scripts/run-node-tests.sh $(BUILD) $(SERVE_TESTS)
 
 $(LLAMA_OTHER_VERSION): integrations/llama/tests/other_version.c
 	@mkdir -p $(@D)

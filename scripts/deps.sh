@@ -5,6 +5,8 @@ set -u
 need="build-essential pkg-config libjansson-dev libcmocka-dev liburing-dev clang libclang-rt-14-dev"
 # the remote tier (src/remote/): hiredis, and Redis for its tests and benchmark
 need="$need libhiredis-dev redis-server redis-tools"
+# kvtier-llama serve: its HTTP server
+need="$need libmicrohttpd-dev"
 # the Python package (python/): its build, its tests and a venv install without network
 need="$need python3-dev python3-setuptools python3-numpy python3-torch python3-pytest python3-venv python3-pip"
 [ "${KVT_DEPS_EXTRA:-}" ] && need="$need $KVT_DEPS_EXTRA"

@@ -19,12 +19,15 @@ bool model_spec_named(const char *name, struct model_spec *out)
         const char *name;
         struct model_spec m;
     } known[] = {
-        {"llama", {"llama", 2, 64, 2, 2, 128, 256, 4096, 0, 0, 0, 0, 0, false, 1}},
-        {"qwen3", {"qwen3", 2, 128, 4, 2, 256, 256, 4096, 0, 0, 0, 0, 0, false, 2}},
-        {"gemma2", {"gemma2", 4, 64, 2, 1, 128, 256, 4096, 0, 0, 0, 0, 32, false, 5}},
-        {"mamba", {"mamba", 2, 64, 0, 0, 0, 256, 4096, 128, 4, 16, 4, 0, false, 3}},
+        {"llama", {"llama", 2, 64, 2, 2, 128, 256, 4096, 0, 0, 0, 0, 0, false, 1, false}},
+        {"qwen3", {"qwen3", 2, 128, 4, 2, 256, 256, 4096, 0, 0, 0, 0, 0, false, 2, false}},
+        {"gemma2", {"gemma2", 4, 64, 2, 1, 128, 256, 4096, 0, 0, 0, 0, 32, false, 5, false}},
+        {"mamba", {"mamba", 2, 64, 0, 0, 0, 256, 4096, 128, 4, 16, 4, 0, false, 3, false}},
         /* prefill of a few thousand tokens takes seconds on two cores */
-        {"demo", {"llama", 8, 512, 8, 4, 1408, 256, 16384, 0, 0, 0, 0, 0, true, 4}},
+        {"demo", {"llama", 8, 512, 8, 4, 1408, 256, 16384, 0, 0, 0, 0, 0, true, 4, false}},
+        {"chat", {"llama", 2, 64, 2, 2, 128, CHAT_VOCAB, 4096, 0, 0, 0, 0, 0, false, 6, true}},
+        {"chat-demo",
+         {"llama", 8, 512, 8, 4, 1408, CHAT_VOCAB, 16384, 0, 0, 0, 0, 0, true, 7, true}},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (strcmp(name, known[i].name) == 0) {
@@ -59,7 +62,8 @@ struct gen {
 };
 
 /* A tensor of @p ne0 x @p ne1 (ne1 0: a vector) named @p name, filled as @p f says. */
-static void add(struct gen *g, const char *name, int64_t ne0, int64_t ne1, enum fill f)
+static struct ggml_tensor *add(struct gen *g, const char *name, int64_t ne0, int64_t ne1,
+                               enum fill f)
 {
     bool mat = ne1 > 0 && f == RANDOM;
     enum ggml_type type = mat && g->m->f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
@@ -83,6 +87,20 @@ static void add(struct gen *g, const char *name, int64_t ne0, int64_t ne1, enum 
         memcpy(t->data, v, (size_t)n * sizeof(*v));
     free(v);
     gguf_add_tensor(g->gguf, t);
+    return t;
+}
+
+/* Chat models: the output rows of every token but printable ASCII and the space are zero,
+ * so their logits (0) lose to the largest of ~95 random ones: greedy text is readable and
+ * runs to max_tokens, which makes the server's tests long enough to compare. */
+static void printable_output(struct ggml_tensor *out, uint32_t n_vocab)
+{
+    size_t row = ggml_row_size(out->type, out->ne[0]);
+    for (uint32_t t = 0; t < n_vocab; t++) {
+        bool printable = (t >= 5 + 0x20 && t <= 5 + 0x7E) || t == CHAT_VOCAB - 1;
+        if (!printable)
+            memset((char *)out->data + t * row, 0, row);
+    }
 }
 
 static void addf(struct gen *g, const char *fmt, int il, int64_t ne0, int64_t ne1, enum fill f)
@@ -97,6 +115,44 @@ static void key_u32(struct gen *g, const char *key, uint32_t v)
     char k[96];
     snprintf(k, sizeof(k), "%s.%s", g->m->arch, key);
     gguf_set_val_u32(g->gguf, k, v);
+}
+
+/* ChatML, which llama_chat_apply_template() recognises by its <|im_start|>. */
+static const char chat_template[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/* SentencePiece ("llama") with byte fallback and no merges: a space is "▁", every other byte
+ * its <0xXX> token, so any UTF-8 text round-trips. */
+static void chat_vocab(struct gen *g)
+{
+    static const char *const special[] = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"};
+    const char *tok[CHAT_VOCAB];
+    char bytes[256][8];
+    float scores[CHAT_VOCAB];
+    int32_t types[CHAT_VOCAB];
+    for (int i = 0; i < 5; i++) {
+        tok[i] = special[i];
+        types[i] = i == 0 ? 2 : 3; /* unknown, control */
+    }
+    for (int b = 0; b < 256; b++) {
+        snprintf(bytes[b], sizeof(bytes[b]), "<0x%02X>", b);
+        tok[5 + b] = bytes[b];
+        types[5 + b] = 6; /* byte */
+    }
+    tok[CHAT_VOCAB - 1] = "\xe2\x96\x81";
+    types[CHAT_VOCAB - 1] = 1; /* normal */
+    for (int i = 0; i < CHAT_VOCAB; i++)
+        scores[i] = 0.0f;
+    gguf_set_val_str(g->gguf, "tokenizer.ggml.model", "llama");
+    gguf_set_val_bool(g->gguf, "tokenizer.ggml.add_space_prefix", false);
+    gguf_set_val_u32(g->gguf, "tokenizer.ggml.bos_token_id", 1);
+    gguf_set_val_u32(g->gguf, "tokenizer.ggml.eos_token_id", 4);
+    gguf_set_val_str(g->gguf, "tokenizer.chat_template", chat_template);
+    gguf_set_arr_str(g->gguf, "tokenizer.ggml.tokens", tok, CHAT_VOCAB);
+    gguf_set_arr_data(g->gguf, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, CHAT_VOCAB);
+    gguf_set_arr_data(g->gguf, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, CHAT_VOCAB);
 }
 
 static void set_keys(struct gen *g)
@@ -128,6 +184,10 @@ static void set_keys(struct gen *g)
         gguf_set_val_f32(g->gguf, k, 10000.0f);
         if (m->n_swa)
             key_u32(g, "attention.sliding_window", m->n_swa);
+    }
+    if (m->chat) {
+        chat_vocab(g);
+        return;
     }
     gguf_set_val_str(g->gguf, "tokenizer.ggml.model", "test");
     const char **tok = malloc(m->n_vocab * sizeof(*tok));
@@ -262,8 +322,11 @@ int model_write(const struct model_spec *m, const char *path)
     set_keys(&g);
     add(&g, "token_embd.weight", m->n_embd, m->n_vocab, RANDOM);
     add(&g, "output_norm.weight", m->n_embd, 0, ONES);
-    if (strcmp(m->arch, "gemma2") != 0) /* gemma2 ties its output to the embedding */
-        add(&g, "output.weight", m->n_embd, m->n_vocab, RANDOM);
+    if (strcmp(m->arch, "gemma2") != 0) { /* gemma2 ties its output to the embedding */
+        struct ggml_tensor *out = add(&g, "output.weight", m->n_embd, m->n_vocab, RANDOM);
+        if (m->chat)
+            printable_output(out, m->n_vocab);
+    }
     if (strcmp(m->arch, "mamba") == 0)
         mamba_layers(&g);
     else
