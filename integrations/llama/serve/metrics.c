@@ -37,7 +37,7 @@ static void labelled(FILE *f, const char *name, const char *label, const char *v
 
 static void counters(FILE *f, const struct metrics *m)
 {
-    static const char *const src[SRC_COUNT] = {"none", "slot", "ram", "disk"};
+    static const char *const src[SRC_COUNT] = {"none", "slot", "ram", "disk", "remote"};
     family(f, "requests_total", "Completion requests accepted, by endpoint.", "counter");
     labelled(f, "requests_total", "endpoint", "chat", m->requests[JOB_CHAT]);
     labelled(f, "requests_total", "endpoint", "completions", m->requests[JOB_COMPLETION]);
@@ -46,7 +46,7 @@ static void counters(FILE *f, const struct metrics *m)
         m->prompt_tokens);
     family(f, "cached_tokens_total",
            "Prompt tokens not prefilled, by where they came from: the slot's own sequence, "
-           "kvtier's RAM tier or its disk.",
+           "kvtier's RAM tier, its disk or the remote tier (--redis).",
            "counter");
     for (int i = SRC_SLOT; i < SRC_COUNT; i++)
         labelled(f, "cached_tokens_total", "source", src[i], m->cached[i]);
@@ -76,8 +76,11 @@ char *metrics_text(struct server *s)
     if (!f)
         return NULL;
     struct kvt_pcache_stats st = {0};
+    struct kvt_remote_stats rst = {0};
     if (s->kl)
         kvt_pcache_get_stats(kvt_llama_pcache(s->kl), &st);
+    if (s->remote)
+        kvt_remote_get_stats(s->remote, &rst);
     pthread_mutex_lock(&s->mu);
     struct metrics m = s->m;
     size_t queued = s->queued, busy = s->busy;
@@ -86,9 +89,11 @@ char *metrics_text(struct server *s)
     family(f, "cache_bytes", "Bytes of cached prompt state, by tier.", "gauge");
     labelled(f, "cache_bytes", "tier", "ram", st.total_bytes);
     labelled(f, "cache_bytes", "tier", "disk", st.cold.total_bytes);
+    labelled(f, "cache_bytes", "tier", "remote", rst.bytes);
     family(f, "cache_entries", "Cached prompts, by tier.", "gauge");
     labelled(f, "cache_entries", "tier", "ram", st.records);
     labelled(f, "cache_entries", "tier", "disk", st.cold.entries);
+    labelled(f, "cache_entries", "tier", "remote", rst.entries);
     one(f, "pending_writes", "Cached prompts waiting for the write-behind to disk.", "gauge",
         st.pending_spills + st.pending_snapshots);
     one(f, "slots_busy", "Slots running a request.", "gauge", busy);

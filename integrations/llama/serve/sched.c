@@ -3,7 +3,8 @@
  * every step decodes all busy slots in one batch: the next token of each generating slot
  * and prompt tokens of those still prefilling. A job's prompt starts from whichever is
  * longer, what its slot still holds or kvtier's longest cached prefix (RAM tier, then disk,
- * which other processes may have written); when it ends, the tokens its sequence holds are
+ * which other processes may have written, then the remote tier of --redis, which servers on
+ * other hosts may have written); when it ends, the tokens its sequence holds are
  * saved to kvtier (a copy into the RAM tier, written to disk behind). A slot's state is
  * therefore in the RAM tier whenever another conversation takes the slot over.
  */
@@ -71,18 +72,22 @@ static struct llama_sampler *sampler(const struct sample_params *sp)
 }
 
 /* kvtier's longest prefix, to compare with the slot's own (files of other processes are
- * seen after a refresh). */
+ * seen after a refresh; the remote's index is merged by its own poll thread). */
 static size_t cached_prefix(struct server *s, const struct job *j)
 {
     kvt_pcache *pc = kvt_llama_pcache(s->kl);
     const char *ns = kvt_llama_identity(s->kl)->ns;
     kvt_store_refresh(kvt_pcache_store(pc));
     size_t ram = kvt_pcache_peek_prefix_len(pc, j->prompt, j->n_prompt, ns);
-    struct kvt_hit hit;
-    if (kvt_store_find(kvt_pcache_store(pc), j->prompt, j->n_prompt, ns, &hit) == 0 &&
-        hit.prefix_len > ram)
-        return hit.prefix_len;
-    return ram;
+    struct kvt_hit disk, remote;
+    size_t best = ram;
+    if (kvt_store_find(kvt_pcache_store(pc), j->prompt, j->n_prompt, ns, &disk) == 0 &&
+        disk.prefix_len > best)
+        best = disk.prefix_len;
+    if (s->remote && kvt_remote_find(s->remote, j->prompt, j->n_prompt, ns, &remote) == 0 &&
+        remote.prefix_len > best)
+        best = remote.prefix_len;
+    return best;
 }
 
 /* Put the longest usable prefix of the job's prompt into the slot's sequence. */
@@ -101,7 +106,11 @@ static void slot_begin(struct server *s, struct slot *sl)
             r.n_tokens = 0;
         }
         own = r.n_tokens;
-        src = !own ? SRC_NONE : r.from_disk ? SRC_DISK : SRC_RAM;
+        src = !own ? SRC_NONE : r.from_remote ? SRC_REMOTE : r.from_disk ? SRC_DISK : SRC_RAM;
+        if (src == SRC_REMOTE) /* another host's work: worth a line */
+            fprintf(stderr,
+                    "kvtier-llama serve: %zu prompt tokens from the remote tier (%.1f ms)\n", own,
+                    r.ms);
     } else
         llama_memory_seq_rm(llama_get_memory(s->ctx), sl->seq, (llama_pos)own, -1);
     memcpy(sl->tok, j->prompt, own * sizeof(*sl->tok));

@@ -3,7 +3,8 @@
  * kvtier. Three kinds of threads: libmicrohttpd's connection threads parse requests, queue
  * jobs and wait for their text; one engine thread owns the llama.cpp context and the
  * kvt_llama handle and decodes every busy slot in one batch per step; kvtier's own writer
- * thread writes finished conversations to disk behind the requests.
+ * thread writes finished conversations to disk behind the requests (with --redis, the remote
+ * tier's threads upload them behind that and merge what other servers published).
  */
 #ifndef KVT_SERVE_H
 #define KVT_SERVE_H
@@ -17,6 +18,7 @@
 
 struct serve_opts {
     const char *model, *cache_dir, *host, *alias;
+    const char *redis; /* the remote tier's URL, or NULL */
     int port, slots, ctx, threads;
     uint64_t ram_bytes;
     bool no_cache; /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
@@ -36,7 +38,7 @@ struct sample_params {
 };
 
 /* Where a request's cached prompt tokens came from. */
-enum cache_source { SRC_NONE, SRC_SLOT, SRC_RAM, SRC_DISK, SRC_COUNT };
+enum cache_source { SRC_NONE, SRC_SLOT, SRC_RAM, SRC_DISK, SRC_REMOTE, SRC_COUNT };
 
 /* One request. The HTTP side fills the first block before queueing it; the rest is written
  * by the engine under server.mu and read by the HTTP side under it. */
@@ -90,7 +92,9 @@ struct server {
     void (*pool_free)(struct ggml_threadpool *);
     const struct llama_vocab *vocab;
     const char *tmpl;
-    kvt_llama *kl; /* NULL with no_cache */
+    kvt_llama *kl;         /* NULL with no_cache */
+    kvt_remote *remote;    /* the --redis tier (kl's), or NULL */
+    char redis_shown[512]; /* its URL with the password as "***" */
     const char *fingerprint;
     size_t n_ctx_seq;
 
@@ -149,6 +153,14 @@ char *api_models(const struct server *s);
 char *metrics_text(struct server *s);
 /** Count a first token @p secs after arrival (under server.mu). */
 void metrics_ttft(struct metrics *m, double secs);
+
+/* remote.c: the --redis tier */
+/** Open kvtier's prompt cache with @p ko, the remote tier of --redis attached, and check that
+ * the server answers: a bad URL, a refused password or an unreachable server fails (-1) with
+ * its message on stderr, the password never shown. */
+int remote_open_cache(struct server *s, struct kvt_llama_opts *ko);
+/** Wait for the uploads queued so far (at SIGTERM, after the disk flush). 0 or -1. */
+int remote_drain(struct server *s);
 
 /* http.c */
 struct MHD_Daemon;

@@ -16,8 +16,8 @@
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: kvtier-llama serve -m MODEL.gguf --cache-dir DIR [--host 127.0.0.1] "
-            "[--port 8080]\n"
+            "usage: kvtier-llama serve -m MODEL.gguf --cache-dir DIR [--redis URL] "
+            "[--host 127.0.0.1] [--port 8080]\n"
             "                          [--slots 4] [--ctx 4096] [--ram-bytes 1073741824] "
             "[--threads CPUS] [--alias NAME]\n"
             "       kvtier-llama serve -m MODEL.gguf --no-cache ...   (the prompt cache off)\n");
@@ -50,6 +50,8 @@ static int parse(int argc, char **argv, struct serve_opts *o)
             o->host = v;
         else if (strcmp(a, "--alias") == 0)
             o->alias = v;
+        else if (strcmp(a, "--redis") == 0)
+            o->redis = v;
         else if (strcmp(a, "--no-cache") == 0) {
             o->no_cache = true;
             continue;
@@ -75,6 +77,10 @@ static int parse(int argc, char **argv, struct serve_opts *o)
     }
     if (!o->model || (!o->cache_dir && !o->no_cache)) {
         fprintf(stderr, "kvtier-llama serve: -m MODEL and --cache-dir DIR are required\n");
+        return usage();
+    }
+    if (o->redis && o->no_cache) {
+        fprintf(stderr, "kvtier-llama serve: --redis needs the cache (not --no-cache)\n");
         return usage();
     }
     return 0;
@@ -151,10 +157,8 @@ static int open_engine(struct server *s)
     ko.model_path = s->o.model;
     ko.cparams = &cp;
     ko.ram_max_bytes = s->o.ram_bytes;
-    if (kvt_llama_open(s->ctx, &ko, &s->kl) != 0) {
-        fprintf(stderr, "kvtier-llama serve: cache: %s\n", kvt_last_error());
+    if (remote_open_cache(s, &ko) != 0)
         return -1;
-    }
     s->fingerprint = kvt_llama_identity(s->kl)->config_fingerprint;
     return 0;
 }
@@ -199,9 +203,10 @@ int cmd_serve(int argc, char **argv)
     }
     fprintf(stderr,
             "kvtier-llama serve: listening on http://%s:%d (model %s, %d slots of %zu tokens, "
-            "cache %s)\n",
+            "cache %s%s%s)\n",
             s.o.host, port, s.model_id, s.o.slots, s.n_ctx_seq,
-            s.o.no_cache ? "off" : s.o.cache_dir);
+            s.o.no_cache ? "off" : s.o.cache_dir, s.remote ? ", remote " : "",
+            s.remote ? s.redis_shown : "");
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvtier-llama serve: %s: finishing the running requests\n", strsignal(sig));
@@ -214,6 +219,8 @@ int cmd_serve(int argc, char **argv)
     rc = s.kl ? kvt_llama_flush(s.kl, -1) : 0;
     if (rc)
         fprintf(stderr, "kvtier-llama serve: flush failed: %s\n", kvt_last_error());
+    else
+        rc = remote_drain(&s); /* the uploads queued behind the disk writes */
     kvt_llama_close(s.kl, 0);
     close_engine(&s);
     fprintf(stderr, "kvtier-llama serve: stopped, the cache is on disk\n");
