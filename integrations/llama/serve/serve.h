@@ -159,8 +159,9 @@ void metrics_ttft(struct metrics *m, double secs);
  * the server answers: a bad URL, a refused password or an unreachable server fails (-1) with
  * its message on stderr, the password never shown. */
 int remote_open_cache(struct server *s, struct kvt_llama_opts *ko);
-/** Wait for the uploads queued so far (at SIGTERM, after the disk flush). 0 or -1. */
-int remote_drain(struct server *s);
+/** Wait for the uploads queued so far (at SIGTERM, after the disk flush); a timeout is logged,
+ * not failed: the cache is durable on disk, Redis only shares it. */
+void remote_drain(struct server *s);
 
 /* http.c */
 struct MHD_Daemon;

@@ -219,8 +219,7 @@ int cmd_serve(int argc, char **argv)
     rc = s.kl ? kvt_llama_flush(s.kl, -1) : 0;
     if (rc)
         fprintf(stderr, "kvtier-llama serve: flush failed: %s\n", kvt_last_error());
-    else
-        rc = remote_drain(&s); /* the uploads queued behind the disk writes */
+    remote_drain(&s); /* the uploads queued behind the disk writes */
     kvt_llama_close(s.kl, 0);
     close_engine(&s);
     fprintf(stderr, "kvtier-llama serve: stopped, the cache is on disk\n");
