@@ -625,6 +625,13 @@ static void test_auth(void **state)
     assert_null(r);
     print_message("wrong password: %s\n", kvt_last_error());
     assert_non_null(strstr(kvt_last_error(), "authentication refused"));
+    assert_null(strstr(kvt_last_error(), "wrong"));
+
+    snprintf(url, sizeof(url), "rediss://:wrong@127.0.0.1:%d/au", SA.port); /* bad scheme */
+    ropts(&o, url);
+    assert_int_equal(kvt_remote_open(&o, &r), -EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "not rediss://"));
+    assert_null(strstr(kvt_last_error(), "wrong"));
 
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d/au", SA.port); /* no password at all */
     ropts(&o, url);

@@ -87,8 +87,12 @@ int kvt_remote_parse_url(const char *url, struct kvt_rcfg *c, char **prefix)
     if (!url)
         return kvt_fail(-EINVAL, "remote: no URL");
     bool tcp = !strncmp(url, "redis://", 8);
-    if (!tcp && strncmp(url, "unix://", 7))
-        return kvt_fail(-EINVAL, "remote URL must start with redis:// or unix://: %s", url);
+    if (!tcp && strncmp(url, "unix://", 7)) { /* the rest may hold a password: name the scheme only */
+        const char *end = strstr(url, "://");
+        return end ? kvt_fail(-EINVAL, "remote URL must start with redis:// or unix://, not %.*s",
+                              (int)(end - url + 3), url)
+                   : kvt_fail(-EINVAL, "remote URL must start with redis:// or unix://");
+    }
     const char *s = url + (tcp ? 8 : 7);
     int rc = parse_auth(&s, c);
     if (rc == 0)
