@@ -87,7 +87,8 @@ int kvt_remote_parse_url(const char *url, struct kvt_rcfg *c, char **prefix)
     if (!url)
         return kvt_fail(-EINVAL, "remote: no URL");
     bool tcp = !strncmp(url, "redis://", 8);
-    if (!tcp && strncmp(url, "unix://", 7)) { /* the rest may hold a password: name the scheme only */
+    /* The rest of a URL may hold a password: another scheme is named alone. */
+    if (!tcp && strncmp(url, "unix://", 7)) {
         const char *end = strstr(url, "://");
         return end ? kvt_fail(-EINVAL, "remote URL must start with redis:// or unix://, not %.*s",
                               (int)(end - url + 3), url)
