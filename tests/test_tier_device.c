@@ -237,6 +237,15 @@ static void test_write_behind_and_disk_hits(void **state)
     assert_int_equal(take(pc, &p, tok, 901, &disk), 900);
     assert_true(disk);
     assert_landed(&p, e, 900);
+    /* the disk hit's host copy joined RAM, read back from the device: the next take is a RAM
+     * hit with the same bytes, even with the landed memory changed since */
+    uint8_t *junk = malloc(p.bytes[0]);
+    memset(junk, 0x5a, p.bytes[0]);
+    assert_int_equal(kvt_device_upload(d, p.addr[0], junk, p.bytes[0]), 0);
+    free(junk);
+    assert_int_equal(take(pc, &p, tok, 901, &disk), 900);
+    assert_false(disk);
+    assert_landed(&p, e, 900);
     kvt_pcache_close(pc);
 
     /* caches whose rows are not cut so (an ssm layer): restored to the host, then copied */

@@ -72,6 +72,12 @@ struct kvt_dcopy {
 /** Queue every copy of @p c straight on the device's queue (the host sides are page-locked,
  * e.g. a kvt_dpool's) and wait for them all; @p up: host to device. */
 int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up);
+/** kvt_device_copies() without the wait: 0 with *@p slot the ring slot held until
+ * kvt_device_copies_wait(), which waits for the copies and gives it back (KVT_DEVICE_UNTRACKED
+ * when nothing was queued); on failure nothing is held. */
+int kvt_device_copies_queue(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up,
+                            unsigned *slot);
+int kvt_device_copies_wait(kvt_device *d, unsigned slot);
 
 /*
  * The page-locked pool of a RAM tier (device_pool.c): one region of @p cap bytes, allocated at

@@ -203,6 +203,13 @@ int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out)
     return 0;
 }
 
+/* The host copy of a disk hit taken into device memory joins RAM once its copies are done. */
+static void collect_kept(kvt_pcache *t)
+{
+    if (t->cfg.dev)
+        kvt_ram_lru_keep(t->pc, t->cfg.dev->kept(t->cfg.dev_ud));
+}
+
 int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
                     struct kvt_take *out)
 {
@@ -212,6 +219,7 @@ int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
         memset(out, 0, sizeof(*out));
         return kvt_fail(-EINVAL, "kvt_pcache_take: NULL cache");
     }
+    collect_kept(t);
     return kvt_ram_lru_take(t->pc, tok, n, ns, out);
 }
 
@@ -227,6 +235,7 @@ int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const
         return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: NULL argument");
     if (!t->cfg.dev)
         return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: the prompt cache has no device");
+    collect_kept(t);
     struct kvt_dev_dest dest = {place, ud, NULL};
     int rc = kvt_ram_lru_take_to(t->pc, tok, n, ns, &dest, out);
     *out_header = dest.header;
@@ -246,6 +255,7 @@ int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)
         kvt_retain_release(retain);
         return kvt_fail(-EINVAL, "kvt_pcache_put: NULL cache");
     }
+    collect_kept(t);
     return kvt_ram_lru_put(t->pc, e, retain);
 }
 

@@ -78,6 +78,9 @@ struct kvt_tier_device_ops {
      * *out NULL on a miss; KVT_E_UNSUPPORTED when its caches cannot be cut so). */
     int (*cold_to_device)(void *ud, kvt_store *s, const struct kvt_hit *hit,
                           kvt_device_place_fn place, void *pud, struct kvt_header **out);
+    /* The host copy of the last such hit (its copies from device memory queued when it
+     * landed, off the caller's path), once they are done, or NULL: the RAM tier keeps it. */
+    struct kvt_entry *(*kept)(void *ud);
     void (*close)(void *ud);
 };
 
