@@ -237,15 +237,6 @@ static void test_write_behind_and_disk_hits(void **state)
     assert_int_equal(take(pc, &p, tok, 901, &disk), 900);
     assert_true(disk);
     assert_landed(&p, e, 900);
-    /* the disk hit's host copy joined RAM, read back from the device: the next take is a RAM
-     * hit with the same bytes, even with the landed memory changed since */
-    uint8_t *junk = malloc(p.bytes[0]);
-    memset(junk, 0x5a, p.bytes[0]);
-    assert_int_equal(kvt_device_upload(d, p.addr[0], junk, p.bytes[0]), 0);
-    free(junk);
-    assert_int_equal(take(pc, &p, tok, 901, &disk), 900);
-    assert_false(disk);
-    assert_landed(&p, e, 900);
     kvt_pcache_close(pc);
 
     /* caches whose rows are not cut so (an ssm layer): restored to the host, then copied */
@@ -277,6 +268,53 @@ static void test_write_behind_and_disk_hits(void **state)
     kvt_entry_free(e);
     free(tok);
     free(other);
+    free(dir);
+    kvt_device_close(d);
+}
+
+/* A disk hit taken into device memory keeps a host copy in RAM, read back from the landed
+ * memory after the take: the next take is a RAM hit with the same bytes. */
+static void test_disk_hit_kept_in_ram(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    char *dir = strf("%s/store", test_dir);
+    int32_t *tok = tokens(700, 0);
+    struct kvt_entry *e = kv_entry(tok, 700, 5);
+    kvt_pcache *pc = open_pc(d, dir, 64 << 20, 16 << 20);
+    assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, e, MODEL, FP, TOK), NULL), 0);
+    struct kvt_flush_report r;
+    assert_int_equal(kvt_pcache_flush(pc, 30000, &r), 0);
+    kvt_pcache_clear(pc); /* RAM empty, the pool allocated */
+    struct dest p = {.d = d};
+    bool disk = false;
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    assert_landed(&p, e, 700);
+    /* the landed memory changed after the take: the copy queued before it is unaffected */
+    uint8_t *junk = malloc(p.bytes[0]);
+    memset(junk, 0x5a, p.bytes[0]);
+    assert_int_equal(kvt_device_upload(d, p.addr[0], junk, p.bytes[0]), 0);
+    free(junk);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_false(disk);
+    assert_landed(&p, e, 700);
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.records, 1);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+
+    /* a new process: the pool is pinned after the first disk hit, not in its way */
+    pc = open_pc(d, dir, 64 << 20, 16 << 20);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    assert_landed(&p, e, 700);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+    kvt_entry_free(e);
+    free(tok);
     free(dir);
     kvt_device_close(d);
 }
@@ -326,6 +364,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_put_and_take_in_ram, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_write_behind_and_disk_hits, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_disk_hit_kept_in_ram, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_no_room_saves_from_device, test_dir_setup,
                                         test_dir_teardown),

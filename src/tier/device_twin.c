@@ -24,7 +24,18 @@ struct kvt_tier_dev {
     pthread_mutex_t keep_mu;
     struct kvt_entry *keep;
     unsigned keep_slot;
+    /* A disk hit before the pool exists keeps nothing: pinning it would hold up the take;
+     * it is allocated on this thread instead, for the hits after it. */
+    pthread_t prep;
+    bool prep_started;
 };
+
+static void *prepare_pool(void *arg)
+{
+    struct kvt_tier_dev *t = arg;
+    kvt_dpool_prepare(t->pool); /* a failure shows at the next use of the pool */
+    return NULL;
+}
 
 int kvt_tier_dev_new(kvt_device *d, size_t pool_bytes, struct kvt_tier_dev **out)
 {
@@ -50,6 +61,8 @@ static void dev_close(void *ud)
 {
     struct kvt_tier_dev *t = ud;
     kvt_entry_free(kept(t)); /* its copies done: the pool's memory is no longer written */
+    if (t->prep_started)
+        pthread_join(t->prep, NULL);
     pthread_mutex_destroy(&t->keep_mu);
     kvt_dpool_close(t->pool); /* the region goes with the last buffer still held */
     free(t);
@@ -350,6 +363,13 @@ static int keep_entry(struct kvt_tier_dev *t, const struct kvt_header *h, const 
 static void keep_hit(struct kvt_tier_dev *t, const struct kvt_header *h, const struct noted *w)
 {
     kvt_entry_free(kept(t)); /* one at a time: the previous one holds a ring slot */
+    if (!kvt_dpool_ready(t->pool)) {
+        pthread_mutex_lock(&t->keep_mu);
+        if (!t->prep_started)
+            t->prep_started = pthread_create(&t->prep, NULL, prepare_pool, t) == 0;
+        pthread_mutex_unlock(&t->keep_mu);
+        return;
+    }
     struct kvt_dcopy *cp = calloc(w->n + 1, sizeof(*cp));
     size_t ncp = 0;
     struct kvt_entry *e = NULL;
