@@ -1104,6 +1104,33 @@ KVT_API int kvt_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t
                                       struct kvt_take *out, struct kvt_header **out_header);
 
 /**
+ * A take into device memory whose copies may still run: kvt_pcache_take_to_device_async().
+ * Slot k is the k-th tensor of the header (for a kv cache of L layers: 2i keys, 2i+1 values
+ * of layer i).
+ */
+typedef struct kvt_dtake kvt_dtake;
+/**
+ * kvt_pcache_take_to_device() that returns once the copies of a RAM hit are queued, on a
+ * stream of the device's own that first waits for the work queued so far on the legacy
+ * default stream, with an event after each slot's copies: a model waits for layer i only
+ * when it reaches it (kvt_dtake_wait()), and the restore overlaps its first layers. A disk
+ * hit has landed on return, as with kvt_pcache_take_to_device(). On a hit, *@p pending
+ * (NULL on a miss or failure) must be ended with kvt_dtake_end(); the memory must not be read
+ * before a wait for its slot, nor freed before that wait or the end.
+ */
+KVT_API int kvt_pcache_take_to_device_async(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                            const char *ns, kvt_device_place_fn place,
+                                            void *ud, struct kvt_take *out,
+                                            struct kvt_header **out_header,
+                                            kvt_dtake **pending);
+/** Make CUDA stream @p stream (a CUstream; 0: the legacy default stream) wait, without the
+ * host waiting, until slot @p slot has landed; the host stand-in waits on the host. -EINVAL
+ * for a slot the take does not have, -EIO for a CUDA failure. */
+KVT_API int kvt_dtake_wait(kvt_dtake *p, size_t slot, uint64_t stream);
+/** Wait (on the host) for every copy of the take, then free it. 0, or -EIO. NULL allowed. */
+KVT_API int kvt_dtake_end(kvt_dtake *p);
+
+/**
  * kvt_store_restore_to_device() of only the hit's prefix (hit->prefix_len tokens, when the
  * entry holds more): the placement is given the header cut to it (token axis of every tensor
  * shortened, bytes to match), and only those rows are copied, straight into its memory; the

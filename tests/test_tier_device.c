@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const MODEL = "test/model";
 static const char *const FP = "fp-tier-device";
@@ -319,6 +320,46 @@ static void test_disk_hit_kept_in_ram(void **state)
     kvt_device_close(d);
 }
 
+/* A layer-wise take returns before slow copies are done; each slot's wait covers its bytes,
+ * and the bytes are the entry's. */
+static void test_layerwise_take(void **state)
+{
+    (void)state;
+    struct kvt_device_opts dopts = {0, 0, 20000}; /* every copy takes 20 ms */
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(&dopts, &d), 0);
+    int32_t *tok = tokens(300, 0);
+    struct kvt_entry *e = kv_entry(tok, 300, 9);
+    kvt_pcache *pc = open_pc(d, NULL, 64 << 20, 0);
+    assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, e, MODEL, FP, TOK), NULL), 0);
+    struct dest p = {.d = d};
+    struct kvt_take t;
+    struct kvt_header *h;
+    kvt_dtake *pend;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(kvt_pcache_take_to_device_async(pc, tok, 301, "", place, &p, &t, &h, &pend),
+                     0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_non_null(h);
+    assert_non_null(pend);
+    assert_false(t.from_disk);
+    /* queued, not done: the copies of p.n slots take >= 20 ms each */
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    assert_true(p.n >= 2 && took < 0.02 * p.n / 2);
+    assert_int_equal(kvt_dtake_wait(pend, (size_t)p.n, 0), -EINVAL);
+    for (int k = 0; k < p.n; k++)
+        assert_int_equal(kvt_dtake_wait(pend, (size_t)k, 0), 0);
+    assert_landed(&p, e, 300);
+    assert_int_equal(kvt_dtake_end(pend), 0);
+    kvt_header_free(h);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+    kvt_entry_free(e);
+    free(tok);
+    kvt_device_close(d);
+}
+
 static void test_no_room_saves_from_device(void **state)
 {
     (void)state;
@@ -367,6 +408,7 @@ int main(void)
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_disk_hit_kept_in_ram, test_dir_setup,
                                         test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_layerwise_take, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_no_room_saves_from_device, test_dir_setup,
                                         test_dir_teardown),
     };

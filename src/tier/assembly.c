@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "tier/ram_lru.h"
 #include "tier/write_queue.h"
+#include "device/device.h"
 #include "tier/tier.h"
 #include "tier/timer_thread.h"
 #include "tier/snapshots.h"
@@ -223,15 +224,17 @@ int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
     return kvt_ram_lru_take(t->pc, tok, n, ns, out);
 }
 
-int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
-                              kvt_device_place_fn place, void *ud, struct kvt_take *out,
-                              struct kvt_header **out_header)
+int kvt_pcache_take_to_device_async(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
+                                    kvt_device_place_fn place, void *ud, struct kvt_take *out,
+                                    struct kvt_header **out_header, kvt_dtake **pending)
 {
     if (out_header)
         *out_header = NULL;
+    if (pending)
+        *pending = NULL;
     if (out)
         memset(out, 0, sizeof(*out));
-    if (!t || !out || !out_header || !place)
+    if (!t || !out || !out_header || !place || !pending)
         return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: NULL argument");
     if (!t->cfg.dev)
         return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: the prompt cache has no device");
@@ -239,14 +242,32 @@ int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const
     struct kvt_dev_dest dest = {place, ud, NULL};
     int rc = kvt_ram_lru_take_to(t->pc, tok, n, ns, &dest, out);
     *out_header = dest.header;
+    if (rc == 0 && dest.header && !(*pending = calloc(1, sizeof(**pending)))) {
+        kvt_header_free(dest.header); /* landed already: a take with nothing to wait for */
+        *out_header = NULL;
+        rc = kvt_fail(-ENOMEM, "out of memory");
+    }
     if (rc < 0 || !out->entry)
         return rc;
-    rc = t->cfg.dev->to_device(t->cfg.dev_ud, out->entry, place, ud, out_header);
-    kvt_ram_lru_entry_free(t->pc, out->entry); /* the donor stays in RAM; this was its clone */
-    kvt_retain_release(out->retain);
-    out->entry = NULL;
+    kvt_retain_release(out->retain); /* the clone's buffers hold the donor's bytes */
     out->retain = NULL;
-    return rc;
+    struct kvt_entry *clone = out->entry; /* the donor stays in RAM; the take owns this */
+    out->entry = NULL;
+    return t->cfg.dev->to_device(t->cfg.dev_ud, clone, place, ud, out_header, pending);
+}
+
+int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
+                              kvt_device_place_fn place, void *ud, struct kvt_take *out,
+                              struct kvt_header **out_header)
+{
+    kvt_dtake *p = NULL;
+    int rc = kvt_pcache_take_to_device_async(t, tok, n, ns, place, ud, out, out_header, &p);
+    int re = kvt_dtake_end(p);
+    if (rc == 0 && re) {
+        kvt_header_free(*out_header);
+        *out_header = NULL;
+    }
+    return rc ? rc : re;
 }
 
 int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)

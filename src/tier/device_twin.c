@@ -240,40 +240,72 @@ static int add_run(void *ud, const void *p, size_t n)
     return 0;
 }
 
-static int to_device(void *ud, const struct kvt_entry *e, kvt_device_place_fn place, void *pud,
-                     struct kvt_header **out)
+/* The copies of host entry @p e into the memory @p dst names, into @p r; ends[k]: the copies
+ * up to slot k's last. */
+static int plan_runs(const struct kvt_entry *e, const uint64_t *dst, struct runs *r, size_t *ends)
+{
+    int rc = 0;
+    for (size_t i = 0, k = 0; i < e->n_caches; i++) {
+        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+        int nt = kvt_cache_state(e->caches[i], st);
+        for (int j = 0; j < nt; j++, k++) {
+            r->dev = dst[k];
+            if (rc == 0 && dst[k])
+                rc = kvt_tensor_for_each_run(&st[j], add_run, r);
+            ends[k] = r->n;
+            kvt_tensor_release(&st[j]);
+        }
+    }
+    return rc;
+}
+
+/* A pending take of @p n slots over @p src (owned), its copies queued with a mark each. */
+static int queue_take(struct kvt_tier_dev *t, struct kvt_entry *src, const struct runs *r,
+                      const size_t *ends, size_t n, kvt_dtake **out)
+{
+    kvt_dtake *p = calloc(1, sizeof(*p));
+    void **marks = calloc(n + 1, sizeof(*marks));
+    int rc = p && marks ? kvt_device_copies_marked(t->d, r->cp, ends, n, marks)
+                        : kvt_fail(-ENOMEM, "out of memory");
+    if (rc) {
+        free(marks);
+        free(p);
+        kvt_entry_free(src);
+        return rc;
+    }
+    *p = (kvt_dtake){t->d, marks, n, src};
+    *out = p;
+    return 0;
+}
+
+static int to_device(void *ud, struct kvt_entry *e, kvt_device_place_fn place, void *pud,
+                     struct kvt_header **out, kvt_dtake **pending)
 {
     struct kvt_tier_dev *t = ud;
     *out = NULL;
     struct kvt_header *h = NULL;
     int rc = describe(e, &h);
-    if (rc)
-        return rc;
     size_t ns = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
+    for (size_t i = 0; h && i < h->n_caches; i++)
         ns += (size_t)h->caches[i].n_slots;
     uint64_t *dst = calloc(ns + 1, sizeof(*dst));
-    rc = dst ? 0 : kvt_fail(-ENOMEM, "out of memory");
+    size_t *ends = calloc(ns + 1, sizeof(*ends));
+    rc = rc ? rc : dst && ends ? 0 : kvt_fail(-ENOMEM, "out of memory");
     if (rc == 0) {
         kvt_clear_error();
         if ((rc = place(pud, h, dst)) && !kvt_last_error()[0])
             kvt_fail(rc, "prompt cache take: the destination was refused: %s", kvt_strerror(rc));
     }
     struct runs r = {.t = t};
-    for (size_t i = 0, k = 0; rc == 0 && i < e->n_caches; i++) {
-        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
-        int nt = kvt_cache_state(e->caches[i], st);
-        for (int j = 0; j < nt; j++, k++) {
-            r.dev = dst[k];
-            if (rc == 0 && dst[k])
-                rc = kvt_tensor_for_each_run(&st[j], add_run, &r);
-            kvt_tensor_release(&st[j]);
-        }
-    }
     if (rc == 0)
-        rc = kvt_device_copies(t->d, r.cp, r.n, true);
+        rc = plan_runs(e, dst, &r, ends);
+    if (rc == 0)
+        rc = queue_take(t, e, &r, ends, ns, pending);
+    else
+        kvt_entry_free(e);
     free(r.cp);
     free(dst);
+    free(ends);
     if (rc) {
         kvt_header_free(h);
         return rc;
