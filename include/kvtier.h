@@ -1115,8 +1115,8 @@ typedef struct kvt_dtake kvt_dtake;
  * default stream, with an event after each slot's copies: a model waits for layer i only
  * when it reaches it (kvt_dtake_wait()), and the restore overlaps its first layers. A disk
  * hit has landed on return, as with kvt_pcache_take_to_device(). On a hit, *@p pending
- * (NULL on a miss or failure) must be ended with kvt_dtake_end(); the memory must not be read
- * before a wait for its slot, nor freed before that wait or the end.
+ * (NULL on a miss or failure) must be ended with kvt_dtake_end(), the device still open; the
+ * memory must not be read before a wait for its slot, nor freed before that wait or the end.
  */
 KVT_API int kvt_pcache_take_to_device_async(kvt_pcache *pc, const int32_t *tok, size_t n,
                                             const char *ns, kvt_device_place_fn place,
