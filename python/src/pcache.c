@@ -228,8 +228,8 @@ static PyObject *pcache_take_to_device(KvtPcache *self, PyObject *args)
     }
     bool from_disk = false;
     PyObject *pending = NULL;
-    PyObject *h = kvtpy_pcache_take_to_device(self->pc, tok, n, ns, self->device, place,
-                                              &from_disk, layerwise ? &pending : NULL);
+    PyObject *h = kvtpy_pcache_take_to_device(self->pc, tok, n, ns, self->device, place, &from_disk,
+                                              layerwise ? &pending : NULL);
     leave(self);
     PyBuffer_Release(&view);
     if (!h || h == Py_None) {

@@ -111,7 +111,8 @@ int kvt_dpool_new(kvt_device *d, size_t cap, struct kvt_dpool **out);
 void kvt_dpool_close(struct kvt_dpool *p);
 /** A host buffer of @p bytes in the pool; -ENOSPC when no free range is large enough. */
 int kvt_dpool_buf(struct kvt_dpool *p, size_t bytes, kvt_buf **out);
-/** Whether the region is allocated; kvt_dpool_prepare() allocates it (page-locking: slow). */
+/** Whether the region is allocated (false while the pool is busy: never waits);
+ * kvt_dpool_prepare() allocates it (page-locking: slow). */
 bool kvt_dpool_ready(struct kvt_dpool *p);
 int kvt_dpool_prepare(struct kvt_dpool *p);
 /** Whether @p mem lies in the pool's region. */

@@ -101,7 +101,8 @@ static void give_back(void *ud, void *data)
 /* Reserve @p n bytes (caller holds mu): 0 and *mem, or -ENOSPC when no gap is large enough. */
 bool kvt_dpool_ready(struct kvt_dpool *p)
 {
-    pthread_mutex_lock(&p->mu);
+    if (pthread_mutex_trylock(&p->mu) != 0)
+        return false; /* busy, maybe pinning the region: not to be waited for */
     bool ready = p->base != NULL;
     pthread_mutex_unlock(&p->mu);
     return ready;

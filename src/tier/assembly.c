@@ -299,8 +299,10 @@ size_t kvt_pcache_demote_idle(kvt_pcache *t, int64_t idle_ms, int64_t now_ms)
 
 void kvt_pcache_clear(kvt_pcache *t)
 {
-    if (t)
-        kvt_ram_lru_clear(t->pc);
+    if (!t)
+        return;
+    collect_kept(t); /* a host copy still in flight is cleared too */
+    kvt_ram_lru_clear(t->pc);
 }
 
 int kvt_pcache_flush(kvt_pcache *t, int64_t timeout_ms, struct kvt_flush_report *r)
