@@ -6,8 +6,8 @@
 #   scripts/gpu-run.sh e2e      python/bench/bench_hf_ttft.py (32 layers, hidden 4096, 16,384
 #                               tokens)
 #   scripts/gpu-run.sh benches  bench_tier_device, then the e2e bench
-#   scripts/gpu-run.sh tier     the device suites and Python tests, bench_tier_device, then
-#                               the e2e bench (no bench_device)
+#   scripts/gpu-run.sh tier     the e2e bench, bench_tier_device, then the device suites and
+#                               Python tests (no bench_device)
 # Output goes to $OUT (default ./gpu-out).
 set -u
 root=$(pwd)
@@ -40,10 +40,10 @@ e2e)
     python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
     ;;
 tier)
-    suites
+    python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
     .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 3 2>&1 |
         tee "$out/bench_tier_device.txt"
-    python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
+    suites
     ;;
 benches)
     .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 5 2>&1 |
