@@ -304,6 +304,14 @@ static void test_disk_hit_kept_in_ram(void **state)
     struct kvt_pcache_stats st;
     kvt_pcache_get_stats(pc, &st);
     assert_int_equal(st.records, 1);
+    /* a clear right after a disk take clears its host copy too: the next take is from disk */
+    kvt_pcache_clear(pc);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    kvt_pcache_clear(pc);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    assert_landed(&p, e, 700);
     dest_free(&p);
     kvt_pcache_close(pc);
 
