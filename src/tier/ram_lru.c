@@ -576,7 +576,6 @@ void kvt_ram_lru_keep(struct kvt_ram_lru *lru, struct kvt_entry *e)
 static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, size_t bytes,
                   bool on_disk)
 {
-
     struct rec *r = calloc(1, sizeof(*r));
     int32_t *hook_tok = NULL;
     char *hook_ns = NULL;
