@@ -337,7 +337,7 @@ static int note_place(void *ud, const struct kvt_header *h, uint64_t *dst)
     return rc;
 }
 
-/* Cache @p i of header @p h in pool memory, a copy from device memory at @p dst queued into
+/* Cache @p ch of a header in pool memory, a copy from device memory at @p dst queued into
  * @p cp for each of its slots. */
 static int keep_cache(struct kvt_tier_dev *t, const struct kvt_cache_header *ch,
                       const uint64_t *dst, struct kvt_dcopy *cp, size_t *ncp, kvt_cache **out)
