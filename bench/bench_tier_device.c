@@ -11,7 +11,9 @@
  *     same bytes from page-locked memory;
  *   - disk, cold and warm: the same take by a prompt cache whose RAM is empty, streamed from the
  *     entry's file, against the slower of the raw read of the file (cold: O_DIRECT; warm: a
- *     buffered read) and the host-to-device copy.
+ *     buffered read) and the host-to-device copy;
+ *   - kept: the warm take with the pool already pinned, which also queues the copy of the
+ *     landed bytes back into the RAM tier, against the warm take without it.
  * Ratios are limit time / kvtier time, medians over the repetitions.
  *
  * Usage: bench_tier_device [--host] [--dir D] [--size 256M,1G,4G] [--repeat N]
@@ -215,7 +217,16 @@ static int run_disk(struct run *r, const char *dir, int repeat)
     uint64_t file = r->bytes + ((uint64_t)1 << 20);
     void *buf = bench_map(file, true);
     double k[2][MAX_REPEAT], rd[2][MAX_REPEAT], cp[MAX_REPEAT], lim[2][MAX_REPEAT];
+    double kept[MAX_REPEAT];
     for (int i = 0; i < repeat; i++) {
+        /* warm, the pool pinned (by a put, then RAM cleared): the take queues its host copy */
+        if (!(pc = open_pc(r, dir, false)) || time_put(pc, r) < 0 || bench_make_warm(path))
+            return -1;
+        kvt_pcache_clear(pc);
+        kept[i] = time_take(pc, r, true);
+        kvt_pcache_close(pc);
+        if (kept[i] < 0)
+            return -1;
         cp[i] = time_copy(r, true);
         for (int w = 0; w < 2; w++) { /* 0 cold, 1 warm */
             rd[w][i] = bench_read_limit(path, buf, r->bytes, w == 0);
@@ -231,6 +242,7 @@ static int run_disk(struct run *r, const char *dir, int repeat)
     }
     row("take, cold", r->bytes, k[0], lim[0], "read or copy, slower", repeat);
     row("take, warm", r->bytes, k[1], lim[1], "read or copy, slower", repeat);
+    row("take, kept", r->bytes, kept, k[1], "take, warm", repeat);
     bench_unmap(buf, file);
     unlink(path);
     free(path);

@@ -1125,12 +1125,43 @@ KVT_API int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit,
  * copied there from the RAM tier's page-locked memory, or streamed from the file of a disk hit
  * (kvt_store_restore_prefix_to_device()). On return every copy is done; *@p out_header (free
  * with kvt_header_free()) is that header, NULL on a miss. @p out tells the tier (from_disk,
- * from_remote); its entry and retain are NULL. The RAM donor stays in RAM.
+ * from_remote); its entry and retain are NULL. The RAM donor stays in RAM. A disk hit that
+ * fits the RAM tier is copied back from the landed memory into page-locked memory on the
+ * device's stream after the call returns (work queued later on the legacy default stream
+ * waits for it; work on other streams must not write that memory before the next prompt
+ * cache call), and joins RAM at the next take or put.
  * @return 0 (hit or miss), the placement's refusal, -EINVAL (no device), -EIO, -ENOMEM.
  */
 KVT_API int kvt_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n,
                                       const char *ns, kvt_device_place_fn place, void *ud,
                                       struct kvt_take *out, struct kvt_header **out_header);
+
+/**
+ * A take into device memory whose copies may still run: kvt_pcache_take_to_device_async().
+ * Slot k is the k-th tensor of the header (for a kv cache of L layers: 2i keys, 2i+1 values
+ * of layer i).
+ */
+typedef struct kvt_dtake kvt_dtake;
+/**
+ * kvt_pcache_take_to_device() that returns once the copies of a RAM hit are queued, on a
+ * stream of the device's own that first waits for the work queued so far on the legacy
+ * default stream, with an event after each slot's copies: a model waits for layer i only
+ * when it reaches it (kvt_dtake_wait()), and the restore overlaps its first layers. A disk
+ * hit has landed on return, as with kvt_pcache_take_to_device(). On a hit, *@p pending
+ * (NULL on a miss or failure) must be ended with kvt_dtake_end(), the device still open; the
+ * memory must not be read before a wait for its slot, nor freed before that wait or the end.
+ */
+KVT_API int kvt_pcache_take_to_device_async(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                            const char *ns, kvt_device_place_fn place,
+                                            void *ud, struct kvt_take *out,
+                                            struct kvt_header **out_header,
+                                            kvt_dtake **pending);
+/** Make CUDA stream @p stream (a CUstream; 0: the legacy default stream) wait, without the
+ * host waiting, until slot @p slot has landed; the host stand-in waits on the host. -EINVAL
+ * for a slot the take does not have, -EIO for a CUDA failure. */
+KVT_API int kvt_dtake_wait(kvt_dtake *p, size_t slot, uint64_t stream);
+/** Wait (on the host) for every copy of the take, then free it. 0, or -EIO. NULL allowed. */
+KVT_API int kvt_dtake_end(kvt_dtake *p);
 
 /**
  * kvt_store_restore_to_device() of only the hit's prefix (hit->prefix_len tokens, when the

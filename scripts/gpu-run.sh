@@ -6,6 +6,8 @@
 #   scripts/gpu-run.sh e2e      python/bench/bench_hf_ttft.py (32 layers, hidden 4096, 16,384
 #                               tokens)
 #   scripts/gpu-run.sh benches  bench_tier_device, then the e2e bench
+#   scripts/gpu-run.sh tier     the e2e bench, bench_tier_device, then the device suites and
+#                               Python tests (no bench_device)
 # Output goes to $OUT (default ./gpu-out).
 set -u
 root=$(pwd)
@@ -16,8 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 (cd python && KVTIER_BUILD=$root/.gpu python3 setup.py -q build --build-base /root/kvt/pyb \
     --build-lib /root/kvt/py) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 export PYTHONPATH=/root/kvt/py
-case ${1:-checks} in
-checks)
+suites() {
     for t in test_device test_tier_device; do
         (cd /root/kvt && "$root/.gpu/bin/$t") >"$out/$t.log" 2>&1
         echo "$t: exit $?"; grep -E "PASSED|FAILED|SKIPPED|skipped" "$out/$t.log"
@@ -26,6 +27,10 @@ checks)
         "$root/python/tests/test_device.py" "$root/python/tests/test_hf.py" \
         "$root/python/tests/test_pcache.py" -rs) >"$out/pytest.log" 2>&1
     echo "pytest: exit $?"; tail -8 "$out/pytest.log"
+}
+case ${1:-checks} in
+checks)
+    suites
     mkdir -p /root/bd
     .gpu/bin/bench_device --dir /root/bd --size 256M,4G --repeat 2 2>&1 | tee "$out/bench_device.txt"
     .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 3 2>&1 |
@@ -33,6 +38,12 @@ checks)
     ;;
 e2e)
     python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
+    ;;
+tier)
+    python3 python/bench/bench_hf_ttft.py --dir /root/hf 2>&1 | tee "$out/bench_hf_ttft.txt"
+    .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 3 2>&1 |
+        tee "$out/bench_tier_device.txt"
+    suites
     ;;
 benches)
     .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 5 2>&1 |

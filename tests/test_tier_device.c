@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const MODEL = "test/model";
 static const char *const FP = "fp-tier-device";
@@ -272,6 +273,101 @@ static void test_write_behind_and_disk_hits(void **state)
     kvt_device_close(d);
 }
 
+/* A disk hit taken into device memory keeps a host copy in RAM, read back from the landed
+ * memory after the take: the next take is a RAM hit with the same bytes. */
+static void test_disk_hit_kept_in_ram(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    char *dir = strf("%s/store", test_dir);
+    int32_t *tok = tokens(700, 0);
+    struct kvt_entry *e = kv_entry(tok, 700, 5);
+    kvt_pcache *pc = open_pc(d, dir, 64 << 20, 16 << 20);
+    assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, e, MODEL, FP, TOK), NULL), 0);
+    struct kvt_flush_report r;
+    assert_int_equal(kvt_pcache_flush(pc, 30000, &r), 0);
+    kvt_pcache_clear(pc); /* RAM empty, the pool allocated */
+    struct dest p = {.d = d};
+    bool disk = false;
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    assert_landed(&p, e, 700);
+    /* the landed memory changed after the take: the copy queued before it is unaffected */
+    uint8_t *junk = malloc(p.bytes[0]);
+    memset(junk, 0x5a, p.bytes[0]);
+    assert_int_equal(kvt_device_upload(d, p.addr[0], junk, p.bytes[0]), 0);
+    free(junk);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_false(disk);
+    assert_landed(&p, e, 700);
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.records, 1);
+    /* a clear right after a disk take clears its host copy too: the next take is from disk */
+    kvt_pcache_clear(pc);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    kvt_pcache_clear(pc);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    assert_landed(&p, e, 700);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+
+    /* a new process: the pool is pinned after the first disk hit, not in its way */
+    pc = open_pc(d, dir, 64 << 20, 16 << 20);
+    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
+    assert_true(disk);
+    assert_landed(&p, e, 700);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+    kvt_entry_free(e);
+    free(tok);
+    free(dir);
+    kvt_device_close(d);
+}
+
+/* A layer-wise take returns before slow copies are done; each slot's wait covers its bytes,
+ * and the bytes are the entry's. */
+static void test_layerwise_take(void **state)
+{
+    (void)state;
+    struct kvt_device_opts dopts = {0, 0, 20000}; /* every copy takes 20 ms */
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(&dopts, &d), 0);
+    int32_t *tok = tokens(300, 0);
+    struct kvt_entry *e = kv_entry(tok, 300, 9);
+    kvt_pcache *pc = open_pc(d, NULL, 64 << 20, 0);
+    assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, e, MODEL, FP, TOK), NULL), 0);
+    struct dest p = {.d = d};
+    struct kvt_take t;
+    struct kvt_header *h;
+    kvt_dtake *pend;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(kvt_pcache_take_to_device_async(pc, tok, 301, "", place, &p, &t, &h, &pend),
+                     0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_non_null(h);
+    assert_non_null(pend);
+    assert_false(t.from_disk);
+    /* queued, not done: the copies of p.n slots take >= 20 ms each */
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    assert_true(p.n >= 2 && took < 0.02 * p.n / 2);
+    assert_int_equal(kvt_dtake_wait(pend, (size_t)p.n, 0), -EINVAL);
+    for (int k = 0; k < p.n; k++)
+        assert_int_equal(kvt_dtake_wait(pend, (size_t)k, 0), 0);
+    assert_landed(&p, e, 300);
+    assert_int_equal(kvt_dtake_end(pend), 0);
+    kvt_header_free(h);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+    kvt_entry_free(e);
+    free(tok);
+    kvt_device_close(d);
+}
+
 static void test_no_room_saves_from_device(void **state)
 {
     (void)state;
@@ -318,6 +414,9 @@ int main(void)
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_write_behind_and_disk_hits, test_dir_setup,
                                         test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_disk_hit_kept_in_ram, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_layerwise_take, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_no_room_saves_from_device, test_dir_setup,
                                         test_dir_teardown),
     };

@@ -175,14 +175,15 @@ def restore_cache(store: Union[Store, PromptCache], input_ids: Any, *, device: A
         cache_cls = DynamicCache
     tok = _tokens(input_ids)
     tensors: List[torch.Tensor] = []
+    pending = None
     if isinstance(store, PromptCache):
         if store.device is None:
             raise UnsupportedError("the prompt cache has no device (PromptCache(device=...))")
         r = store.take_to_device(tok, _place_kv(tensors, _torch_device(store.device)),
-                                 namespace)
+                                 namespace, layerwise=True)
         if r is None:
             return 0, None
-        n = len(r[0].tokens)
+        n, pending = len(r[0].tokens), r[2]
     else:
         hit = store.find(tok, namespace)
         if not hit:
@@ -196,4 +197,43 @@ def restore_cache(store: Union[Store, PromptCache], input_ids: Any, *, device: A
     cache = cache_cls()
     for i in range(0, len(tensors), 2):
         _adopt(cache, i // 2, tensors[i], tensors[i + 1])
+    if pending is not None:
+        _wait_per_layer(cache, pending, tensors)
     return n, cache
+
+
+def _stream_handle(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _wait_per_layer(cache: Any, pending: Any, tensors: List[torch.Tensor]) -> None:
+    """Layer ``i`` of ``cache`` is read only once the current stream has waited for its
+    copies (slots ``2i``, ``2i + 1``): the restore overlaps the model's first layers."""
+    update = cache.update
+    waited = set()
+
+    def waiting_update(k: torch.Tensor, v: torch.Tensor, layer_idx: int, *a: Any,
+                       **kw: Any) -> Any:
+        if layer_idx not in waited:
+            waited.add(layer_idx)
+            s = _stream_handle(k)
+            pending.wait(2 * layer_idx, s)
+            pending.wait(2 * layer_idx + 1, s)
+        return update(k, v, layer_idx, *a, **kw)
+
+    cache.update = waiting_update
+    # ended (its copies done) when the cache goes, before the tensors they write are freed
+    cache._kvtier_take = (tensors, pending)
+
+
+def wait_restored(cache: Any) -> None:
+    """Make the current stream wait for every layer of a cache :func:`restore_cache` made
+    (before reading its tensors other than through the model)."""
+    held = getattr(cache, "_kvtier_take", None)
+    if held is None:
+        return
+    pending = held[1]
+    layers = _layers(cache)
+    s = _stream_handle(layers[0][0]) if layers else 0
+    for slot in range(2 * len(layers)):
+        pending.wait(slot, s)

@@ -106,17 +106,24 @@ class PromptCache:
         entry, retain, from_disk = t
         return Take(Entry._from_ext(entry), from_disk, retain)
 
-    def take_to_device(self, tokens: Any, place: Place,
-                       namespace: Optional[str] = None) -> Optional[Tuple[Header, bool]]:
+    def take_to_device(self, tokens: Any, place: Place, namespace: Optional[str] = None,
+                       layerwise: bool = False) -> Optional[Tuple[Any, ...]]:
         """:meth:`take` into the memory of the cache's device: ``place`` is given the header
         of the taken prefix (its tokens; each tensor cut to the prefix) and returns one
         contiguous destination per tensor (a tensor on the device, or an address); the bytes
         are copied there from page-locked RAM, or streamed from the file of a disk hit. Every
-        copy has finished on return. ``(header, from_disk)``, or None on a miss."""
-        t = self._pc.take_to_device(as_tokens(tokens), place_arg(place), namespace)
+        copy has finished on return. ``(header, from_disk)``, or None on a miss.
+
+        ``layerwise``: return once a RAM hit's copies are queued, with a third item, a
+        ``DeviceTake``: ``wait(slot, stream)`` makes CUDA stream ``stream`` (a handle, e.g.
+        ``torch.cuda.current_stream().cuda_stream``) wait until tensor ``slot`` has landed,
+        without the host waiting; read no tensor before its wait. ``end()`` (also run when it
+        is collected) waits on the host for all of them."""
+        t = self._pc.take_to_device(as_tokens(tokens), place_arg(place), namespace,
+                                    layerwise)
         if t is None:
             return None
-        return header_of(t[0]), t[1]
+        return (header_of(t[0]),) + tuple(t[1:])
 
     def put(self, entry: Entry, take: Optional[Take] = None) -> None:
         """Insert ``entry`` (under ``entry.namespace``). Its caches are shared with the

@@ -262,20 +262,102 @@ kvt_device *kvtpy_device_of(PyObject *o)
     return d ? d->d : NULL;
 }
 
+/* A layer-wise take (kvt_dtake): wait(slot, stream) and end(); ended when collected. */
+typedef struct {
+    PyObject_HEAD
+    kvt_dtake *p;
+    PyObject *dev; /* the Device: open until the take ends */
+} KvtDTake;
+
+static PyObject *dtake_end(KvtDTake *self, PyObject *unused)
+{
+    (void)unused;
+    kvt_dtake *p = self->p;
+    self->p = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvt_dtake_end(p);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return kvtpy_raise(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *dtake_wait(KvtDTake *self, PyObject *args)
+{
+    Py_ssize_t slot;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "n|K", &slot, &stream))
+        return NULL;
+    if (!self->p) /* ended: everything landed */
+        Py_RETURN_NONE;
+    if (slot < 0)
+        return kvtpy_raise_msg(-EINVAL, "slot must be >= 0");
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* the host stand-in waits on the host */
+    rc = kvt_dtake_wait(self->p, (size_t)slot, stream);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return kvtpy_raise(rc);
+    Py_RETURN_NONE;
+}
+
+static void dtake_dealloc(KvtDTake *self)
+{
+    Py_BEGIN_ALLOW_THREADS
+    kvt_dtake_end(self->p);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(self->dev);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef dtake_methods[] = {
+    {"wait", (PyCFunction)dtake_wait, METH_VARARGS, NULL},
+    {"end", (PyCFunction)dtake_end, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject KvtDTake_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvtier._ext.DeviceTake",
+    .tp_basicsize = sizeof(KvtDTake),
+    .tp_dealloc = (destructor)dtake_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A take into device memory whose copies may still run.",
+    .tp_methods = dtake_methods,
+};
+
 PyObject *kvtpy_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
-                                      PyObject *dev, PyObject *place, bool *from_disk)
+                                      PyObject *dev, PyObject *place, bool *from_disk,
+                                      PyObject **pending)
 {
     struct dplace c = {.place = place};
     if (!(c.dev = device_arg(dev)))
         return NULL;
+    KvtDTake *o = pending ? PyObject_New(KvtDTake, &KvtDTake_Type) : NULL;
+    if (pending && !o)
+        return NULL;
+    if (o) {
+        o->p = NULL;
+        o->dev = Py_NewRef(dev);
+    }
     struct kvt_header *h = NULL;
     struct kvt_take t;
+    kvt_dtake *p = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = kvt_pcache_take_to_device(pc, tok, n, ns, dplace_cb, &c, &t, &h);
+    rc = pending ? kvt_pcache_take_to_device_async(pc, tok, n, ns, dplace_cb, &c, &t, &h, &p)
+                 : kvt_pcache_take_to_device(pc, tok, n, ns, dplace_cb, &c, &t, &h);
     Py_END_ALLOW_THREADS
     *from_disk = t.from_disk;
-    return dfinish(&c, rc, h);
+    if (o) {
+        o->p = p;
+        *pending = (PyObject *)o;
+    }
+    PyObject *r = dfinish(&c, rc, h);
+    if (!r && o) {
+        Py_CLEAR(*pending);
+    }
+    return r;
 }
 
 PyMethodDef kvtpy_device_methods[] = {

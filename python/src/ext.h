@@ -131,8 +131,13 @@ kvt_device *kvtpy_cuda_device(int ordinal);
 /** The kvt_device of a Device object (NULL with TypeError). */
 kvt_device *kvtpy_device_of(PyObject *o);
 /** kvt_pcache_take_to_device() with a Python placement: the header dict, None on a miss. */
+/* kvt_pcache_take_to_device() with a Python placement: the header dict, None on a miss. With
+ * @p pending, the layer-wise take (kvt_pcache_take_to_device_async()): *@p pending is set to
+ * a DeviceTake when the result is not NULL. */
+extern PyTypeObject KvtDTake_Type;
 PyObject *kvtpy_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
-                                      PyObject *dev, PyObject *place, bool *from_disk);
+                                      PyObject *dev, PyObject *place, bool *from_disk,
+                                      PyObject **pending);
 PyObject *kvtpy_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, PyObject *dev,
                                         PyObject *place);
 extern PyMethodDef kvtpy_pcache_functions[];

@@ -114,9 +114,10 @@ static int add_functions(PyObject *m, PyMethodDef *defs)
 
 PyMODINIT_FUNC PyInit__ext(void)
 {
-    PyTypeObject *types[] = {&KvtTensor_Type, &KvtCache_Type,  &KvtRetain_Type,
-                             &KvtStore_Type,  &KvtPcache_Type, &KvtDevice_Type};
-    const char *names[] = {"Tensor", "Cache", "Retain", "Store", "PromptCache", "Device"};
+    PyTypeObject *types[] = {&KvtTensor_Type, &KvtCache_Type,  &KvtRetain_Type, &KvtStore_Type,
+                             &KvtPcache_Type, &KvtDevice_Type, &KvtDTake_Type};
+    const char *names[] = {"Tensor",      "Cache",  "Retain",    "Store",
+                           "PromptCache", "Device", "DeviceTake"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;

@@ -206,12 +206,14 @@ static PyObject *pcache_take(KvtPcache *self, PyObject *args)
     return Py_BuildValue("(NNO)", entry, retain, t.from_disk ? Py_True : Py_False);
 }
 
-/* take_to_device(tokens, place, ns): (header dict, from_disk), or None on a miss. */
+/* take_to_device(tokens, place, ns, layerwise): (header dict, from_disk[, DeviceTake]), or
+ * None on a miss. */
 static PyObject *pcache_take_to_device(KvtPcache *self, PyObject *args)
 {
     PyObject *tokens, *place;
     const char *ns = NULL;
-    if (!PyArg_ParseTuple(args, "OO|z", &tokens, &place, &ns))
+    int layerwise = 0;
+    if (!PyArg_ParseTuple(args, "OO|zp", &tokens, &place, &ns, &layerwise))
         return NULL;
     if (!self->device)
         return kvtpy_raise_msg(-EINVAL, "prompt cache: opened without a device");
@@ -225,12 +227,17 @@ static PyObject *pcache_take_to_device(KvtPcache *self, PyObject *args)
         return NULL;
     }
     bool from_disk = false;
-    PyObject *h =
-        kvtpy_pcache_take_to_device(self->pc, tok, n, ns, self->device, place, &from_disk);
+    PyObject *pending = NULL;
+    PyObject *h = kvtpy_pcache_take_to_device(self->pc, tok, n, ns, self->device, place, &from_disk,
+                                              layerwise ? &pending : NULL);
     leave(self);
     PyBuffer_Release(&view);
-    if (!h || h == Py_None)
+    if (!h || h == Py_None) {
+        Py_XDECREF(pending);
         return h;
+    }
+    if (pending)
+        return Py_BuildValue("(NON)", h, from_disk ? Py_True : Py_False, pending);
     return Py_BuildValue("(NO)", h, from_disk ? Py_True : Py_False);
 }
 

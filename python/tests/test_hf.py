@@ -121,6 +121,27 @@ def test_host_standin_restore_continues_identically(tmp_path):
     assert torch.equal(logits, ref_logits)
 
 
+def test_standin_layerwise_restore_continues_identically(tmp_path):
+    """The layer-wise restore from a prompt cache (slow stand-in copies): each layer waits
+    for its own copies when the model reaches it, and the continuation is the uninterrupted
+    one. (That the restore returns before a RAM hit's copies are done is test_tier_device's:
+    the stand-in's Python entries are host memory, uploaded through the staging ring.)"""
+    model = TinyDecoder()
+    prompt = torch.randint(0, TinyDecoder.VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
+    dev = kvtier.Device.host(copy_delay_us=30000)
+    with torch.no_grad(), kvtier.PromptCache(tmp_path / "pc", ram_max_bytes=8 << 20,
+                                             device=dev, **IDENT) as pc:
+        cache = StandInDynamicCache()
+        model(prompt[0, :-1], cache)
+        kvtier.hf.save_cache(pc, prompt[:, :-1], cache)
+        ref_tokens, ref_logits = greedy(model, cache, int(prompt[0, -1]))
+        n, restored = kvtier.hf.restore_cache(pc, prompt, cache_cls=StandInDynamicCache)
+        assert n == 39 and restored._kvtier_take is not None
+        tokens, logits = greedy(model, restored, int(prompt[0, -1]))
+    assert tokens == ref_tokens
+    assert torch.equal(logits, ref_logits)
+
+
 class TinyModel(torch.nn.Module):
     def __init__(self, seed):
         super().__init__()
@@ -154,6 +175,8 @@ def test_standin_prompt_cache_restores_into_the_final_tensors(tmp_path):
         n2, cut = kvtier.hf.restore_cache(pc, other, cache_cls=StandInDynamicCache)
         assert n2 == 250 and cut.key_cache[0].shape == (1, 2, 250, 8)
         assert cut.key_cache[0].is_contiguous()
+    kvtier.hf.wait_restored(cache)
+    kvtier.hf.wait_restored(cut)
     for i in range(3):
         assert torch.equal(cache.key_cache[i], saved.key_cache[i])
         assert torch.equal(cut.value_cache[i], saved.value_cache[i][:, :, :250])

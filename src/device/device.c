@@ -154,8 +154,10 @@ static int queue_copy(kvt_device *d, const struct kvt_dcopy *c, bool up, unsigne
               : d->ops->d2h(d, c->host, c->dev, c->n, slot);
 }
 
-int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up)
+int kvt_device_copies_queue(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up,
+                            unsigned *slot)
 {
+    *slot = KVT_DEVICE_UNTRACKED;
     pthread_mutex_lock(&d->op_lock);
     int rc = kvt_dstage_ready(d);
     uint8_t *mem;
@@ -167,13 +169,53 @@ int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool u
         /* track the ones queued before a failure: the last of them again (the same bytes to
          * the same place), now with the event */
         if (rc && i > 1 && queue_copy(d, &c[i - 2], up, k) != 0)
-            i = 0; /* nothing to wait on: the queue has failed */
-        int rw = i > 1 || (i == 1 && rc == 0) ? d->ops->wait(d, k) : 0;
-        kvt_dstage_give(d, k, false);
-        rc = rc ? rc : rw;
+            i = 0;                    /* nothing to wait on: the queue has failed */
+        bool held = rc == 0 && n > 0; /* else nothing is left to wait for after this */
+        if (rc && i > 1)
+            d->ops->wait(d, k);
+        if (!held)
+            kvt_dstage_give(d, k, false);
+        *slot = held ? k : KVT_DEVICE_UNTRACKED;
     }
     pthread_mutex_unlock(&d->op_lock);
     return rc;
+}
+
+int kvt_device_copies_wait(kvt_device *d, unsigned slot)
+{
+    if (slot >= KVT_DEVICE_MAX_SLOTS)
+        return 0;
+    int rc = d->ops->wait(d, slot);
+    kvt_dstage_give(d, slot, false);
+    return rc;
+}
+
+int kvt_device_copies_marked(kvt_device *d, const struct kvt_dcopy *c, const size_t *ends,
+                             size_t n_marks, void **marks)
+{
+    pthread_mutex_lock(&d->op_lock);
+    int rc = d->ops->side(d, true);
+    size_t made = 0;
+    for (size_t i = 0; rc == 0 && made < n_marks; made++) {
+        for (; rc == 0 && i < ends[made]; i++)
+            rc = queue_copy(d, &c[i], true, KVT_DEVICE_UNTRACKED);
+        if (rc == 0 && (rc = d->ops->mark(d, &marks[made])))
+            break;
+    }
+    if (rc && made > 0) /* the copies queued before the failure finish; the marks go */
+        d->ops->mark_sync(d, marks[made - 1]);
+    for (size_t k = 0; rc && k < made; k++)
+        d->ops->mark_free(d, marks[k]);
+    int rs = d->ops->side(d, false);
+    pthread_mutex_unlock(&d->op_lock);
+    return rc ? rc : rs;
+}
+
+int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up)
+{
+    unsigned k;
+    int rc = kvt_device_copies_queue(d, c, n, up, &k);
+    return rc ? rc : kvt_device_copies_wait(d, k);
 }
 
 /* ---- the staging ring --------------------------------------------------------------------- */

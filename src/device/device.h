@@ -33,6 +33,15 @@ struct kvt_device_ops {
                     size_t rows, unsigned slot);
     /* wait for every copy queued for @p slot */
     int (*wait)(kvt_device *d, unsigned slot);
+    /* copies queued from now on go to the side stream (@p on; it first waits for the work
+     * queued so far on the legacy default stream), or back to the device's stream */
+    int (*side)(kvt_device *d, bool on);
+    /* a mark after everything queued so far on the stream in use; made to be waited for by
+     * CUDA stream @p stream (the stand-in waits on the host), waited for, freed */
+    int (*mark)(kvt_device *d, void **ev);
+    int (*mark_wait)(kvt_device *d, void *ev, uint64_t stream);
+    int (*mark_sync)(kvt_device *d, void *ev);
+    void (*mark_free)(kvt_device *d, void *ev);
     void (*close)(kvt_device *d);
 };
 
@@ -72,6 +81,26 @@ struct kvt_dcopy {
 /** Queue every copy of @p c straight on the device's queue (the host sides are page-locked,
  * e.g. a kvt_dpool's) and wait for them all; @p up: host to device. */
 int kvt_device_copies(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up);
+/** Queue copies @p c on the side stream, marks[k] after copies up to ends[k] (exclusive), for
+ * k < @p n_marks; nothing waited for. On failure the queued ones are finished, no mark left. */
+int kvt_device_copies_marked(kvt_device *d, const struct kvt_dcopy *c, const size_t *ends,
+                             size_t n_marks, void **marks);
+
+/* A take whose copies may still run (kvtier.h, kvt_dtake): a mark per slot, and the host
+ * entry the copies read from, freed once they are done. */
+struct kvt_dtake {
+    kvt_device *d;
+    void **marks;
+    size_t n;
+    struct kvt_entry *src;
+};
+
+/** kvt_device_copies() without the wait: 0 with *@p slot the ring slot held until
+ * kvt_device_copies_wait(), which waits for the copies and gives it back (KVT_DEVICE_UNTRACKED
+ * when nothing was queued); on failure nothing is held. */
+int kvt_device_copies_queue(kvt_device *d, const struct kvt_dcopy *c, size_t n, bool up,
+                            unsigned *slot);
+int kvt_device_copies_wait(kvt_device *d, unsigned slot);
 
 /*
  * The page-locked pool of a RAM tier (device_pool.c): one region of @p cap bytes, allocated at
@@ -82,6 +111,10 @@ int kvt_dpool_new(kvt_device *d, size_t cap, struct kvt_dpool **out);
 void kvt_dpool_close(struct kvt_dpool *p);
 /** A host buffer of @p bytes in the pool; -ENOSPC when no free range is large enough. */
 int kvt_dpool_buf(struct kvt_dpool *p, size_t bytes, kvt_buf **out);
+/** Whether the region is allocated (false while the pool is busy: never waits);
+ * kvt_dpool_prepare() allocates it (page-locking: slow). */
+bool kvt_dpool_ready(struct kvt_dpool *p);
+int kvt_dpool_prepare(struct kvt_dpool *p);
 /** Whether @p mem lies in the pool's region. */
 bool kvt_dpool_owns(const struct kvt_dpool *p, const void *mem);
 /** Bytes handed out and not yet released. */

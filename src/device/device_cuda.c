@@ -2,8 +2,10 @@
  * CUDA devices through the driver API, loaded at run time: the library needs no toolkit to
  * build and runs where there is no GPU, where opening a CUDA device reports "unavailable".
  * One stream per device carries every copy in order; an event per staging slot tells when
- * the copies queued from that slot are done. Staging is page-locked (cuMemHostAlloc), which
- * is what lets host-to-device copies run at the bus's speed and overlap the next read.
+ * the copies queued from that slot are done. A second, non-blocking stream carries the copies
+ * of layer-wise takes, each tensor's followed by an event the caller's stream waits for. Staging is
+ * page-locked (cuMemHostAlloc), which is what lets host-to-device copies run at the bus's speed and
+ * overlap the next read.
  */
 #include "device/device.h"
 
@@ -62,6 +64,7 @@ struct cuda_api {
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
     CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
 };
 
 struct cuda_dev {
@@ -70,7 +73,13 @@ struct cuda_dev {
     CUcontext ctx;
     CUstream stream;
     CUevent ev[KVT_DEVICE_MAX_SLOTS];
+    /* the side stream (non-blocking: the legacy default stream's later work does not wait
+     * for it), the one copies go to now, and the event that orders it after the legacy one */
+    CUstream side, cur;
+    CUevent legacy;
 };
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
 
 static int cu_fail(const struct cuda_api *a, CUresult r, const char *what)
 {
@@ -113,7 +122,8 @@ static int load_api(struct cuda_api *a)
                                         "cuEventDestroy_v2",
                                         "cuGetErrorString",
                                         "cuMemGetAddressRange_v2",
-                                        "cuMemcpy2DAsync_v2"};
+                                        "cuMemcpy2DAsync_v2",
+                                        "cuStreamWaitEvent"};
     void **slots = (void **)&a->Init;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         slots[i] = dlsym(a->lib, names[i]);
@@ -171,9 +181,9 @@ static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned 
 {
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
-    CU(c, c->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, n, c->stream), "cuMemcpyHtoDAsync");
+    CU(c, c->api.MemcpyHtoDAsync((CUdeviceptr)dst, src, n, c->cur), "cuMemcpyHtoDAsync");
     if (slot < KVT_DEVICE_MAX_SLOTS)
-        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+        CU(c, c->api.EventRecord(c->ev[slot], c->cur), "cuEventRecord");
     return 0;
 }
 
@@ -190,9 +200,9 @@ static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, 
                        .dstPitch = n,
                        .WidthInBytes = n,
                        .Height = rows};
-    CU(c, c->api.Memcpy2DAsync(&m, c->stream), "cuMemcpy2DAsync");
+    CU(c, c->api.Memcpy2DAsync(&m, c->cur), "cuMemcpy2DAsync");
     if (slot < KVT_DEVICE_MAX_SLOTS)
-        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+        CU(c, c->api.EventRecord(c->ev[slot], c->cur), "cuEventRecord");
     return 0;
 }
 
@@ -200,9 +210,9 @@ static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
 {
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
-    CU(c, c->api.MemcpyDtoHAsync(dst, (CUdeviceptr)src, n, c->stream), "cuMemcpyDtoHAsync");
+    CU(c, c->api.MemcpyDtoHAsync(dst, (CUdeviceptr)src, n, c->cur), "cuMemcpyDtoHAsync");
     if (slot < KVT_DEVICE_MAX_SLOTS)
-        CU(c, c->api.EventRecord(c->ev[slot], c->stream), "cuEventRecord");
+        CU(c, c->api.EventRecord(c->ev[slot], c->cur), "cuEventRecord");
     return 0;
 }
 
@@ -214,9 +224,62 @@ static int wait_slot(kvt_device *d, unsigned slot)
     return 0;
 }
 
+static int side(kvt_device *d, bool on)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    c->cur = on ? c->side : c->stream;
+    if (on) {
+        CU(c, c->api.EventRecord(c->legacy, CU_STREAM_LEGACY), "cuEventRecord");
+        CU(c, c->api.StreamWaitEvent(c->side, c->legacy, 0), "cuStreamWaitEvent");
+    }
+    return 0;
+}
+
+static int mark(kvt_device *d, void **ev)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CUevent e;
+    CU(c, c->api.EventCreate(&e, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+    CUresult r = c->api.EventRecord(e, c->cur);
+    if (r) {
+        c->api.EventDestroy(e);
+        return cu_fail(&c->api, r, "cuEventRecord");
+    }
+    *ev = e;
+    return 0;
+}
+
+static int mark_wait(kvt_device *d, void *ev, uint64_t stream)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CU(c, c->api.StreamWaitEvent((CUstream)(uintptr_t)stream, ev, 0), "cuStreamWaitEvent");
+    return 0;
+}
+
+static int mark_sync(kvt_device *d, void *ev)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.CtxSetCurrent(c->ctx);
+    CU(c, c->api.EventSynchronize(ev), "cuEventSynchronize");
+    return 0;
+}
+
+static void mark_free(kvt_device *d, void *ev)
+{
+    struct cuda_dev *c = d->impl;
+    c->api.EventDestroy(ev);
+}
+
 static void close_dev(kvt_device *d)
 {
     struct cuda_dev *c = d->impl;
+    if (c->legacy)
+        c->api.EventDestroy(c->legacy);
+    if (c->side)
+        c->api.StreamDestroy(c->side);
     for (unsigned k = 0; k < KVT_DEVICE_MAX_SLOTS; k++)
         if (c->ev[k])
             c->api.EventDestroy(c->ev[k]);
@@ -238,6 +301,11 @@ static const struct kvt_device_ops cuda_ops = {
     .d2h = d2h,
     .h2d_rows = h2d_rows,
     .wait = wait_slot,
+    .side = side,
+    .mark = mark,
+    .mark_wait = mark_wait,
+    .mark_sync = mark_sync,
+    .mark_free = mark_free,
     .close = close_dev,
 };
 
@@ -253,6 +321,9 @@ static int setup(struct cuda_dev *c, int ordinal, kvt_device *d)
     CU(c, c->api.StreamCreate(&c->stream, 0 /* CU_STREAM_DEFAULT */), "cuStreamCreate");
     for (unsigned k = 0; k < KVT_DEVICE_MAX_SLOTS; k++)
         CU(c, c->api.EventCreate(&c->ev[k], 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+    CU(c, c->api.StreamCreate(&c->side, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+    CU(c, c->api.EventCreate(&c->legacy, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+    c->cur = c->stream;
     char name[96] = "";
     c->api.DeviceGetName(name, sizeof(name), c->dev);
     snprintf(d->name, sizeof(d->name), "cuda:%d %s", ordinal, name);

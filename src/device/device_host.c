@@ -146,6 +146,48 @@ static int wait_slot(kvt_device *d, unsigned slot)
     return 0;
 }
 
+/* One queue: the side stream is the same worker, in order. */
+static int side(kvt_device *d, bool on)
+{
+    (void)d, (void)on;
+    return 0;
+}
+
+static int mark(kvt_device *d, void **ev)
+{
+    struct host_dev *h = d->impl;
+    uint64_t *seq = malloc(sizeof(*seq));
+    if (!seq)
+        return kvt_fail(-ENOMEM, "out of memory");
+    pthread_mutex_lock(&h->lock);
+    *seq = h->queued;
+    pthread_mutex_unlock(&h->lock);
+    *ev = seq;
+    return 0;
+}
+
+static int mark_sync(kvt_device *d, void *ev)
+{
+    struct host_dev *h = d->impl;
+    pthread_mutex_lock(&h->lock);
+    while (h->done < *(uint64_t *)ev)
+        pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    return 0;
+}
+
+static int mark_wait(kvt_device *d, void *ev, uint64_t stream)
+{
+    (void)stream; /* no streams: the host waits */
+    return mark_sync(d, ev);
+}
+
+static void mark_free(kvt_device *d, void *ev)
+{
+    (void)d;
+    free(ev);
+}
+
 static int alloc(kvt_device *d, size_t bytes, uint64_t *addr)
 {
     struct host_dev *h = d->impl;
@@ -220,6 +262,11 @@ static const struct kvt_device_ops host_ops = {
     .d2h = d2h,
     .h2d_rows = h2d_rows,
     .wait = wait_slot,
+    .side = side,
+    .mark = mark,
+    .mark_wait = mark_wait,
+    .mark_sync = mark_sync,
+    .mark_free = mark_free,
     .close = close_dev,
 };
 

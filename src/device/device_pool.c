@@ -99,6 +99,23 @@ static void give_back(void *ud, void *data)
 }
 
 /* Reserve @p n bytes (caller holds mu): 0 and *mem, or -ENOSPC when no gap is large enough. */
+bool kvt_dpool_ready(struct kvt_dpool *p)
+{
+    if (pthread_mutex_trylock(&p->mu) != 0)
+        return false; /* busy, maybe pinning the region: not to be waited for */
+    bool ready = p->base != NULL;
+    pthread_mutex_unlock(&p->mu);
+    return ready;
+}
+
+int kvt_dpool_prepare(struct kvt_dpool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int rc = p->base ? 0 : p->d->ops->host_alloc(p->d, p->cap, (void **)&p->base);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 static int reserve(struct kvt_dpool *p, size_t n, uint8_t **mem)
 {
     if (!p->base) {

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "tier/ram_lru.h"
 #include "tier/write_queue.h"
+#include "device/device.h"
 #include "tier/tier.h"
 #include "tier/timer_thread.h"
 #include "tier/snapshots.h"
@@ -203,6 +204,13 @@ int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out)
     return 0;
 }
 
+/* The host copy of a disk hit taken into device memory joins RAM once its copies are done. */
+static void collect_kept(kvt_pcache *t)
+{
+    if (t->cfg.dev)
+        kvt_ram_lru_keep(t->pc, t->cfg.dev->kept(t->cfg.dev_ud));
+}
+
 int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
                     struct kvt_take *out)
 {
@@ -212,32 +220,54 @@ int kvt_pcache_take(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
         memset(out, 0, sizeof(*out));
         return kvt_fail(-EINVAL, "kvt_pcache_take: NULL cache");
     }
+    collect_kept(t);
     return kvt_ram_lru_take(t->pc, tok, n, ns, out);
+}
+
+int kvt_pcache_take_to_device_async(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
+                                    kvt_device_place_fn place, void *ud, struct kvt_take *out,
+                                    struct kvt_header **out_header, kvt_dtake **pending)
+{
+    if (out_header)
+        *out_header = NULL;
+    if (pending)
+        *pending = NULL;
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!t || !out || !out_header || !place || !pending)
+        return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: NULL argument");
+    if (!t->cfg.dev)
+        return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: the prompt cache has no device");
+    collect_kept(t);
+    struct kvt_dev_dest dest = {.place = place, .ud = ud};
+    int rc = kvt_ram_lru_take_to(t->pc, tok, n, ns, &dest, out);
+    *out_header = dest.header;
+    if (rc == 0 && dest.header && !(*pending = calloc(1, sizeof(**pending)))) {
+        kvt_header_free(dest.header); /* landed already: a take with nothing to wait for */
+        *out_header = NULL;
+        rc = kvt_fail(-ENOMEM, "out of memory");
+    }
+    if (rc < 0 || !out->entry)
+        return rc;
+    kvt_retain_release(out->retain); /* the clone's buffers hold the donor's bytes */
+    out->retain = NULL;
+    struct kvt_entry *clone = out->entry; /* the donor stays in RAM; the take owns this */
+    out->entry = NULL;
+    return t->cfg.dev->to_device(t->cfg.dev_ud, clone, place, ud, out_header, pending);
 }
 
 int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
                               kvt_device_place_fn place, void *ud, struct kvt_take *out,
                               struct kvt_header **out_header)
 {
-    if (out_header)
+    kvt_dtake *p = NULL;
+    int rc = kvt_pcache_take_to_device_async(t, tok, n, ns, place, ud, out, out_header, &p);
+    int re = kvt_dtake_end(p);
+    if (rc == 0 && re) {
+        kvt_header_free(*out_header);
         *out_header = NULL;
-    if (out)
-        memset(out, 0, sizeof(*out));
-    if (!t || !out || !out_header || !place)
-        return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: NULL argument");
-    if (!t->cfg.dev)
-        return kvt_fail(-EINVAL, "kvt_pcache_take_to_device: the prompt cache has no device");
-    struct kvt_dev_dest dest = {place, ud, NULL, NULL};
-    int rc = kvt_ram_lru_take_to(t->pc, tok, n, ns, &dest, out);
-    *out_header = dest.header;
-    if (rc < 0 || !out->entry)
-        return rc;
-    rc = t->cfg.dev->to_device(t->cfg.dev_ud, out->entry, place, ud, out_header);
-    kvt_ram_lru_entry_free(t->pc, out->entry); /* the donor stays in RAM; this was its clone */
-    kvt_retain_release(out->retain);
-    out->entry = NULL;
-    out->retain = NULL;
-    return rc;
+    }
+    return rc ? rc : re;
 }
 
 int kvt_pcache_take_into(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,
@@ -260,6 +290,7 @@ int kvt_pcache_put(kvt_pcache *t, struct kvt_entry *e, kvt_retain *retain)
         kvt_retain_release(retain);
         return kvt_fail(-EINVAL, "kvt_pcache_put: NULL cache");
     }
+    collect_kept(t);
     return kvt_ram_lru_put(t->pc, e, retain);
 }
 
@@ -282,8 +313,10 @@ size_t kvt_pcache_demote_idle(kvt_pcache *t, int64_t idle_ms, int64_t now_ms)
 
 void kvt_pcache_clear(kvt_pcache *t)
 {
-    if (t)
-        kvt_ram_lru_clear(t->pc);
+    if (!t)
+        return;
+    collect_kept(t); /* a host copy still in flight is cleared too */
+    kvt_ram_lru_clear(t->pc);
 }
 
 int kvt_pcache_flush(kvt_pcache *t, int64_t timeout_ms, struct kvt_flush_report *r)

@@ -8,6 +8,7 @@
 #include "tier/device_twin.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +19,23 @@
 struct kvt_tier_dev {
     kvt_device *d;
     struct kvt_dpool *pool;
+    /* The host copy of the last disk hit taken into device memory, its copies queued on the
+     * device's stream with ring slot keep_slot's event after them; NULL when none. */
+    pthread_mutex_t keep_mu;
+    struct kvt_entry *keep;
+    unsigned keep_slot;
+    /* A disk hit before the pool exists keeps nothing: pinning it would hold up the take;
+     * it is allocated on this thread instead, for the hits after it. */
+    pthread_t prep;
+    bool prep_started;
 };
+
+static void *prepare_pool(void *arg)
+{
+    struct kvt_tier_dev *t = arg;
+    kvt_dpool_prepare(t->pool); /* a failure shows at the next use of the pool */
+    return NULL;
+}
 
 int kvt_tier_dev_new(kvt_device *d, size_t pool_bytes, struct kvt_tier_dev **out)
 {
@@ -27,8 +44,10 @@ int kvt_tier_dev_new(kvt_device *d, size_t pool_bytes, struct kvt_tier_dev **out
     if (!t)
         return kvt_fail(-ENOMEM, "out of memory");
     t->d = d;
+    pthread_mutex_init(&t->keep_mu, NULL);
     int rc = kvt_dpool_new(d, pool_bytes, &t->pool);
     if (rc) {
+        pthread_mutex_destroy(&t->keep_mu);
         free(t);
         return rc;
     }
@@ -36,9 +55,15 @@ int kvt_tier_dev_new(kvt_device *d, size_t pool_bytes, struct kvt_tier_dev **out
     return 0;
 }
 
+static struct kvt_entry *kept(void *ud);
+
 static void dev_close(void *ud)
 {
     struct kvt_tier_dev *t = ud;
+    kvt_entry_free(kept(t)); /* its copies done: the pool's memory is no longer written */
+    if (t->prep_started)
+        pthread_join(t->prep, NULL);
+    pthread_mutex_destroy(&t->keep_mu);
     kvt_dpool_close(t->pool); /* the region goes with the last buffer still held */
     free(t);
 }
@@ -215,40 +240,72 @@ static int add_run(void *ud, const void *p, size_t n)
     return 0;
 }
 
-static int to_device(void *ud, const struct kvt_entry *e, kvt_device_place_fn place, void *pud,
-                     struct kvt_header **out)
+/* The copies of host entry @p e into the memory @p dst names, into @p r; ends[k]: the copies
+ * up to slot k's last. */
+static int plan_runs(const struct kvt_entry *e, const uint64_t *dst, struct runs *r, size_t *ends)
+{
+    int rc = 0;
+    for (size_t i = 0, k = 0; i < e->n_caches; i++) {
+        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+        int nt = kvt_cache_state(e->caches[i], st);
+        for (int j = 0; j < nt; j++, k++) {
+            r->dev = dst[k];
+            if (rc == 0 && dst[k])
+                rc = kvt_tensor_for_each_run(&st[j], add_run, r);
+            ends[k] = r->n;
+            kvt_tensor_release(&st[j]);
+        }
+    }
+    return rc;
+}
+
+/* A pending take of @p n slots over @p src (owned), its copies queued with a mark each. */
+static int queue_take(struct kvt_tier_dev *t, struct kvt_entry *src, const struct runs *r,
+                      const size_t *ends, size_t n, kvt_dtake **out)
+{
+    kvt_dtake *p = calloc(1, sizeof(*p));
+    void **marks = calloc(n + 1, sizeof(*marks));
+    int rc = p && marks ? kvt_device_copies_marked(t->d, r->cp, ends, n, marks)
+                        : kvt_fail(-ENOMEM, "out of memory");
+    if (rc) {
+        free(marks);
+        free(p);
+        kvt_entry_free(src);
+        return rc;
+    }
+    *p = (kvt_dtake){t->d, marks, n, src};
+    *out = p;
+    return 0;
+}
+
+static int to_device(void *ud, struct kvt_entry *e, kvt_device_place_fn place, void *pud,
+                     struct kvt_header **out, kvt_dtake **pending)
 {
     struct kvt_tier_dev *t = ud;
     *out = NULL;
     struct kvt_header *h = NULL;
     int rc = describe(e, &h);
-    if (rc)
-        return rc;
     size_t ns = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
+    for (size_t i = 0; h && i < h->n_caches; i++)
         ns += (size_t)h->caches[i].n_slots;
     uint64_t *dst = calloc(ns + 1, sizeof(*dst));
-    rc = dst ? 0 : kvt_fail(-ENOMEM, "out of memory");
+    size_t *ends = calloc(ns + 1, sizeof(*ends));
+    rc = rc ? rc : dst && ends ? 0 : kvt_fail(-ENOMEM, "out of memory");
     if (rc == 0) {
         kvt_clear_error();
         if ((rc = place(pud, h, dst)) && !kvt_last_error()[0])
             kvt_fail(rc, "prompt cache take: the destination was refused: %s", kvt_strerror(rc));
     }
     struct runs r = {.t = t};
-    for (size_t i = 0, k = 0; rc == 0 && i < e->n_caches; i++) {
-        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
-        int nt = kvt_cache_state(e->caches[i], st);
-        for (int j = 0; j < nt; j++, k++) {
-            r.dev = dst[k];
-            if (rc == 0 && dst[k])
-                rc = kvt_tensor_for_each_run(&st[j], add_run, &r);
-            kvt_tensor_release(&st[j]);
-        }
-    }
     if (rc == 0)
-        rc = kvt_device_copies(t->d, r.cp, r.n, true);
+        rc = plan_runs(e, dst, &r, ends);
+    if (rc == 0)
+        rc = queue_take(t, e, &r, ends, ns, pending);
+    else
+        kvt_entry_free(e);
     free(r.cp);
     free(dst);
+    free(ends);
     if (rc) {
         kvt_header_free(h);
         return rc;
@@ -257,12 +314,138 @@ static int to_device(void *ud, const struct kvt_entry *e, kvt_device_place_fn pl
     return 0;
 }
 
+/* A placement that also notes where each slot landed (for the host copy of a disk hit). */
+struct noted {
+    kvt_device_place_fn place;
+    void *ud;
+    uint64_t *dst;
+    size_t n;
+};
+
+static int note_place(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    struct noted *w = ud;
+    int rc = w->place(w->ud, h, dst);
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        n += (size_t)h->caches[i].n_slots;
+    free(w->dst);
+    w->dst = rc == 0 ? malloc((n + 1) * sizeof(*dst)) : NULL;
+    w->n = w->dst ? n : 0;
+    if (w->dst)
+        memcpy(w->dst, dst, n * sizeof(*dst));
+    return rc;
+}
+
+/* Cache @p ch of a header in pool memory, a copy from device memory at @p dst queued into
+ * @p cp for each of its slots. */
+static int keep_cache(struct kvt_tier_dev *t, const struct kvt_cache_header *ch,
+                      const uint64_t *dst, struct kvt_dcopy *cp, size_t *ncp, kvt_cache **out)
+{
+    struct kvt_tensor ht[KVT_MAX_CACHE_TENSORS];
+    memset(ht, 0, sizeof(ht));
+    int made = 0, rc = ch->n_slots > KVT_MAX_CACHE_TENSORS ? -EINVAL : 0;
+    for (; rc == 0 && made < ch->n_slots; made++) {
+        const struct kvt_slot *sl = &ch->slots[made];
+        kvt_buf *b = NULL; /* a slot the caller did not take: nothing to copy, nothing kept */
+        rc = dst[made] ? kvt_dpool_buf(t->pool, sl->bytes, &b) : -ENOSPC;
+        if (rc == 0)
+            rc = kvt_tensor_init(&ht[made], b, 0, sl->dtype, sl->rank, sl->shape);
+        if (rc == 0)
+            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), dst[made], sl->bytes, 1, 0};
+        kvt_buf_unref(b);
+        if (rc)
+            break;
+    }
+    if (rc == 0)
+        rc = kvt_cache_from_state(&ch->info, ht, ch->n_slots, out);
+    for (int k = 0; k < made; k++)
+        kvt_tensor_release(&ht[k]);
+    return rc;
+}
+
+/* The entry of header @p h in pool memory, its copies from @p dst queued into @p cp. */
+static int keep_entry(struct kvt_tier_dev *t, const struct kvt_header *h, const uint64_t *dst,
+                      struct kvt_dcopy *cp, size_t *ncp, struct kvt_entry **out)
+{
+    kvt_cache **c = calloc(h->n_caches + 1, sizeof(*c));
+    size_t made = 0, at = 0;
+    int rc = c ? 0 : -ENOMEM;
+    for (; rc == 0 && made < h->n_caches; at += (size_t)h->caches[made++].n_slots)
+        if ((rc = keep_cache(t, &h->caches[made], dst + at, cp, ncp, &c[made])))
+            break;
+    if (rc == 0 && (rc = kvt_entry_new(h->tokens, h->n_tokens, c, made, h->ns, out)) == 0) {
+        const char *src[3] = {h->model_id, h->config_fingerprint, h->tokenizer_hash};
+        const char **meta[3] = {&(*out)->meta.model_id, &(*out)->meta.config_fingerprint,
+                                &(*out)->meta.tokenizer_hash};
+        for (int k = 0; k < 3; k++)
+            *meta[k] = src[k] ? strdup(src[k]) : NULL;
+        (*out)->created_at = h->created_at;
+        made = 0; /* the entry owns them */
+    }
+    for (size_t i = 0; c && i < made; i++)
+        kvt_cache_free(c[i]);
+    free(c);
+    return rc;
+}
+
+/* Keep a host copy of the disk hit that landed at @p w's addresses (header @p h): copies down
+ * into pool memory queued on the device's stream, not waited for (kept() collects it). Best
+ * effort: no room in the pool, or any failure, keeps nothing. */
+static void keep_hit(struct kvt_tier_dev *t, const struct kvt_header *h, const struct noted *w)
+{
+    kvt_entry_free(kept(t)); /* one at a time: the previous one holds a ring slot */
+    if (!kvt_dpool_ready(t->pool)) {
+        pthread_mutex_lock(&t->keep_mu);
+        if (!t->prep_started)
+            t->prep_started = pthread_create(&t->prep, NULL, prepare_pool, t) == 0;
+        pthread_mutex_unlock(&t->keep_mu);
+        return;
+    }
+    struct kvt_dcopy *cp = calloc(w->n + 1, sizeof(*cp));
+    size_t ncp = 0;
+    struct kvt_entry *e = NULL;
+    unsigned slot = KVT_DEVICE_UNTRACKED;
+    if (!cp || keep_entry(t, h, w->dst, cp, &ncp, &e) ||
+        kvt_device_copies_queue(t->d, cp, ncp, false, &slot)) {
+        kvt_entry_free(e);
+        kvt_clear_error();
+    } else {
+        pthread_mutex_lock(&t->keep_mu);
+        t->keep = e;
+        t->keep_slot = slot;
+        pthread_mutex_unlock(&t->keep_mu);
+    }
+    free(cp);
+}
+
+/* The kept host copy, once its copies are done (waiting for them), or NULL. */
+static struct kvt_entry *kept(void *ud)
+{
+    struct kvt_tier_dev *t = ud;
+    pthread_mutex_lock(&t->keep_mu);
+    struct kvt_entry *e = t->keep;
+    unsigned slot = t->keep_slot;
+    t->keep = NULL;
+    pthread_mutex_unlock(&t->keep_mu);
+    if (e && kvt_device_copies_wait(t->d, slot) != 0) {
+        kvt_entry_free(e);
+        e = NULL;
+    }
+    return e;
+}
+
 static int cold_to_device(void *ud, kvt_store *s, const struct kvt_hit *hit,
                           kvt_device_place_fn place, void *pud, struct kvt_header **out)
 {
     struct kvt_tier_dev *t = ud;
-    return kvt_store_restore_prefix_to_device(s, hit, t->d, place, pud, out);
+    struct noted w = {place, pud, NULL, 0};
+    int rc = kvt_store_restore_prefix_to_device(s, hit, t->d, note_place, &w, out);
+    if (rc == 0 && *out && w.dst)
+        keep_hit(t, *out, &w);
+    free(w.dst);
+    return rc;
 }
 
-const struct kvt_tier_device_ops kvt_tier_dev_ops = {owns, to_host, to_device, cold_to_device,
-                                                     dev_close};
+const struct kvt_tier_device_ops kvt_tier_dev_ops = {owns,           to_host, to_device,
+                                                     cold_to_device, kept,    dev_close};

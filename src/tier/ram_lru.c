@@ -27,6 +27,7 @@ struct rec {
     uint64_t last_used; /* logical clock */
     int64_t last_used_ms;
     uint64_t id;
+    bool on_disk;     /* kept from a disk hit: evicted without a spill */
     struct rec *next; /* detached lists */
 };
 
@@ -147,7 +148,7 @@ static void dispose_list(struct kvt_ram_lru *lru, struct rec *r, bool spill)
 {
     while (r) {
         struct rec *next = r->next;
-        if (spill) {
+        if (spill && !r->on_disk) {
             dispose_with_spill(lru, r->e, r->share);
             free(r);
         } else {
@@ -572,6 +573,9 @@ static bool ours_on_device(const struct kvt_ram_lru *lru, const struct kvt_entry
            c->dev->owns(c->dev_ud, e);
 }
 
+static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, size_t bytes,
+                  bool on_disk);
+
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain)
 {
     int rc = ours_on_device(lru, e) ? device_to_host(lru, &e, retain) : 1;
@@ -585,12 +589,28 @@ int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *re
         dispose_with_spill(lru, e, retain);
         return 0;
     }
+    return insert(lru, e, retain, bytes, false);
+}
 
+void kvt_ram_lru_keep(struct kvt_ram_lru *lru, struct kvt_entry *e)
+{
+    size_t bytes = e ? kvt_ram_lru_entry_bytes(lru, e) : 0;
+    if (e && bytes > lru->cfg.ram_max_bytes)
+        kvt_ram_lru_entry_free(lru, e);
+    else if (e)
+        insert(lru, e, NULL, bytes, true);
+}
+
+/* Put's step 2: @p e becomes a record (@p on_disk: a copy of what the cold tier holds, never
+ * spilled nor announced to on_put). */
+static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, size_t bytes,
+                  bool on_disk)
+{
     struct rec *r = calloc(1, sizeof(*r));
     int32_t *hook_tok = NULL;
     char *hook_ns = NULL;
     size_t hook_n = e->n_tokens;
-    bool hook = lru->links.on_put && copy_key(e, &hook_tok, &hook_ns);
+    bool hook = !on_disk && lru->links.on_put && copy_key(e, &hook_tok, &hook_ns);
     if (r) {
         pthread_mutex_lock(&lru->mu);
         if (grow(lru) < 0) {
@@ -611,6 +631,7 @@ int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *re
     r->share = retain;
     r->bytes = bytes;
     r->id = ++lru->next_id;
+    r->on_disk = on_disk;
     bump(lru, r);
     lru->recs[lru->n++] = r;
     lru->total_bytes += bytes;

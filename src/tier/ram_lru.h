@@ -48,6 +48,9 @@ int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, c
 /** TIER.md §2.3: takes @p e and @p retain on every path. With cfg->dev, an entry in its
  * device's memory is copied into page-locked host memory and held so. */
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain);
+/** Hold host entry @p e, a copy of bytes the cold tier already holds: evicted without a spill,
+ * no on_put; over the RAM cap it is freed. */
+void kvt_ram_lru_keep(struct kvt_ram_lru *lru, struct kvt_entry *e);
 size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
                                    const char *ns);
 bool kvt_ram_lru_find_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns);
