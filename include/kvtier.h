@@ -1125,9 +1125,9 @@ KVT_API int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit,
  * copied there from the RAM tier's page-locked memory, or streamed from the file of a disk hit
  * (kvt_store_restore_prefix_to_device()). On return every copy is done; *@p out_header (free
  * with kvt_header_free()) is that header, NULL on a miss. @p out tells the tier (from_disk,
- * from_remote); its entry and retain are NULL. The RAM donor stays in RAM. A disk hit that
- * fits the RAM tier is copied back from the landed memory into page-locked memory on the
- * device's stream after the call returns (work queued later on the legacy default stream
+ * from_remote); its entry and retain are NULL. The RAM donor stays in RAM. A disk or remote
+ * hit that fits the RAM tier is copied back from the landed memory into page-locked memory on
+ * the device's stream after the call returns (work queued later on the legacy default stream
  * waits for it; work on other streams must not write that memory before the next prompt
  * cache call), and joins RAM at the next take or put.
  * @return 0 (hit or miss), the placement's refusal, -EINVAL (no device), -EIO, -ENOMEM.
@@ -1147,9 +1147,10 @@ typedef struct kvt_dtake kvt_dtake;
  * stream of the device's own that first waits for the work queued so far on the legacy
  * default stream, with an event after each slot's copies: a model waits for layer i only
  * when it reaches it (kvt_dtake_wait()), and the restore overlaps its first layers. A disk
- * hit has landed on return, as with kvt_pcache_take_to_device(). On a hit, *@p pending
- * (NULL on a miss or failure) must be ended with kvt_dtake_end(), the device still open; the
- * memory must not be read before a wait for its slot, nor freed before that wait or the end.
+ * or remote hit has landed on return, as with kvt_pcache_take_to_device(). On a hit,
+ * *@p pending (NULL on a miss or failure) must be ended with kvt_dtake_end(), the device still
+ * open; the memory must not be read before a wait for its slot, nor freed before that wait or
+ * the end.
  */
 KVT_API int kvt_pcache_take_to_device_async(kvt_pcache *pc, const int32_t *tok, size_t n,
                                             const char *ns, kvt_device_place_fn place,

@@ -5,6 +5,7 @@
  * of a disk hit (and, for caches whose rows cannot be cut, through the host); the write-behind
  * saves the host copy; an entry the pool has no room for is saved from device memory instead.
  */
+#include "support/redis_srv.h"
 #include "support/support.h"
 
 #include <errno.h>
@@ -273,6 +274,27 @@ static void test_write_behind_and_disk_hits(void **state)
     kvt_device_close(d);
 }
 
+/* The take that landed entry @p e's 700 tokens at @p p kept a host copy in RAM: with the
+ * landed memory overwritten since (the copy queued before is unaffected), the next take of
+ * @p tok is a RAM hit with @p e's bytes, from the one record. */
+static void assert_kept_in_ram(kvt_pcache *pc, struct dest *p, const int32_t *tok,
+                               const struct kvt_entry *e)
+{
+    for (int k = 0; k < p->n; k++) {
+        uint8_t *junk = malloc(p->bytes[k]);
+        memset(junk, 0x5a, p->bytes[k]);
+        assert_int_equal(kvt_device_upload(p->d, p->addr[k], junk, p->bytes[k]), 0);
+        free(junk);
+    }
+    bool disk = true;
+    assert_int_equal(take(pc, p, tok, 701, &disk), 700);
+    assert_false(disk);
+    assert_landed(p, e, 700);
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.records, 1);
+}
+
 /* A disk hit taken into device memory keeps a host copy in RAM, read back from the landed
  * memory after the take: the next take is a RAM hit with the same bytes. */
 static void test_disk_hit_kept_in_ram(void **state)
@@ -293,17 +315,7 @@ static void test_disk_hit_kept_in_ram(void **state)
     assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
     assert_true(disk);
     assert_landed(&p, e, 700);
-    /* the landed memory changed after the take: the copy queued before it is unaffected */
-    uint8_t *junk = malloc(p.bytes[0]);
-    memset(junk, 0x5a, p.bytes[0]);
-    assert_int_equal(kvt_device_upload(d, p.addr[0], junk, p.bytes[0]), 0);
-    free(junk);
-    assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
-    assert_false(disk);
-    assert_landed(&p, e, 700);
-    struct kvt_pcache_stats st;
-    kvt_pcache_get_stats(pc, &st);
-    assert_int_equal(st.records, 1);
+    assert_kept_in_ram(pc, &p, tok, e);
     /* a clear right after a disk take clears its host copy too: the next take is from disk */
     kvt_pcache_clear(pc);
     assert_int_equal(take(pc, &p, tok, 701, &disk), 700);
@@ -324,6 +336,78 @@ static void test_disk_hit_kept_in_ram(void **state)
     kvt_pcache_close(pc);
     kvt_entry_free(e);
     free(tok);
+    free(dir);
+    kvt_device_close(d);
+}
+
+/* A remote hit taken into device memory keeps a host copy in RAM as a disk hit does: with the
+ * landed memory overwritten, the next take is a RAM hit with the entry's bytes; the write-behind
+ * saved the hit to the local disk (the remote's promotion), so RAM drops its copy unspilled. */
+static void test_remote_hit_kept_in_ram(void **state)
+{
+    (void)state;
+    if (!redis_available())
+        skip();
+    struct redis_srv srv = {0};
+    assert_int_equal(redis_start(&srv, test_dir, 0, ""), 0);
+    struct kvt_remote_opts ro;
+    kvt_remote_opts_init(&ro);
+    ro.url = redis_url(&srv, "tdev");
+    ro.model_id = MODEL;
+    ro.config_fingerprint = FP;
+    ro.tokenizer_hash = TOK;
+    kvt_remote *r;
+    assert_int_equal(kvt_remote_open(&ro, &r), 0);
+    int32_t *tok = tokens(700, 0), *other = tokens(700, 0);
+    for (size_t i = 0; i < 700; i++)
+        other[i] += 100000; /* no prefix in common */
+    struct kvt_entry *e = kv_entry(tok, 700, 9);
+    assert_int_equal(kvt_remote_put(r, e), 0);
+    kvt_remote_close(r);
+
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    char *dir = strf("%s/store", test_dir); /* empty */
+    struct kvt_pcache_opts o;
+    kvt_pcache_opts_init(&o);
+    o.ram_max_bytes = 64 << 20;
+    o.device = d;
+    o.demote_idle_ms = 0;
+    o.cold_dir = dir;
+    store_opts_for(&o.cold, MODEL, FP, TOK);
+    o.remote = &ro;
+    kvt_pcache *pc;
+    assert_int_equal(kvt_pcache_open(&o, &pc), 0);
+    struct kvt_entry *b = kv_entry(other, 700, 3);
+    assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, b, MODEL, FP, TOK), NULL), 0);
+    kvt_pcache_clear(pc); /* RAM empty, the pool allocated */
+
+    struct dest p = {.d = d};
+    struct kvt_take t;
+    struct kvt_header *h;
+    assert_int_equal(kvt_pcache_take_to_device(pc, tok, 701, "", place, &p, &t, &h), 0);
+    assert_non_null(h);
+    assert_true(t.from_remote);
+    kvt_header_free(h);
+    assert_landed(&p, e, 700);
+    assert_kept_in_ram(pc, &p, tok, e);
+    /* the local disk holds the hit: with RAM cleared, the next take is a disk hit */
+    struct kvt_flush_report fr;
+    assert_int_equal(kvt_pcache_flush(pc, 30000, &fr), 0);
+    kvt_pcache_clear(pc);
+    assert_int_equal(kvt_pcache_take_to_device(pc, tok, 701, "", place, &p, &t, &h), 0);
+    assert_non_null(h);
+    assert_true(t.from_disk);
+    assert_false(t.from_remote);
+    kvt_header_free(h);
+    assert_landed(&p, e, 700);
+    dest_free(&p);
+    kvt_pcache_close(pc);
+    redis_kill(&srv);
+    kvt_entry_free(e);
+    kvt_entry_free(b);
+    free(tok);
+    free(other);
     free(dir);
     kvt_device_close(d);
 }
@@ -415,6 +499,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_behind_and_disk_hits, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_disk_hit_kept_in_ram, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_remote_hit_kept_in_ram, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_layerwise_take, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_no_room_saves_from_device, test_dir_setup,

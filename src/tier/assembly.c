@@ -204,7 +204,8 @@ int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out)
     return 0;
 }
 
-/* The host copy of a disk hit taken into device memory joins RAM once its copies are done. */
+/* The host copy of a disk or remote hit taken into device memory joins RAM once its copies
+ * are done. */
 static void collect_kept(kvt_pcache *t)
 {
     if (t->cfg.dev)
@@ -253,7 +254,8 @@ int kvt_pcache_take_to_device_async(kvt_pcache *t, const int32_t *tok, size_t n,
     out->retain = NULL;
     struct kvt_entry *clone = out->entry; /* the donor stays in RAM; the take owns this */
     out->entry = NULL;
-    return t->cfg.dev->to_device(t->cfg.dev_ud, clone, place, ud, out_header, pending);
+    return t->cfg.dev->to_device(t->cfg.dev_ud, clone, out->from_remote, place, ud, out_header,
+                                 pending);
 }
 
 int kvt_pcache_take_to_device(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns,

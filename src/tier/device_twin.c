@@ -3,7 +3,8 @@
  * is copied into the device's page-locked pool (straight on the device's queue, off the
  * caller's stream) and held there as a host entry, which the write-behind saves like any
  * other; a take copies the taken prefix from the pool into the device memory the caller
- * places, and a disk hit streams its prefix from the file straight into that memory.
+ * places, and a disk hit streams its prefix from the file straight into that memory. A disk or
+ * remote hit so landed is copied back into the pool after the take, for RAM to keep.
  */
 #include "tier/device_twin.h"
 
@@ -19,8 +20,9 @@
 struct kvt_tier_dev {
     kvt_device *d;
     struct kvt_dpool *pool;
-    /* The host copy of the last disk hit taken into device memory, its copies queued on the
-     * device's stream with ring slot keep_slot's event after them; NULL when none. */
+    /* The host copy of the last disk or remote hit taken into device memory, its copies
+     * queued on the device's stream with ring slot keep_slot's event after them; NULL when
+     * none. */
     pthread_mutex_t keep_mu;
     struct kvt_entry *keep;
     unsigned keep_slot;
@@ -278,43 +280,8 @@ static int queue_take(struct kvt_tier_dev *t, struct kvt_entry *src, const struc
     return 0;
 }
 
-static int to_device(void *ud, struct kvt_entry *e, kvt_device_place_fn place, void *pud,
-                     struct kvt_header **out, kvt_dtake **pending)
-{
-    struct kvt_tier_dev *t = ud;
-    *out = NULL;
-    struct kvt_header *h = NULL;
-    int rc = describe(e, &h);
-    size_t ns = 0;
-    for (size_t i = 0; h && i < h->n_caches; i++)
-        ns += (size_t)h->caches[i].n_slots;
-    uint64_t *dst = calloc(ns + 1, sizeof(*dst));
-    size_t *ends = calloc(ns + 1, sizeof(*ends));
-    rc = rc ? rc : dst && ends ? 0 : kvt_fail(-ENOMEM, "out of memory");
-    if (rc == 0) {
-        kvt_clear_error();
-        if ((rc = place(pud, h, dst)) && !kvt_last_error()[0])
-            kvt_fail(rc, "prompt cache take: the destination was refused: %s", kvt_strerror(rc));
-    }
-    struct runs r = {.t = t};
-    if (rc == 0)
-        rc = plan_runs(e, dst, &r, ends);
-    if (rc == 0)
-        rc = queue_take(t, e, &r, ends, ns, pending);
-    else
-        kvt_entry_free(e);
-    free(r.cp);
-    free(dst);
-    free(ends);
-    if (rc) {
-        kvt_header_free(h);
-        return rc;
-    }
-    *out = h;
-    return 0;
-}
-
-/* A placement that also notes where each slot landed (for the host copy of a disk hit). */
+/* A placement that also notes where each slot landed (for the host copy of a cold or remote
+ * hit). */
 struct noted {
     kvt_device_place_fn place;
     void *ud;
@@ -389,9 +356,9 @@ static int keep_entry(struct kvt_tier_dev *t, const struct kvt_header *h, const 
     return rc;
 }
 
-/* Keep a host copy of the disk hit that landed at @p w's addresses (header @p h): copies down
- * into pool memory queued on the device's stream, not waited for (kept() collects it). Best
- * effort: no room in the pool, or any failure, keeps nothing. */
+/* Keep a host copy of the disk or remote hit that landed at @p w's addresses (header @p h):
+ * copies down into pool memory queued on the device's stream, not waited for (kept() collects
+ * it). Best effort: no room in the pool, or any failure, keeps nothing. */
 static void keep_hit(struct kvt_tier_dev *t, const struct kvt_header *h, const struct noted *w)
 {
     kvt_entry_free(kept(t)); /* one at a time: the previous one holds a ring slot */
@@ -433,6 +400,49 @@ static struct kvt_entry *kept(void *ud)
         e = NULL;
     }
     return e;
+}
+
+static int to_device(void *ud, struct kvt_entry *e, bool keep, kvt_device_place_fn place, void *pud,
+                     struct kvt_header **out, kvt_dtake **pending)
+{
+    struct kvt_tier_dev *t = ud;
+    *out = NULL;
+    struct kvt_header *h = NULL;
+    int rc = describe(e, &h);
+    size_t ns = 0;
+    for (size_t i = 0; h && i < h->n_caches; i++)
+        ns += (size_t)h->caches[i].n_slots;
+    uint64_t *dst = calloc(ns + 1, sizeof(*dst));
+    size_t *ends = calloc(ns + 1, sizeof(*ends));
+    rc = rc ? rc : dst && ends ? 0 : kvt_fail(-ENOMEM, "out of memory");
+    struct noted w = {place, pud, NULL, 0};
+    if (rc == 0) {
+        kvt_clear_error();
+        if ((rc = keep ? note_place(&w, h, dst) : place(pud, h, dst)) && !kvt_last_error()[0])
+            kvt_fail(rc, "prompt cache take: the destination was refused: %s", kvt_strerror(rc));
+    }
+    struct runs r = {.t = t};
+    if (rc == 0)
+        rc = plan_runs(e, dst, &r, ends);
+    /* a host entry outside the pool (a remote hit) has landed through the staging ring, none
+     * of it left on the side stream: the kept copy, queued after, reads the landed bytes */
+    bool landed = rc == 0 && r.n == 0;
+    if (rc == 0)
+        rc = queue_take(t, e, &r, ends, ns, pending);
+    else
+        kvt_entry_free(e);
+    if (rc == 0 && keep && landed && w.dst)
+        keep_hit(t, h, &w);
+    free(w.dst);
+    free(r.cp);
+    free(dst);
+    free(ends);
+    if (rc) {
+        kvt_header_free(h);
+        return rc;
+    }
+    *out = h;
+    return 0;
 }
 
 static int cold_to_device(void *ud, kvt_store *s, const struct kvt_hit *hit,

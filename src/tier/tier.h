@@ -76,15 +76,18 @@ struct kvt_tier_device_ops {
      * the page-locked memory has no room for it. */
     int (*to_host)(void *ud, const struct kvt_entry *e, struct kvt_entry **out);
     /* Host entry @p e (owned: freed once its copies are done) into device memory: its header
-     * to @p place, then its bytes copied layer-wise (*@p pending tracks them). */
-    int (*to_device)(void *ud, struct kvt_entry *e, kvt_device_place_fn place, void *pud,
+     * to @p place, then its bytes copied layer-wise (*@p pending tracks them). @p keep (a
+     * remote hit, not in RAM): its host copy is kept as a cold hit's is (kept()). */
+    int (*to_device)(void *ud, struct kvt_entry *e, bool keep, kvt_device_place_fn place, void *pud,
                      struct kvt_header **out, kvt_dtake **pending);
     /* A cold-tier hit's prefix, streamed from its file straight into device memory (0 with
      * *out NULL on a miss; KVT_E_UNSUPPORTED when its caches cannot be cut so). */
     int (*cold_to_device)(void *ud, kvt_store *s, const struct kvt_hit *hit,
                           kvt_device_place_fn place, void *pud, struct kvt_header **out);
-    /* The host copy of the last such hit (its copies from device memory queued when it
-     * landed, off the caller's path), once they are done, or NULL: the RAM tier keeps it. */
+    /* The host copy of the last such hit or kept remote hit (its copies from device memory
+     * queued when it landed, off the caller's path), once they are done, or NULL: the RAM
+     * tier keeps it, as a copy of what the cold tier holds or has queued (a remote hit is
+     * promoted to it whole). */
     struct kvt_entry *(*kept)(void *ud);
     void (*close)(void *ud);
 };
