@@ -395,6 +395,7 @@ static void test_remote_hit_kept_in_ram(void **state)
     struct kvt_flush_report fr;
     assert_int_equal(kvt_pcache_flush(pc, 30000, &fr), 0);
     kvt_pcache_clear(pc);
+    dest_free(&p);
     assert_int_equal(kvt_pcache_take_to_device(pc, tok, 701, "", place, &p, &t, &h), 0);
     assert_non_null(h);
     assert_true(t.from_disk);
