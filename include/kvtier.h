@@ -895,6 +895,14 @@ KVT_API int kvt_pcache_put(kvt_pcache *pc, struct kvt_entry *e, kvt_retain *reta
 /** The RAM prefix length take() would find; changes nothing (no counters, no LRU). */
 KVT_API size_t kvt_pcache_peek_prefix_len(kvt_pcache *pc, const int32_t *tok, size_t n,
                                           const char *ns);
+/**
+ * The longest prefix a take would be offered over every tier: RAM, the disk store and the
+ * remote tier, by the index lookups take() itself makes (a tier below RAM counts only when
+ * strictly longer). No restore, no counters, no LRU; any thread. 0 for a NULL @p pc. A take
+ * may still serve less: an entry found here can be corrupt or gone by then.
+ */
+KVT_API size_t kvt_pcache_peek_longest(kvt_pcache *pc, const int32_t *tok, size_t n,
+                                       const char *ns);
 /** Whether RAM holds an entry with exactly these tokens in @p ns. */
 KVT_API bool kvt_pcache_find_exact(kvt_pcache *pc, const int32_t *tok, size_t n,
                                    const char *ns);

@@ -210,6 +210,10 @@ static void test_restart_restores_longest_prefix(void **state)
     int32_t p[101];
     seq(p, 0, 100);
     p[100] = 7;
+    /* the index lookups see the disk's 100 tokens where RAM has none, and change nothing */
+    assert_int_equal(kvt_pcache_peek_prefix_len(pc, p, 101, ""), 0);
+    assert_int_equal(kvt_pcache_peek_longest(pc, p, 101, ""), 100);
+    assert_int_equal(kvt_pcache_peek_longest(pc, p, 101, "lora"), 60); /* t3, in its namespace */
     struct kvt_take t;
     assert_int_equal(kvt_pcache_take(pc, p, 101, "", &t), 0);
     assert_non_null(t.entry);

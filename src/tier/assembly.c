@@ -301,6 +301,11 @@ size_t kvt_pcache_peek_prefix_len(kvt_pcache *t, const int32_t *tok, size_t n, c
     return t ? kvt_ram_lru_peek_prefix_len(t->pc, tok, n, ns) : 0;
 }
 
+size_t kvt_pcache_peek_longest(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns)
+{
+    return t ? kvt_ram_lru_peek_longest(t->pc, tok, n, ns) : 0;
+}
+
 bool kvt_pcache_find_exact(kvt_pcache *t, const int32_t *tok, size_t n, const char *ns)
 {
     return t && kvt_ram_lru_find_exact(t->pc, tok, n, ns);

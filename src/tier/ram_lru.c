@@ -662,6 +662,25 @@ size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, 
     return best;
 }
 
+size_t kvt_ram_lru_peek_longest(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
+                                const char *ns)
+{
+    if (!tok && n)
+        return 0;
+    ns = kvt_tier_ns(ns);
+    size_t best;
+    struct lower lo;
+    pthread_mutex_lock(&lru->mu);
+    ram_candidate(lru, tok, n, ns, &best);
+    find_lower(lru, tok, n, ns, best, &lo); /* the take's own choice, without its restores */
+    pthread_mutex_unlock(&lru->mu);
+    if (lo.try_cold)
+        best = lo.cold.prefix_len;
+    if (lo.try_remote)
+        best = lo.remote.prefix_len;
+    return best;
+}
+
 /* Caller holds the lock. */
 static struct rec *find_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns)
 {

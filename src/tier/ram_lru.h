@@ -53,6 +53,10 @@ int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *re
 void kvt_ram_lru_keep(struct kvt_ram_lru *lru, struct kvt_entry *e);
 size_t kvt_ram_lru_peek_prefix_len(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
                                    const char *ns);
+/** The prefix length a take would be offered over RAM, the cold tier and the remote (index
+ * lookups only; changes nothing). */
+size_t kvt_ram_lru_peek_longest(struct kvt_ram_lru *lru, const int32_t *tok, size_t n,
+                                const char *ns);
 bool kvt_ram_lru_find_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns);
 /** Clone the record with exactly these tokens: 1 (found, *out set), 0 (none), or negative. */
 int kvt_ram_lru_clone_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,

@@ -71,23 +71,13 @@ static struct llama_sampler *sampler(const struct sample_params *sp)
     return c;
 }
 
-/* kvtier's longest prefix, to compare with the slot's own (files of other processes are
- * seen after a refresh; the remote's index is merged by its own poll thread). */
+/* kvtier's longest prefix over its tiers, to compare with the slot's own (files of other
+ * processes are seen after a refresh; the remote's index is merged by its own poll thread). */
 static size_t cached_prefix(struct server *s, const struct job *j)
 {
     kvt_pcache *pc = kvt_llama_pcache(s->kl);
-    const char *ns = kvt_llama_identity(s->kl)->ns;
     kvt_store_refresh(kvt_pcache_store(pc));
-    size_t ram = kvt_pcache_peek_prefix_len(pc, j->prompt, j->n_prompt, ns);
-    struct kvt_hit disk, remote;
-    size_t best = ram;
-    if (kvt_store_find(kvt_pcache_store(pc), j->prompt, j->n_prompt, ns, &disk) == 0 &&
-        disk.prefix_len > best)
-        best = disk.prefix_len;
-    if (s->remote && kvt_remote_find(s->remote, j->prompt, j->n_prompt, ns, &remote) == 0 &&
-        remote.prefix_len > best)
-        best = remote.prefix_len;
-    return best;
+    return kvt_pcache_peek_longest(pc, j->prompt, j->n_prompt, kvt_llama_identity(s->kl)->ns);
 }
 
 /* Put the longest usable prefix of the job's prompt into the slot's sequence. */
