@@ -271,10 +271,13 @@ struct kvt_rrec *kvt_remote_rec_copy_locked(const struct kvt_rrec *s)
     *d = *s;
     d->ns = strdup(s->ns);
     d->tokens = malloc(s->n_tokens ? s->n_tokens * sizeof(*s->tokens) : 1);
-    if (!d->ns || !d->tokens) {
+    d->objs = s->n_objs ? malloc(s->n_objs * sizeof(*s->objs)) : NULL;
+    if (!d->ns || !d->tokens || (s->n_objs && !d->objs)) {
         kvt_rrec_free(d);
         return NULL;
     }
+    if (s->n_objs)
+        memcpy(d->objs, s->objs, s->n_objs * sizeof(*s->objs));
     memcpy(d->tokens, s->tokens, s->n_tokens * sizeof(*s->tokens));
     return d;
 }

@@ -36,6 +36,8 @@ int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, c
     snprintf(k->gone, sizeof(k->gone), "%s:{%s}:gone", prefix, k->ident);
     snprintf(k->bytes, sizeof(k->bytes), "%s:{%s}:bytes", prefix, k->ident);
     snprintf(k->floor, sizeof(k->floor), "%s:{%s}:floor", prefix, k->ident);
+    snprintf(k->objs, sizeof(k->objs), "%s:{%s}:objs", prefix, k->ident);
+    snprintf(k->refs, sizeof(k->refs), "%s:{%s}:refs", prefix, k->ident);
     return 0;
 }
 

@@ -38,6 +38,21 @@ char *kvt_share_chunk_path(const char *dir, const char *id);
 /** The path of chunk @p k of tokens @p tok in @p dir (malloc'd), or NULL. */
 char *kvt_share_chunk_path_of(const char *dir, const int32_t *tok, size_t k);
 
+/** The entry of rows [a, b) of an entry, on the entry's own memory. */
+struct kvt_share_part {
+    struct kvt_entry e;
+    kvt_cache **v;
+    bool *owned;
+};
+
+/**
+ * Rows [a, b) of @p e as an entry: a chunk (its cut layers only, tokens [a, b)) or, with
+ * @p whole, a tail (every other layer borrowed whole, all the tokens). 0 or < 0.
+ */
+int kvt_share_part_new(const struct kvt_entry *e, int64_t a, int64_t b, bool whole,
+                       struct kvt_share_part *p);
+void kvt_share_part_free(struct kvt_share_part *p);
+
 /** What a shared save wrote. */
 struct kvt_share_saved {
     uint64_t tail_bytes;   /* the tail file's size */
@@ -66,5 +81,21 @@ int kvt_share_save(const char *dir, const char *tail_path, const struct kvt_entr
  */
 int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt_entry **out,
                    char **bad_chunk);
+
+/*
+ * Composing a shared entry from chunks held in memory (the remote tier's objects): the tail
+ * @p t loaded and checked, the whole entry's rows of its cut layers allocated with the tail's
+ * rows in place; each chunk k then checked against the entry (its header @p h) and copied to
+ * its rows; the end replaces the cut layers of @p t by the whole ones.
+ */
+struct kvt_share_compose;
+int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
+                          struct kvt_share_compose **out);
+int kvt_share_compose_chunk(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
+                            const struct kvt_entry *ch, const struct kvt_header *h,
+                            const char *name);
+/** Frees @p sc. */
+int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t);
+void kvt_share_compose_free(struct kvt_share_compose *sc);
 
 #endif

@@ -257,6 +257,54 @@ static int compose(struct kvt_entry *t, struct composed *c)
     return 0;
 }
 
+struct kvt_share_compose {
+    struct composed *c;
+    size_t n;
+};
+
+int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
+                          struct kvt_share_compose **out)
+{
+    *out = calloc(1, sizeof(**out));
+    if (!*out)
+        return -ENOMEM;
+    int rc = tail_layout(t, name, &(*out)->c);
+    (*out)->n = t->n_caches;
+    if (rc < 0) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int kvt_share_compose_chunk(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
+                            const struct kvt_entry *ch, const struct kvt_header *h,
+                            const char *name)
+{
+    int rc = chunk_fits(t, sc->c, h, k, name);
+    for (size_t i = 0, j = 0; rc == 0 && i < t->n_caches; i++)
+        if (sc->c[i].nt)
+            rc = j < ch->n_caches
+                     ? place_rows(&sc->c[i], ch->caches[j++], (int64_t)(k * KVT_SHARE_CHUNK), name)
+                     : kvt_fail(KVT_E_CORRUPT, "%s: a layer is missing", name);
+    return rc;
+}
+
+int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t)
+{
+    int rc = compose(t, sc->c);
+    kvt_share_compose_free(sc);
+    return rc;
+}
+
+void kvt_share_compose_free(struct kvt_share_compose *sc)
+{
+    if (!sc)
+        return;
+    composed_free(sc->c, sc->n);
+    free(sc);
+}
+
 static char *dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
