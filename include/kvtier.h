@@ -967,13 +967,19 @@ struct kvt_remote_opts {
     uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */
     int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
     bool no_verify;                /* skip tensor hash checks on restore (not advised) */
+    bool share_prefixes;           /* upload the whole 256-token chunks of an entry's prefix as
+                                      objects shared by every entry that starts with them
+                                      (SHARING.md "The remote tier"); off by default. Readers
+                                      restore shared entries either way */
     kvt_log_fn log;
     void *log_ud;
 };
 
 struct kvt_remote_stats {
     bool connected;                /* the poll thread's connection is up */
-    uint64_t entries, bytes;       /* the local view of this identity's remote index */
+    uint64_t entries, bytes;       /* the local view of this identity's remote index (bytes:
+                                      the records' and each shared object's once) */
+    uint64_t shared_objects, shared_bytes; /* the shared prefix objects the view's records need */
     uint64_t puts, put_bytes, put_failures, put_skipped, dropped, pending;
     uint64_t restores, restore_bytes, misses, corrupt, errors, evictions, syncs;
     int64_t version;               /* last index version merged; -1 = never */

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "remote/remote_obj.h"
+#include "remote/robj.h"
 #include "store/index.h"
 #include "tier/tier.h"
 #include "tier/write_queue.h"
@@ -115,6 +116,7 @@ static int copy_opts(struct kvt_remote *r, const struct kvt_remote_opts *o)
     r->max_entry_bytes = o->max_entry_bytes ? o->max_entry_bytes : (uint64_t)64 << 30;
     r->chunk_bytes = o->chunk_bytes;
     r->no_verify = o->no_verify;
+    r->share = o->share_prefixes;
     r->log = o->log;
     r->log_ud = o->log_ud;
     return 0;
@@ -294,7 +296,11 @@ struct kvt_rrec *kvt_remote_rec_copy(struct kvt_remote *r, uint64_t id)
 void kvt_remote_delete(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rrec *rec)
 {
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
-    kvt_rindex_unpublish(rc, &r->keys, rec->uuid);
+    struct kvt_rout o;
+    if (kvt_rindex_unpublish_ex(rc, &r->keys, rec->uuid, r->max_entry_bytes, &o) == 0) {
+        kvt_remote_free_objs(r, rc, &o);
+        kvt_rout_free(&o);
+    }
     kvt_rentry_del(rc, &r->keys, &e);
     pthread_mutex_lock(&r->mu);
     kvt_rview_drop(&r->view, rec->uuid);
@@ -311,7 +317,8 @@ void kvt_remote_get_stats(kvt_remote *r, struct kvt_remote_stats *st)
     pthread_mutex_lock(&r->mu);
     *st = r->st;
     st->entries = kvt_index_count(r->view.ix);
-    st->bytes = kvt_index_total_bytes(r->view.ix);
+    kvt_remote_objs_count_locked(r, &st->shared_objects, &st->shared_bytes);
+    st->bytes = kvt_index_total_bytes(r->view.ix) + st->shared_bytes;
     st->version = r->view.ver;
     pthread_mutex_unlock(&r->mu);
     st->dropped = qs.dropped;

@@ -17,7 +17,9 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "remote/remote_obj.h"
+#include "remote/robj.h"
 #include "store/index.h"
+#include "store/share.h"
 #include "tier/tier.h"
 
 /* Copies of the records @p e replaces (@p exact: identical tokens only), under the lock. */
@@ -49,39 +51,46 @@ static void drop_recs(struct kvt_remote *r, struct kvt_rrec **v, size_t n, const
     free(v);
 }
 
-/* The entries the index script removed to make room: their chunks deleted, out of the view,
- * counted (put_mu held). */
-static void evicted(struct kvt_remote *r, struct kvt_rrec *v, size_t n)
+/* The entries the index script removed to make room: their chunks and the objects no record
+ * needs any more deleted, out of the view, counted (put_mu held). */
+static void evicted(struct kvt_remote *r, struct kvt_rout *o)
 {
-    for (size_t i = 0; i < n; i++) {
-        struct kvt_rentry e = {v[i].ns, v[i].uuid, v[i].bytes, v[i].chunk, v[i].n_chunks};
+    for (size_t i = 0; i < o->n_gone; i++) {
+        struct kvt_rrec *v = &o->gone[i];
+        struct kvt_rentry e = {v->ns, v->uuid, v->bytes, v->chunk, v->n_chunks};
         kvt_rentry_del(&r->put_rc, &r->keys, &e);
         pthread_mutex_lock(&r->mu);
-        kvt_rview_drop(&r->view, v[i].uuid);
+        kvt_rview_drop(&r->view, v->uuid);
         r->st.evictions++;
         pthread_mutex_unlock(&r->mu);
     }
-    kvt_rrecs_free(v, n);
+    kvt_remote_free_objs(r, &r->put_rc, o);
+}
+
+int kvt_remote_admit(struct kvt_remote *r, const struct kvt_rrec *rec, uint64_t need, uint64_t cap,
+                     bool publish, struct kvt_rout *out)
+{
+    struct kvt_rout o;
+    int rc = kvt_rindex_admit_ex(&r->put_rc, &r->keys, publish ? rec : NULL, publish ? 0 : need,
+                                 cap, r->max_entry_bytes, &o);
+    if (rc < 0)
+        return rc;
+    evicted(r, &o);
+    if (out)
+        *out = o;
+    else
+        kvt_rout_free(&o);
+    return 0;
 }
 
 /* Make room for @p rec (the oldest entries removed against the server's own total, not this
  * host's view), then, with @p publish, publish it under the cap in the same script. */
 static int admit(struct kvt_remote *r, const struct kvt_rrec *rec, bool publish)
 {
-    struct kvt_rrec *gone = NULL;
-    size_t n = 0;
-    int rc = kvt_rindex_admit(&r->put_rc, &r->keys, publish ? rec : NULL, publish ? 0 : rec->bytes,
-                              r->max_bytes, r->max_entry_bytes, &gone, &n);
-    evicted(r, gone, n);
-    return rc;
+    return kvt_remote_admit(r, rec, rec->bytes, r->max_bytes, publish, NULL);
 }
 
-/*
- * How long an upload's chunks live until the PERSISTs after its publish: long enough for any
- * upload (ten minutes, and a second per megabyte), so that the chunks of a writer that dies
- * before it publishes expire instead of staying in Redis for good.
- */
-static uint64_t orphan_ttl_ms(uint64_t bytes)
+uint64_t kvt_remote_orphan_ttl_ms(uint64_t bytes)
 {
     return 600000 + bytes / 1000000 * 1000;
 }
@@ -95,7 +104,7 @@ static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_i
     kvt_rclient_arm(&r->put_rc, rec->bytes);
     int rc = admit(r, rec, false);
     if (rc == 0)
-        rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, orphan_ttl_ms(rec->bytes));
+        rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, kvt_remote_orphan_ttl_ms(rec->bytes));
     if (rc == 0)
         rc = admit(r, rec, true);
     if (rc == 0)
@@ -168,7 +177,9 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
         return 0; /* the index holds these very tokens already */
     }
     struct kvt_rrec *rec = new_rec(r, e, ns, 0);
-    int rc = rec ? put_image(r, e, rec) : kvt_fail(-ENOMEM, "remote: out of memory");
+    int rc = !rec                               ? kvt_fail(-ENOMEM, "remote: out of memory")
+             : r->share && kvt_share_applies(e) ? kvt_remote_put_shared(r, e, rec)
+                                                : put_image(r, e, rec);
     if (rc < 0) {
         KVT_RSTAT(r, put_failures, 1);
         kvt_remote_logf(r, KVT_LOG_WARN, "[remote] upload of %zu tokens failed: %s", e->n_tokens,
