@@ -27,7 +27,7 @@ static void take(const redisReply *e, uint64_t max_rec, struct kvt_rout *o)
 {
     const uint8_t *p = (const uint8_t *)e->str;
     size_t len = e->len;
-    if (len > 4 + KVT_ROBJ_WIRE && !memcmp(p, "KVO1", 4)) {
+    if (len >= 4 + KVT_ROBJ_WIRE && !memcmp(p, "KVO1", 4)) {
         struct kvt_rdead *d = &o->dead[o->n_dead];
         if (kvt_robj_decode(p + 4, KVT_ROBJ_WIRE, max_rec, &d->o) == 0 &&
             (d->ns = strndup((const char *)p + 4 + KVT_ROBJ_WIRE, len - 4 - KVT_ROBJ_WIRE)))
