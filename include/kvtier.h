@@ -964,7 +964,9 @@ struct kvt_remote_opts {
     uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
                                       oldest entries are deleted to stay below it */
     uint64_t max_entry_bytes;      /* larger records are ignored; default 64 GiB */
-    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */
+    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB - 64 B
+                                      (Redis's allocator holds a value of exactly 1 MiB in
+                                      1.25 MiB) */
     int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
     bool no_verify;                /* skip tensor hash checks on restore (not advised) */
     bool share_prefixes;           /* upload the whole 256-token chunks of an entry's prefix as

@@ -26,7 +26,7 @@ void kvt_remote_opts_init(struct kvt_remote_opts *o)
     o->poll_ms = 500;
     o->max_bytes = (uint64_t)8 << 30;
     o->max_entry_bytes = (uint64_t)64 << 30;
-    o->chunk_bytes = (uint64_t)1 << 20;
+    o->chunk_bytes = ((uint64_t)1 << 20) - 64; /* a value of 1 MiB takes 1.25 MiB in Redis */
     o->queue_max_bytes = (int64_t)2 << 30;
 }
 
