@@ -25,10 +25,6 @@
 #include "remote/robj.h"
 #include "store/share.h"
 
-#define SHARED 600 /* tokens every branch of a prompt shares: two whole chunks */
-#define OWN 100
-#define N_TOK (SHARED + OWN)
-
 static char *base;
 static struct redis_srv S;
 
@@ -51,24 +47,6 @@ static int group_teardown(void **state)
     return 0;
 }
 
-/* Branch @p b of prompt @p p: SHARED tokens of the prompt, then OWN of the branch. */
-static void branch_tokens(int p, int b, int32_t *t)
-{
-    for (int i = 0; i < N_TOK; i++)
-        t[i] = i < SHARED ? 7 * i + 1 + 1000000 * p : 100000 * (b + 1) + i + 1000000 * p;
-}
-
-/* A kv layer (cut into objects) and an ssm layer (kept whole in the tail). */
-static struct kvt_entry *branch(int p, int b)
-{
-    int32_t t[N_TOK];
-    branch_tokens(p, b, t);
-    struct kvt_entry *e;
-    if (synth_entry(t, N_TOK, "", false, &e) != 0)
-        return NULL;
-    return e;
-}
-
 static kvt_remote *open_share(const char *prefix, bool share, uint64_t cap)
 {
     struct kvt_remote_opts o;
@@ -82,32 +60,12 @@ static kvt_remote *open_share(const char *prefix, bool share, uint64_t cap)
 
 static int put_branch(kvt_remote *r, int p, int b)
 {
-    struct kvt_entry *e = branch(p, b);
-    int rc = e ? kvt_remote_put(r, e) : -1;
-    kvt_entry_free(e);
-    return rc;
+    return remote_put_branch(r, p, b);
 }
 
-/* 1 restored identical, 0 a miss, -1 not found, -2 wrong bytes (no asserts: children too). */
 static int restore_branch(kvt_remote *r, int p, int b)
 {
-    int32_t t[N_TOK + 1];
-    branch_tokens(p, b, t);
-    t[N_TOK] = 5;
-    struct kvt_hit hit;
-    if (kvt_remote_find(r, t, N_TOK + 1, "", &hit) != 0 || hit.prefix_len != N_TOK)
-        return -1;
-    struct kvt_entry *got = NULL;
-    if (kvt_remote_restore(r, &hit, &got) != 0 || !got)
-        return 0;
-    struct kvt_entry *want = branch(p, b);
-    int same = want && got->n_tokens == N_TOK && got->n_caches == want->n_caches;
-    for (size_t i = 0; same && i < want->n_caches; i++)
-        same = kvt_cache_offset(got->caches[i]) == kvt_cache_offset(want->caches[i]) &&
-               synth_same_state(got->caches[i], want->caches[i]);
-    kvt_entry_free(got);
-    kvt_entry_free(want);
-    return same ? 1 : -2;
+    return remote_restore_branch(r, p, b);
 }
 
 static redisContext *cli(void)
