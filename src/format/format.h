@@ -319,6 +319,16 @@ int kvt_feed_wrote(struct kvt_feed *f, size_t n);
 /** All bytes are in: the entry (and the header, when @p out_header is not NULL).
  *  @return 0, the feed's error, or -EINVAL when bytes are missing. */
 int kvt_feed_finish(struct kvt_feed *f, struct kvt_entry **out, struct kvt_header **out_header);
+/**
+ * Land the slots in the caller's memory instead of new buffers: once the header is in and
+ * checked, @p fn receives it and fills the destination of each of its @p n slots (header
+ * order; zeroed set where the rows between blocks belong to others) or returns the error that
+ * stops the feed. kvt_feed_finish() then gives the header only (*out NULL). Call before the
+ * first byte.
+ */
+typedef int (*kvt_feed_place_fn)(void *ud, const struct kvt_header *h, struct kvt_slot_dst *d,
+                                 size_t n);
+void kvt_feed_place(struct kvt_feed *f, kvt_feed_place_fn fn, void *ud);
 /** Back to the file's first byte (a transfer that starts over). */
 void kvt_feed_reset(struct kvt_feed *f);
 void kvt_feed_free(struct kvt_feed *f);

@@ -1,13 +1,13 @@
 /*
  * Restores of shared entries (SHARING.md "The remote tier"): the tail, loaded and checked like
  * any entry, gives the whole entry's rows; each prefix object the record names is then fetched
- * from its own keys (its own hash tag: any master, redirections followed per chunk), loaded by
- * a fed load with every check of a file (header hash, identity, namespace, tensor hashes as
- * the bytes land), checked against the record (header hash) and the entry (its tokens, layers
- * and shapes), and copied to its rows. An object that is missing or fails a check is a fact
- * about bytes every entry needing it shares: it is unlisted (so no new record takes it) and
- * every record of the view that needs it is removed; records of other hosts that need it meet
- * its missing keys at their own restore.
+ * from its own keys (its own hash tag: any master, redirections followed per chunk) by a fed
+ * load with every check of a file (header hash, identity, namespace, tensor hashes as the
+ * bytes land); once its header is in and fits the entry (its tokens, layers and shapes), its
+ * bytes land straight in their rows of the entry. Its header hash must be the record's. An object
+ * that is missing or fails a check is a fact about bytes every entry needing it shares: it is
+ * unlisted (so no new record takes it) and every record of the view that needs it is removed;
+ * records of other hosts that need it meet its missing keys at their own restore.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,7 +21,23 @@
 #include "store/index.h"
 #include "store/share.h"
 
-/* Object @p k of @p rec fetched, checked and copied into its rows. 0, KVT_R_NIL or < 0. */
+struct placing {
+    struct kvt_share_compose *sc;
+    const struct kvt_entry *t;
+    size_t k;
+    const char *name;
+};
+
+/* The object's header is in: it must fit rows [256k, 256(k + 1)) of the entry, where its
+ * bytes then land straight from the socket. */
+static int place(void *ud, const struct kvt_header *h, struct kvt_slot_dst *d, size_t n)
+{
+    const struct placing *p = ud;
+    return kvt_share_compose_place(p->sc, p->t, p->k, h, d, n, p->name);
+}
+
+/* Object @p k of @p rec fetched into its rows, every check of a file on the way, its header
+ * checked against the record's entry. 0, KVT_R_NIL or < 0. */
 static int fetch_obj(struct kvt_remote *r, struct kvt_rclient *c, const struct kvt_rrec *rec,
                      size_t k, struct kvt_entry *t, struct kvt_share_compose *sc)
 {
@@ -37,19 +53,18 @@ static int fetch_obj(struct kvt_remote *r, struct kvt_rclient *c, const struct k
     int rc = kvt_feed_new(o->bytes, &x, name, &f);
     if (rc)
         return rc;
+    struct placing pl = {sc, t, k, name};
+    kvt_feed_place(f, place, &pl);
     struct kvt_rentry e = kvt_robj_entry(o, rec->ns, tag);
     struct kvt_rsink sink = kvt_remote_feed_sink(f);
     rc = kvt_rentry_get(c, &r->keys, &e, &sink);
-    struct kvt_entry *ce = NULL;
+    struct kvt_entry *none = NULL;
     struct kvt_header *h = NULL;
     if (rc == 0)
-        rc = kvt_feed_finish(f, &ce, &h);
+        rc = kvt_feed_finish(f, &none, &h);
     kvt_feed_free(f);
     if (rc == 0 && h->header_hash != o->header_hash)
         rc = kvt_fail(KVT_E_CORRUPT, "%s does not match its index entry", name);
-    if (rc == 0)
-        rc = kvt_share_compose_chunk(sc, t, k, ce, h, name);
-    kvt_entry_free(ce);
     kvt_header_free(h);
     return rc;
 }

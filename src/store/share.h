@@ -85,14 +85,17 @@ int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt
 /*
  * Composing a shared entry from chunks held in memory (the remote tier's objects): the tail
  * @p t loaded and checked, the whole entry's rows of its cut layers allocated with the tail's
- * rows in place; each chunk k then checked against the entry (its header @p h) and copied to
- * its rows; the end replaces the cut layers of @p t by the whole ones.
+ * rows in place; each chunk k then checked against the entry (its header) and its bytes
+ * placed in its rows; the end replaces the cut layers of @p t by the whole ones.
  */
 struct kvt_share_compose;
 int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
                           struct kvt_share_compose **out);
-int kvt_share_compose_chunk(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
-                            const struct kvt_entry *ch, const struct kvt_header *h,
+/** For a chunk k arriving as bytes (a fed load): check its header @p h against the entry and
+ * give the destinations of its @p n slots, rows [256k, 256(k + 1)) of the whole entry's. */
+struct kvt_slot_dst;
+int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
+                            const struct kvt_header *h, struct kvt_slot_dst *d, size_t n,
                             const char *name);
 /** Frees @p sc. */
 int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t);

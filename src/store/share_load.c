@@ -277,16 +277,18 @@ int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
     return rc;
 }
 
-int kvt_share_compose_chunk(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
-                            const struct kvt_entry *ch, const struct kvt_header *h,
+int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
+                            const struct kvt_header *h, struct kvt_slot_dst *d, size_t n,
                             const char *name)
 {
+    size_t slots = 0;
+    for (size_t i = 0; i < t->n_caches; i++)
+        slots += (size_t)sc->c[i].nt;
     int rc = chunk_fits(t, sc->c, h, k, name);
-    for (size_t i = 0, j = 0; rc == 0 && i < t->n_caches; i++)
-        if (sc->c[i].nt)
-            rc = j < ch->n_caches
-                     ? place_rows(&sc->c[i], ch->caches[j++], (int64_t)(k * KVT_SHARE_CHUNK), name)
-                     : kvt_fail(KVT_E_CORRUPT, "%s: a layer is missing", name);
+    if (rc == 0 && n != slots)
+        rc = kvt_fail(KVT_E_CORRUPT, "%s: %zu tensors where the entry cuts %zu", name, n, slots);
+    if (rc == 0)
+        chunk_dsts(t, sc->c, k, d);
     return rc;
 }
 
