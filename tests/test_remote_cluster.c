@@ -402,6 +402,7 @@ static void test_shared_objects_over_cluster(void **state)
     int src = redis_cluster_master_of(&C, slot);
     print_message("objects on masters %d and %d\n",
                   redis_cluster_master_of(&C, kvt_key_slot(key0, strlen(key0))), src);
+    assert_int_equal(kvt_remote_refresh(r), 0); /* the reader sees the writer's records */
     for (int b = 0; b < 3; b++)
         assert_int_equal(remote_restore_branch(r, 0, b), 1);
 

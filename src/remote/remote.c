@@ -317,7 +317,7 @@ void kvt_remote_get_stats(kvt_remote *r, struct kvt_remote_stats *st)
     pthread_mutex_lock(&r->mu);
     *st = r->st;
     st->entries = kvt_index_count(r->view.ix);
-    kvt_remote_objs_count_locked(r, &st->shared_objects, &st->shared_bytes);
+    kvt_rview_objs(&r->view, &st->shared_objects, &st->shared_bytes);
     st->bytes = kvt_index_total_bytes(r->view.ix) + st->shared_bytes;
     st->version = r->view.ver;
     pthread_mutex_unlock(&r->mu);

@@ -265,6 +265,8 @@ void kvt_rview_free(struct kvt_rview *v);
 int kvt_rview_add(struct kvt_rview *v, struct kvt_rrec *r);
 /** Drop the record @p uuid if present. */
 void kvt_rview_drop(struct kvt_rview *v, const char *uuid);
+/** The distinct shared prefix objects the records of @p v need, and their bytes once. */
+void kvt_rview_objs(const struct kvt_rview *v, uint64_t *n, uint64_t *bytes);
 
 /**
  * Bring @p v up to date (poll thread): GET the version; when it moved, fetch the records

@@ -95,7 +95,5 @@ int kvt_remote_get_shared(struct kvt_remote *r, struct kvt_rclient *c, const str
 /** Object @p k of @p rec failed for good: unlist it, so that no new record takes it, and drop
  * every record of the view that needs it (remote_share_get.c). */
 void kvt_remote_condemn(struct kvt_remote *r, const struct kvt_rrec *rec, int k);
-/** The distinct objects the view's records need, and their bytes (r->mu held). */
-void kvt_remote_objs_count_locked(struct kvt_remote *r, uint64_t *n, uint64_t *bytes);
 
 #endif

@@ -39,15 +39,6 @@ static int collect_id(void *ud, size_t k, const char *id)
     return 0;
 }
 
-void kvt_remote_free_objs(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rout *o)
-{
-    for (size_t i = 0; i < o->n_dead; i++) {
-        char name[KVT_ROBJ_NAME];
-        struct kvt_rentry e = kvt_robj_entry(&o->dead[i].o, o->dead[i].ns, name);
-        kvt_rentry_del(rc, &r->keys, &e);
-    }
-}
-
 /* An object or tail larger than the cap or than readers accept is not uploaded. */
 static uint64_t max_file(const struct kvt_remote *r)
 {
