@@ -17,7 +17,6 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "remote/remote_obj.h"
-#include "remote/robj.h"
 #include "store/index.h"
 #include "store/share.h"
 #include "tier/tier.h"
