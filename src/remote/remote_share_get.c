@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "format/format.h"
+#include "mem/restore_helper.h"
 #include "remote/remote_obj.h"
 #include "remote/robj.h"
 #include "store/index.h"
@@ -78,11 +79,13 @@ int kvt_remote_get_shared(struct kvt_remote *r, struct kvt_rclient *c, const str
     int rc = kvt_share_compose_new(t, name, &sc);
     if (rc == 0 && kvt_share_chunks(t->n_tokens) != rec->n_objs)
         rc = kvt_fail(KVT_E_CORRUPT, "%s: its tail and its record disagree", name);
+    struct kvt_restore_helper *pf = rc == 0 ? kvt_share_compose_prefault(sc) : NULL;
     for (uint32_t k = 0; rc == 0 && k < rec->n_objs; k++) {
         rc = fetch_obj(r, c, rec, k, t, sc);
         if (rc != 0)
             *bad = (int)k;
     }
+    kvt_restore_helper_stop(pf); /* before the memory it may touch changes hands */
     if (rc == 0)
         return kvt_share_compose_end(sc, t);
     kvt_share_compose_free(sc);

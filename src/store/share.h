@@ -97,6 +97,9 @@ struct kvt_slot_dst;
 int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
                             const struct kvt_header *h, struct kvt_slot_dst *d, size_t n,
                             const char *name);
+/** A helper faulting the whole entry's fresh rows in on another core while chunks arrive
+ * (stop it with kvt_restore_helper_stop() before the end), or NULL when none is needed. */
+struct kvt_restore_helper *kvt_share_compose_prefault(struct kvt_share_compose *sc);
 /** Frees @p sc. */
 int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t);
 void kvt_share_compose_free(struct kvt_share_compose *sc);

@@ -14,6 +14,8 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "io/io.h"
+#include "io/stream.h"
+#include "mem/restore_helper.h"
 #include "tensor/tensor.h"
 
 /** The whole entry's token-axis tensors being filled: one set per cut layer. */
@@ -290,6 +292,22 @@ int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry
     if (rc == 0)
         chunk_dsts(t, sc->c, k, d);
     return rc;
+}
+
+struct kvt_restore_helper *kvt_share_compose_prefault(struct kvt_share_compose *sc)
+{
+    struct kvt_restore_helper *pf = NULL;
+    for (size_t i = 0; i < sc->n; i++)
+        for (int j = 0; j < sc->c[i].nt; j++) {
+            void *p = kvt_buf_data(sc->c[i].t[j].buf);
+            size_t len = kvt_tensor_nbytes(&sc->c[i].t[j]);
+            if (len < KVT_PREFAULT_MIN || !kvt_restore_helper_wanted(p, len))
+                continue;
+            if (!pf && !(pf = kvt_restore_helper_start()))
+                return NULL;
+            kvt_restore_helper_add(pf, p, len);
+        }
+    return pf;
 }
 
 int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t)
