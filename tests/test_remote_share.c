@@ -6,7 +6,8 @@
  * its objects; a corrupt or missing object is a miss for every record that needs it and is
  * uploaded again by the next branch; two writers putting one prompt at once list it once and
  * leave no copy behind; writers killed mid-upload leave nothing served wrong, and their
- * unpublished copies expire.
+ * unpublished copies expire; hostile records of shared entries are neither indexed nor able to
+ * break the scripts.
  */
 #include "support/redis_srv.h"
 #include "support/support.h"
@@ -476,6 +477,57 @@ static void test_writer_killed_mid_upload(void **state)
     }
 }
 
+/* Records of shared entries that are not what they claim (object counts past their length or
+ * their tokens, a foreign namespace hash) are not indexed, and the index scripts remove them
+ * without failing or releasing anything they do not hold. */
+static void test_hostile_shared_records(void **state)
+{
+    (void)state;
+    kvt_remote *w = open_share("hos", true, 0);
+    assert_int_equal(put_branch(w, 0, 0), 0);
+    struct server_state st;
+    check_server("hos", true, &st);
+    size_t len = 0;
+    uint8_t *good = kvt_rrec_encode(&st.recs[0], &len);
+    assert_non_null(good);
+    state_free(&st);
+    struct kvt_rkeys k;
+    kvt_rkeys_init(&k, "hos", REMOTE_MODEL, REMOTE_FP, REMOTE_TOK);
+    redisContext *c = cli();
+    const char *uuids[3] = {"11111111111111111111111111111111", "22222222222222222222222222222222",
+                            "33333333333333333333333333333333"};
+    for (int i = 0; i < 3; i++) {
+        uint8_t *bad = malloc(len);
+        memcpy(bad, good, len);
+        memcpy(bad + 4, uuids[i], 32);
+        if (i == 0)
+            memset(bad + 78 + bad[77], 0xff, 4); /* 4 billion objects */
+        else if (i == 1)
+            bad[79] ^= 1; /* another namespace hash */
+        else
+            bad[78 + bad[77]] = 1; /* one object where the tokens need two */
+        freeReplyObject(cmd(c, "HSET %s %s %b", k.idx, uuids[i], bad, len));
+        freeReplyObject(cmd(c, "ZADD %s 1 %s", k.log, uuids[i]));
+        free(bad);
+    }
+    free(good);
+    freeReplyObject(cmd(c, "DEL %s", k.bytes)); /* recounted by the next script, theirs too */
+    kvt_remote *rd = open_share("hos", false, 0);
+    wait_synced(rd, 1); /* only the real one */
+    assert_int_equal(restore_branch(rd, 0, 0), 1);
+    size_t dropped = 0;
+    assert_int_equal(kvt_remote_gc(w, 1, false, &dropped), 0); /* the scripts remove them all */
+    assert_int_equal(dropped, 1); /* the undecodable ones are removed, not reported */
+    check_server("hos", true, &st);
+    assert_int_equal(st.records, 0);
+    assert_int_equal(st.objects, 0);
+    state_free(&st);
+    redisFree(c);
+    kvt_rkeys_free(&k);
+    kvt_remote_close(rd);
+    kvt_remote_close(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -484,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_or_missing_object),
         cmocka_unit_test(test_two_writers_one_prefix),
         cmocka_unit_test(test_writer_killed_mid_upload),
+        cmocka_unit_test(test_hostile_shared_records),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
