@@ -244,6 +244,38 @@ static int other_master(int src, char **sid, char **did)
     return dst;
 }
 
+/* A live migration of a slot from its master to another one. */
+struct migration {
+    unsigned slot;
+    int src, dst;
+    char *sid, *did;
+};
+
+/* Start migrating @p slot: IMPORTING on the other master, MIGRATING on its own. */
+static void migration_begin(unsigned slot, struct migration *m)
+{
+    *m = (struct migration){.slot = slot, .src = redis_cluster_master_of(&C, slot)};
+    m->dst = other_master(m->src, &m->sid, &m->did);
+    char *imp = strf("CLUSTER SETSLOT %u IMPORTING %s", slot, m->sid);
+    char *mgr = strf("CLUSTER SETSLOT %u MIGRATING %s", slot, m->did);
+    assert_int_equal(redis_cli(&C.node[m->dst], imp, NULL), 0);
+    assert_int_equal(redis_cli(&C.node[m->src], mgr, NULL), 0);
+    free(imp);
+    free(mgr);
+}
+
+/* The migration completes: every node learns the slot's new owner at once. */
+static void migration_end(struct migration *m)
+{
+    char *own = strf("CLUSTER SETSLOT %u NODE %s", m->slot, m->did);
+    for (int i = 0; i < C.n; i++)
+        if (C.node[i].pid > 0)
+            redis_cli(&C.node[i], own, NULL);
+    free(own);
+    free(m->sid);
+    free(m->did);
+}
+
 /* MIGRATE the chunks of @p keys whose index has bit @p odd (1: odd, 0: even) from @p src to
  * @p dst. */
 static void migrate(int src, int dst, char (*keys)[256], uint32_t n, int odd)
@@ -313,16 +345,10 @@ static void test_restore_during_migration(void **state)
     char(*keys)[256] = calloc(chunks, sizeof(*keys));
     for (uint32_t i = 0; i < chunks; i++)
         kvt_rkeys_chunk(&k, "", uuid, i, keys[i], sizeof(keys[i]));
-    unsigned slot = kvt_key_slot(keys[0], strlen(keys[0]));
-    int src = redis_cluster_master_of(&C, slot);
-    char *sid = NULL, *did = NULL;
-    int dst = other_master(src, &sid, &did);
-    char *imp = strf("CLUSTER SETSLOT %u IMPORTING %s", slot, sid);
-    char *mgr = strf("CLUSTER SETSLOT %u MIGRATING %s", slot, did);
-    assert_int_equal(redis_cli(&C.node[dst], imp, NULL), 0);
-    assert_int_equal(redis_cli(&C.node[src], mgr, NULL), 0);
-    migrate(src, dst, keys, chunks, 1);
-    print_message("%u chunks, the odd ones moved from node %d to %d\n", chunks, src, dst);
+    struct migration m;
+    migration_begin(kvt_key_slot(keys[0], strlen(keys[0])), &m);
+    migrate(m.src, m.dst, keys, chunks, 1);
+    print_message("%u chunks, the odd ones moved from node %d to %d\n", chunks, m.src, m.dst);
 
     kvt_remote *r = open_remote_at(mig, 64 << 10); /* a reader, synced at open */
     assert_int_equal(restore(r, SEED + 50), 1);
@@ -331,19 +357,11 @@ static void test_restore_during_migration(void **state)
     kvt_remote_get_stats(r, &st);
     assert_int_equal(st.misses + st.corrupt + st.errors, 0);
 
-    migrate(src, dst, keys, chunks, 0); /* the migration completes: the slot is dst's */
-    char *own = strf("CLUSTER SETSLOT %u NODE %s", slot, did);
-    for (int i = 0; i < C.n; i++) /* every node learns the new owner at once */
-        if (C.node[i].pid > 0)
-            redis_cli(&C.node[i], own, NULL);
+    migrate(m.src, m.dst, keys, chunks, 0); /* the migration completes: the slot is dst's */
+    migration_end(&m);
     assert_int_equal(restore(r, SEED + 50), 1); /* MOVED, followed */
     assert_true(entry_intact(&k, uuid, keys, chunks));
     kvt_remote_close(r);
-    free(own);
-    free(imp);
-    free(mgr);
-    free(sid);
-    free(did);
     free(keys);
     kvt_rkeys_free(&k);
 }
@@ -399,26 +417,19 @@ static void test_shared_objects_over_cluster(void **state)
     char key0[256];
     kvt_rkeys_chunk(&k, "", tag[0], 0, key0, sizeof(key0));
     unsigned slot = kvt_key_slot(keys[0], strlen(keys[0]));
-    int src = redis_cluster_master_of(&C, slot);
     print_message("objects on masters %d and %d\n",
-                  redis_cluster_master_of(&C, kvt_key_slot(key0, strlen(key0))), src);
+                  redis_cluster_master_of(&C, kvt_key_slot(key0, strlen(key0))),
+                  redis_cluster_master_of(&C, slot));
     assert_int_equal(kvt_remote_refresh(r), 0); /* the reader sees the writer's records */
     for (int b = 0; b < 3; b++)
         assert_int_equal(remote_restore_branch(r, 0, b), 1);
 
-    char *sid = NULL, *did = NULL;
-    int dst = other_master(src, &sid, &did);
-    char *imp = strf("CLUSTER SETSLOT %u IMPORTING %s", slot, sid);
-    char *mgr = strf("CLUSTER SETSLOT %u MIGRATING %s", slot, did);
-    assert_int_equal(redis_cli(&C.node[dst], imp, NULL), 0);
-    assert_int_equal(redis_cli(&C.node[src], mgr, NULL), 0);
-    migrate(src, dst, keys, n, 1);
+    struct migration m;
+    migration_begin(slot, &m);
+    migrate(m.src, m.dst, keys, n, 1);
     assert_int_equal(remote_restore_branch(r, 0, 1), 1); /* ASK per chunk of the object */
-    migrate(src, dst, keys, n, 0);
-    char *own = strf("CLUSTER SETSLOT %u NODE %s", slot, did);
-    for (int i = 0; i < C.n; i++)
-        if (C.node[i].pid > 0)
-            redis_cli(&C.node[i], own, NULL);
+    migrate(m.src, m.dst, keys, n, 0);
+    migration_end(&m);
     assert_int_equal(remote_restore_branch(r, 0, 2), 1); /* MOVED */
     struct kvt_remote_stats st;
     kvt_remote_get_stats(r, &st);
@@ -426,11 +437,6 @@ static void test_shared_objects_over_cluster(void **state)
     assert_int_equal(st.entries, 3);
     assert_int_equal(st.shared_objects, 2);
     kvt_remote_close(r);
-    free(own);
-    free(imp);
-    free(mgr);
-    free(sid);
-    free(did);
     free(keys);
     kvt_rkeys_free(&k);
 }

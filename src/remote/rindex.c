@@ -26,7 +26,7 @@
  * version it has seen before. A record's byte size is its head's little-endian u64 at offset
  * 44, an object's at 64 of its entry (sizes from 4 PiB on, which no reader accepts, count as
  * 0: Lua numbers are doubles). A shared entry's record (KVR2) lists its objects after the
- * head (robj.c); objs holds one entry per object, refs how many records need it, and the byte
+ * head (rrec.c); objs holds one entry per object, refs how many records need it, and the byte
  * total counts each object once. A record's removal releases its objects that are still the
  * generation it names; those no record needs leave the index and are reported ("KVO1", entry,
  * namespace) so that their keys get deleted. */
@@ -154,16 +154,7 @@ int kvt_rindex_admit_ex(struct kvt_rclient *rc, const struct kvt_rkeys *k, const
     int err = 0;
     redisReply *rep = script(rc, k, ADMIT, 4, args, alen, &err);
     free(val);
-    if (!rep)
-        return err;
-    struct kvt_rout o;
-    err = kvt_rout_parse(rep, max_rec, &o);
-    freeReplyObject(rep);
-    if (out)
-        *out = o;
-    else
-        kvt_rout_free(&o);
-    return err;
+    return rep ? kvt_rout_take(rep, max_rec, out) : err;
 }
 
 int kvt_rindex_admit(struct kvt_rclient *rc, const struct kvt_rkeys *k, const struct kvt_rrec *r,
@@ -196,16 +187,7 @@ int kvt_rindex_unpublish_ex(struct kvt_rclient *rc, const struct kvt_rkeys *k, c
     size_t alen[1] = {strlen(uuid)};
     int err = 0;
     redisReply *r = script(rc, k, UNPUBLISH, 1, args, alen, &err);
-    if (!r)
-        return err;
-    struct kvt_rout o;
-    err = kvt_rout_parse(r, max_rec, &o);
-    freeReplyObject(r);
-    if (out)
-        *out = o;
-    else
-        kvt_rout_free(&o);
-    return err;
+    return r ? kvt_rout_take(r, max_rec, out) : err;
 }
 
 int kvt_rindex_unpublish(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *uuid)

@@ -43,7 +43,8 @@ static void take(const redisReply *e, uint64_t max_rec, struct kvt_rout *o)
     }
 }
 
-int kvt_rout_parse(const redisReply *r, uint64_t max_rec, struct kvt_rout *o)
+/* Decode an index script's reply {version or -1 (refused), strings...} into @p o. */
+static int parse(const redisReply *r, uint64_t max_rec, struct kvt_rout *o)
 {
     memset(o, 0, sizeof(*o));
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
@@ -64,6 +65,18 @@ int kvt_rout_parse(const redisReply *r, uint64_t max_rec, struct kvt_rout *o)
         if (r->element[i]->type == REDIS_REPLY_STRING)
             take(r->element[i], max_rec ? max_rec : UINT64_MAX, o);
     return 0;
+}
+
+int kvt_rout_take(struct redisReply *r, uint64_t max_rec, struct kvt_rout *out)
+{
+    struct kvt_rout o;
+    int rc = parse(r, max_rec, &o);
+    freeReplyObject(r);
+    if (out)
+        *out = o;
+    else
+        kvt_rout_free(&o);
+    return rc;
 }
 
 int kvt_rindex_objs(struct kvt_rclient *rc, const struct kvt_rkeys *k, const char *ns,

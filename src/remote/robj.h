@@ -1,7 +1,8 @@
 /*
  * Shared prefix objects of the remote tier (SHARING.md "The remote tier"): their wire form in
- * index records (robj.c), what the index scripts report about them (rindex.c), their upload
- * (remote_share_put.c) and their restore (remote_share_get.c).
+ * index records (rrec.c), their keys (rkeys.c), what the index scripts report about them
+ * (rindex.c, rindex_objs.c), their upload (remote_share_put.c) and their restore
+ * (remote_share_get.c).
  */
 #ifndef KVT_REMOTE_ROBJ_H
 #define KVT_REMOTE_ROBJ_H
@@ -47,8 +48,9 @@ struct kvt_rout {
 
 void kvt_rout_free(struct kvt_rout *o);
 struct redisReply;
-/** Decode an index script's reply {version or -1 (refused), strings...} into @p o. */
-int kvt_rout_parse(const struct redisReply *r, uint64_t max_rec, struct kvt_rout *o);
+/** Decode an index script's reply {version or -1 (refused), strings...} into @p out (NULL: not
+ * wanted) and free the reply. 0 or < 0 (then *@p out is empty). */
+int kvt_rout_take(struct redisReply *r, uint64_t max_rec, struct kvt_rout *out);
 
 /**
  * kvt_rindex_admit() reporting into @p out (may be NULL). A record with objects is refused
