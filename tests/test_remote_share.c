@@ -528,6 +528,43 @@ static void test_hostile_shared_records(void **state)
     kvt_remote_close(w);
 }
 
+static char *cli_args(const char *verb, const char *prefix)
+{
+    return strf("%s --redis %s --model-id %s --config-fingerprint %s --tokenizer-hash %s", verb,
+                redis_url(&S, prefix), REMOTE_MODEL, REMOTE_FP, REMOTE_TOK);
+}
+
+/* kvtier ls and gc --redis: the objects listed once; gc drops the records whose object lost
+ * a piece, and their objects with them. */
+static void test_cli_ls_gc(void **state)
+{
+    (void)state;
+    kvt_remote *w = open_share("cli", true, 0);
+    for (int b = 0; b < 3; b++)
+        assert_int_equal(put_branch(w, 0, b), 0);
+    damage_object("cli", 0, true);            /* a piece of prompt 0's first object */
+    assert_int_equal(put_branch(w, 1, 0), 0); /* another prompt, untouched */
+    char *args = cli_args("ls", "cli"), *out = NULL;
+    assert_int_equal(run_cli(args, true, &out), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "4 entries"));
+    assert_non_null(strstr(out, "shared prefix objects: 4"));
+    free(out);
+    free(args);
+    args = cli_args("gc", "cli");
+    assert_int_equal(run_cli(args, true, &out), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "dropped 3 records"));
+    free(out);
+    free(args);
+    struct server_state st;
+    check_server("cli", true, &st);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(st.objects, 2);
+    state_free(&st);
+    kvt_remote_close(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_two_writers_one_prefix),
         cmocka_unit_test(test_writer_killed_mid_upload),
         cmocka_unit_test(test_hostile_shared_records),
+        cmocka_unit_test(test_cli_ls_gc),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -154,6 +154,11 @@ int cmd_remote(int argc, char **argv, const char *usage)
         rc = kvt_remote_list(r, &v, &n);
         if (rc == 0)
             ls_print(&a, v, n);
+        struct kvt_remote_stats st;
+        kvt_remote_get_stats(r, &st);
+        if (rc == 0 && !a.json && st.shared_objects) /* entries list their own bytes */
+            printf("shared prefix objects: %" PRIu64 ", %.2f MiB\n", st.shared_objects,
+                   (double)st.shared_bytes / (1 << 20));
         kvt_store_list_free(v);
     } else if (!strcmp(argv[0], "stats")) {
         struct kvt_remote_stats st;
