@@ -13,7 +13,7 @@
 #include "support/support.h"
 
 #include "format/format.h"
-#include "mem/par.h"
+#include "threads/par_for.h"
 
 #include <errno.h>
 #include <stdio.h>

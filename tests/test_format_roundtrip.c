@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "mem/mem.h"
-#include "mem/par.h"
+#include "settings/settings.h"
+#include "threads/par_for.h"
 #include "format/format.h"
 #include "io/stream.h"
 

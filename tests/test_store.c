@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "io/io_fault.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 #include "support/synth.h"
 
 static const char *const MODEL = "test/model";

@@ -6,7 +6,7 @@
  */
 #include "test_tier_stubs.h"
 
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 #define ITEMS 64
 

@@ -20,8 +20,8 @@
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/mem.h"
-#include "mem/par.h"
+#include "settings/settings.h"
+#include "threads/par_for.h"
 #include "store/store.h"
 
 /* One slot of the file, in header order, and where it goes (0: only checked). A slot cut to

@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "io/io.h"
-#include "mem/mem.h"
-#include "mem/par.h"
-#include "mem/restore_helper.h"
+#include "settings/settings.h"
+#include "threads/par_for.h"
+#include "threads/restore_helper.h"
 
 /* Reads smaller than this take the plain path. */
 #define FAST_MIN ((uint64_t)1 << 20)

@@ -30,8 +30,8 @@
 #include "io/aq.h"
 #include "hash/hash.h"
 #include "io/io.h"
-#include "mem/mem.h"
-#include "mem/restore_helper.h"
+#include "settings/settings.h"
+#include "threads/restore_helper.h"
 #include "mem/staging.h"
 
 #define BLK ((uint64_t)4096)

@@ -16,7 +16,7 @@
 #include "remote/remote_obj.h"
 #include "store/index.h"
 #include "tier/tier.h"
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 void kvt_remote_opts_init(struct kvt_remote_opts *o)
 {

@@ -25,7 +25,7 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "io/io.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 #include "store/layout.h"
 #include "store/share.h"
 

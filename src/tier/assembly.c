@@ -11,10 +11,10 @@
 
 #include "common/error.h"
 #include "tier/ram_lru.h"
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 #include "device/device.h"
 #include "tier/tier.h"
-#include "tier/timer_thread.h"
+#include "threads/timer_thread.h"
 #include "tier/snapshots.h"
 
 struct kvt_pcache {

@@ -3,7 +3,7 @@
  * whole, then publishes it; the flags are atomics so the hot paths read them without a lock,
  * the CPU set is copied under one.
  */
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #include <errno.h>
 #include <sched.h>

@@ -3,7 +3,7 @@
  * variable until the earliest time a task asked for or until woken. A wake that arrives
  * while tasks run is remembered (a sequence number), so no deadline is ever missed.
  */
-#include "tier/timer_thread.h"
+#include "threads/timer_thread.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -9,8 +9,8 @@
  * that is ignored. Deferred pieces come before populating: the copying thread waits for
  * them at the end of each read, while populating a block it needs it can do itself.
  */
-#include "mem/restore_helper.h"
-#include "mem/mem.h"
+#include "threads/restore_helper.h"
+#include "settings/settings.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -8,7 +8,7 @@
  * Records stay on the list, in enqueue order, until their settle callback has returned,
  * so drain() can wait for "everything enqueued before me" by looking at the list head.
  */
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 #include <errno.h>
 #include <pthread.h>
