@@ -1,7 +1,7 @@
 /*
  * The kvt_remote object: options, the poll thread that (re)connects and merges the remote
  * index into the local view every poll_ms, find on that view, stats and listing. Uploads
- * (remote_put.c) run on a write-behind queue of the tier layer; restores (remote_get.c) on
+ * (remote_put.c) run on a write-behind queue (threads/write_queue.h); restores (remote_get.c) on
  * the caller's thread.
  */
 #include <errno.h>
@@ -12,10 +12,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "remote/remote_obj.h"
 #include "store/index.h"
-#include "tier/tier.h"
 #include "threads/write_queue.h"
 
 void kvt_remote_opts_init(struct kvt_remote_opts *o)
@@ -330,5 +330,5 @@ int kvt_remote_drain(kvt_remote *r, int64_t timeout_ms)
 {
     if (!r)
         return kvt_fail(-EINVAL, "kvt_remote_drain: NULL remote");
-    return kvt_write_queue_drain(r->q, timeout_ms < 0 ? -1 : kvt_tier_mono_ms() + timeout_ms);
+    return kvt_write_queue_drain(r->q, timeout_ms < 0 ? -1 : kvt_mono_ms() + timeout_ms);
 }

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/cpus.h"
 #include "common/error.h"
-#include "tier/tier.h"
 
 enum { REC_QUEUED, REC_IN_FLIGHT, REC_SETTLING };
 

@@ -61,7 +61,7 @@ static void list_push(struct rec_list *l, struct rec *r)
 
 static int64_t now_ms(const struct kvt_ram_lru *lru)
 {
-    return lru->cfg.wall_ms ? lru->cfg.wall_ms(lru->cfg.clock_ud) : kvt_tier_wall_ms();
+    return lru->cfg.wall_ms ? lru->cfg.wall_ms(lru->cfg.clock_ud) : kvt_wall_ms();
 }
 
 static const char *entry_ns(const struct kvt_entry *e)

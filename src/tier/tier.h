@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/clock.h"
 #include "kvtier.h"
 
 /*
@@ -132,8 +133,6 @@ struct kvt_tier_cfg {
 int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out);
 
 /* Small helpers shared by the tier files (tier_util.c). */
-int64_t kvt_tier_mono_ms(void);
-int64_t kvt_tier_wall_ms(void);
 size_t kvt_tier_lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb);
 /** @p ns, or "" for NULL. */
 const char *kvt_tier_ns(const char *ns);
