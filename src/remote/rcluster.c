@@ -16,7 +16,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define NO_NODE 0xffff
 #define MAX_REDIRECTS 4

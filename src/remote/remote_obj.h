@@ -5,7 +5,7 @@
 #ifndef KVT_REMOTE_OBJ_H
 #define KVT_REMOTE_OBJ_H
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 struct kvt_write_queue;
 

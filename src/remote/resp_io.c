@@ -18,7 +18,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 static int io_errno(void)
 {

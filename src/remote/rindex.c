@@ -15,7 +15,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define KVT_STR2(x) #x
 #define KVT_STR(x) KVT_STR2(x)

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, const char *fp,
                    const char *tok)

@@ -14,7 +14,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define BACKOFF_MS 500
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define MAGIC "KVR1"
 #define HEAD 76 /* magic 4, uuid 32, ns_len 4, n_chunks 4, bytes, chunk, hash, created 8 each */
