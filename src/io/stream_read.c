@@ -12,7 +12,7 @@
  * the destination when consumed, which beats reading the device again. Without O_DIRECT every
  * chunk is read that way, and the kernel's own readahead keeps the device busy.
  *
- * Destination pages are faulted in on a helper thread (mem/restore_helper.h) ahead of the
+ * Destination pages are faulted in on a helper thread (threads/restore_helper.h) ahead of the
  * reads and copies (known destinations as soon as the stream plans them); a copy that catches
  * up with the helper populates its piece first instead of faulting page by page. Whether the
  * stream reads plainly, directly and with the helper is kvt_read_choose()'s call (read_way.c).

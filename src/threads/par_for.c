@@ -1,5 +1,5 @@
 /*
- * The parallel job runner (mem/par.h): an atomic counter hands out job indices to the
+ * The parallel job runner (threads/par_for.h): an atomic counter hands out job indices to the
  * calling thread and its helpers.
  */
 #include "threads/par_for.h"
