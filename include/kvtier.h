@@ -851,6 +851,10 @@ struct kvt_pcache_stats {
 /**
  * Open a prompt cache (and, with cold_dir, its store, writer and timer threads). Logs
  * "[ssd-cache] <dir> — N entries recovered, X.XX GiB of Y GiB cap" when a store is opened.
+ * Outside the cache and its directory, an open with cold_dir changes the process only once it
+ * has succeeded: it applies cold.mem (kvt_mem_configure()) and faults in the streams' staging
+ * memory. A failed open leaves the settings as they were (the store's own reads at open run
+ * with those).
  * @return 0, -EINVAL (bad option; message in kvt_last_error()), a store error, -ENOMEM.
  */
 KVT_API int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out);

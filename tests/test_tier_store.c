@@ -4,7 +4,8 @@
  * with byte-identical tensors (trimmed where the prompt diverges); evicted entries spill to
  * disk; take_into places a disk hit in the caller's memory and falls back to RAM after one
  * refused read; a refusing gate leaves no .tmp file and no open descriptor; background_cpus
- * places the writer and timer threads; configuration errors.
+ * places the writer and timer threads; configuration errors; a failed open leaves the process's
+ * memory settings alone.
  */
 #include "support/support.h"
 
@@ -16,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "settings/settings.h"
 
 #define HEADS 2
 #define HEAD_DIM 64
@@ -628,6 +631,41 @@ static void test_configuration_errors(void **state)
     kvt_pcache_close(pc);
 }
 
+/* An open that fails after its store opened (a bad remote URL) leaves the process's memory
+ * settings as they were; one that succeeds applies them (the control). */
+static void test_failed_open_changes_nothing(void **state)
+{
+    (void)state;
+    const size_t limit = kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(limit);
+    const bool direct = kvt_mem_direct();
+
+    struct kvt_mem_opts m;
+    kvt_mem_opts_init(&m);
+    m.buf_cache_bytes = (int64_t)(limit / 2 + 4096);
+    m.no_direct = direct;
+    struct kvt_remote_opts ro;
+    kvt_remote_opts_init(&ro);
+    ro.url = "ftp://nowhere";
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.cold.mem = &m;
+    o.remote = &ro;
+    kvt_pcache *pc = (kvt_pcache *)&o;
+    assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+    assert_null(pc);
+    assert_non_null(strstr(kvt_last_error(), "redis://"));
+    assert_int_equal(kvt_buf_cache_limit(limit), limit);
+    assert_int_equal(kvt_mem_direct(), direct);
+
+    o.remote = NULL;
+    pc = open_pc(&o);
+    kvt_pcache_close(pc);
+    assert_int_equal(kvt_buf_cache_limit(limit), (size_t)m.buf_cache_bytes);
+    assert_int_equal(kvt_mem_direct(), !direct);
+    assert_int_equal(kvt_mem_configure(NULL), 0); /* back to the defaults for later tests */
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -639,6 +677,7 @@ int main(void)
         T(test_background_cpus_place_the_threads),
         T(test_close_with_queued_snapshots),
         T(test_configuration_errors),
+        T(test_failed_open_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include "common/cpus.h"
 #include "common/error.h"
 #include "io/stream.h"
+#include "settings/settings.h"
 #include "tier/device_twin.h"
 #include "tier/tier.h"
 
@@ -126,6 +127,36 @@ static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
                  (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
 }
 
+/* The cold store, its memory settings checked but not applied: they change the process only
+ * once the whole prompt cache is open (apply_to_process()). */
+static int open_cold(const struct kvt_pcache_opts *o, kvt_store **out)
+{
+    struct kvt_store_opts so = o->cold;
+    if (!so.log) {
+        so.log = o->log;
+        so.log_ud = o->log_ud;
+    }
+    so.mem = NULL;
+    int rc = kvt_mem_check(o->cold.mem);
+    if (rc == 0)
+        rc = kvt_store_open(o->cold_dir, &so, out);
+    if (rc == 0)
+        log_recovered(o, *out);
+    return rc;
+}
+
+/* What an open changes in the process, once nothing can fail: the memory settings, then the
+ * streams' staging memory, faulted in now rather than during the first write-behind while the
+ * engine decodes (populating fresh memory holds the process's mmap lock) or during the first
+ * restore, which the user waits on. */
+static void apply_to_process(const struct kvt_pcache_opts *o)
+{
+    if (o->cold.mem)
+        kvt_mem_configure(o->cold.mem);
+    kvt_wstream_warm(NULL);
+    kvt_rstream_warm();
+}
+
 /* The device binding (kvt_pcache_opts.device), then the tier, which closes every part on
  * failure. The pool holds the RAM tier and the spills queued from it. */
 static int open_tier(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg, kvt_pcache **out)
@@ -181,28 +212,18 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
         return open_tier(o, &cfg, out);
     }
 
-    struct kvt_store_opts so = o->cold;
-    if (!so.log) {
-        so.log = o->log;
-        so.log_ud = o->log_ud;
-    }
     kvt_store *store;
-    rc = kvt_store_open(o->cold_dir, &so, &store);
+    rc = open_cold(o, &store);
     if (rc < 0)
         return rc;
-
-    log_recovered(o, store);
-
-    /* The streams' staging memory, faulted in now rather than during the first write-behind
-     * while the engine decodes (populating fresh memory holds the process's mmap lock) or
-     * during the first restore, which the user waits on. */
-    kvt_wstream_warm(NULL);
-    kvt_rstream_warm();
     rc = open_remote(o, &cfg, store);
     if (rc < 0)
         return rc;
     cfg.cold = &real_cold_ops;
     cfg.store = store;
     cfg.demote_idle_ms = o->demote_idle_ms;
-    return open_tier(o, &cfg, out); /* closes the store on failure */
+    rc = open_tier(o, &cfg, out); /* closes the store on failure */
+    if (rc == 0)
+        apply_to_process(o);
+    return rc;
 }
