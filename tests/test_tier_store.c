@@ -18,8 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "settings/settings.h"
-
 #define HEADS 2
 #define HEAD_DIM 64
 #define LAYERS 2
@@ -636,34 +634,25 @@ static void test_configuration_errors(void **state)
 static void test_failed_open_changes_nothing(void **state)
 {
     (void)state;
-    const size_t limit = kvt_buf_cache_limit(0);
-    kvt_buf_cache_limit(limit);
-    const bool direct = kvt_mem_direct();
-
-    struct kvt_mem_opts m;
-    kvt_mem_opts_init(&m);
-    m.buf_cache_bytes = (int64_t)(limit / 2 + 4096);
-    m.no_direct = direct;
+    struct mem_probe mp;
+    mem_probe_init(&mp);
     struct kvt_remote_opts ro;
     kvt_remote_opts_init(&ro);
     ro.url = "ftp://nowhere";
     struct kvt_pcache_opts o;
     base_opts(&o);
-    o.cold.mem = &m;
+    o.cold.mem = &mp.m;
     o.remote = &ro;
     kvt_pcache *pc = (kvt_pcache *)&o;
     assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
     assert_null(pc);
     assert_non_null(strstr(kvt_last_error(), "redis://"));
-    assert_int_equal(kvt_buf_cache_limit(limit), limit);
-    assert_int_equal(kvt_mem_direct(), direct);
+    mem_probe_check(&mp, false);
 
     o.remote = NULL;
     pc = open_pc(&o);
     kvt_pcache_close(pc);
-    assert_int_equal(kvt_buf_cache_limit(limit), (size_t)m.buf_cache_bytes);
-    assert_int_equal(kvt_mem_direct(), !direct);
-    assert_int_equal(kvt_mem_configure(NULL), 0); /* back to the defaults for later tests */
+    mem_probe_check(&mp, true);
 }
 
 int main(void)
