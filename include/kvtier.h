@@ -774,6 +774,11 @@ KVT_API void kvt_retain_release(kvt_retain *r);
 struct kvt_pcache_opts {
     uint64_t ram_max_bytes;         /* RAM tier cap; default 8e9. 0 = caches nothing, and
                                        is an error (-EINVAL) together with a cold tier */
+    bool share_prefixes;            /* hold prefixes shared by entries once, in whole
+                                       256-token chunks (docs/SHARING.md): in RAM, where
+                                       ram_max_bytes counts them once, and with cold_dir on
+                                       disk (it sets cold.share_prefixes). Also on when
+                                       cold.share_prefixes is set. Default off */
     const char *cold_dir;           /* NULL = no cold tier (default) */
     struct kvt_store_opts cold;     /* store options when cold_dir is set, initialised by
                                        kvt_pcache_opts_init() with kvt_store_opts_init();
