@@ -464,5 +464,5 @@ static int host_buf(void *ud, size_t bytes, kvt_buf **out)
     return kvt_dpool_ready(t->pool) ? kvt_dpool_buf(t->pool, bytes, out) : -ENOSPC;
 }
 
-const struct kvt_tier_device_ops kvt_tier_dev_ops = {
-    owns, to_host, to_device, cold_to_device, kept, dev_close, host_buf};
+const struct kvt_tier_device_ops kvt_tier_dev_ops = {owns, to_host,   to_device, cold_to_device,
+                                                     kept, dev_close, host_buf};

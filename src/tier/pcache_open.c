@@ -122,6 +122,18 @@ static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg
     return rc;
 }
 
+/* The cold store's options: the pcache's log unless they name one, sharing when it shares. */
+static struct kvt_store_opts store_opts(const struct kvt_pcache_opts *o)
+{
+    struct kvt_store_opts so = o->cold;
+    so.share_prefixes = so.share_prefixes || o->share_prefixes;
+    if (!so.log) {
+        so.log = o->log;
+        so.log_ud = o->log_ud;
+    }
+    return so;
+}
+
 static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
 {
     struct kvt_store_stats st;
@@ -163,7 +175,7 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     struct kvt_tier_cfg cfg = {
         .cache = &real_cache_ops,
         .ram_max_bytes = o->ram_max_bytes,
-        .share_prefixes = o->share_prefixes || o->cold.share_prefixes,
+        .share_prefixes = o->share_prefixes || o->cold.share_prefixes, /* either turns both on */
         .spill_queue_max_bytes = o->spill_queue_max_bytes,
         .write_behind = o->write_behind,
         .snapshot_debounce_ms = o->snapshot_debounce_ms,
@@ -188,12 +200,7 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
         return open_tier(o, &cfg, out);
     }
 
-    struct kvt_store_opts so = o->cold;
-    so.share_prefixes = so.share_prefixes || o->share_prefixes;
-    if (!so.log) {
-        so.log = o->log;
-        so.log_ud = o->log_ud;
-    }
+    struct kvt_store_opts so = store_opts(o);
     kvt_store *store;
     rc = kvt_store_open(o->cold_dir, &so, &store);
     if (rc < 0)

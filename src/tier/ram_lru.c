@@ -45,7 +45,7 @@ struct kvt_ram_lru {
     size_t n, cap;
     uint64_t total_bytes, clock, next_id;
     uint64_t hits, misses, demotions;
-    bool share;                 /* prefixes held once (ram_share.h) */
+    bool share;                  /* prefixes held once (ram_share.h) */
     struct kvt_tier_alloc alloc; /* where shared rows are copied to */
 };
 
@@ -242,8 +242,8 @@ int kvt_ram_lru_new(const struct kvt_tier_cfg *cfg, const struct kvt_ram_lru_lin
     if (links)
         lru->links = *links;
     const struct kvt_tier_cache_ops *ops = cfg->cache;
-    lru->share = cfg->share_prefixes && ops->share_chunks && ops->share_chunk &&
-                 ops->share_tail && ops->share_join && ops->share_fit;
+    lru->share = cfg->share_prefixes && ops->share_chunks && ops->share_chunk && ops->share_tail &&
+                 ops->share_join && ops->share_fit;
     if (cfg->dev && cfg->dev->host_buf)
         lru->alloc = (struct kvt_tier_alloc){cfg->dev->host_buf, cfg->dev_ud};
     pthread_mutex_init(&lru->mu, NULL);
