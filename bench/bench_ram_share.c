@@ -20,8 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench.h"
 #include "kvtier.h"
 
 #define BRANCHES 200
@@ -37,21 +37,7 @@
 
 static double now_ms(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof(*v), cmp_double);
-    return v[n / 2];
+    return bench_now() * 1e3;
 }
 
 static void die(const char *what)
@@ -71,12 +57,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static void fill(uint8_t *p, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        p[i] = (uint8_t)((rng * 0x2545F4914F6CDD1Dull) >> 56);
-    }
+    bench_fill(p, n, &rng);
 }
 
 /* The prompt's rows, the same in every branch: [LAYERS][2][HEADS][PROMPT][DIM] bfloat16. */
@@ -151,7 +132,7 @@ static double put_all(kvt_pcache *pc, int count,
         v[b] = now_ms() - t0;
     }
     int runs = count < RUNS ? count - 1 : RUNS;
-    return median(v + count - runs, (size_t)runs);
+    return bench_median(v + count - runs, (size_t)runs);
 }
 
 /* Median ms of a take of branch @p b, and of the take and one appended token. */
@@ -181,8 +162,8 @@ static void take_ms(kvt_pcache *pc, int b, double *take, double *append)
     }
     kvt_tensor_release(&kv[0]);
     kvt_tensor_release(&kv[1]);
-    *take = median(v, RUNS);
-    *append = median(w, RUNS);
+    *take = bench_median(v, RUNS);
+    *append = bench_median(w, RUNS);
 }
 
 /* The device side (--cuda): entries in device memory, takes into it. */
@@ -270,7 +251,7 @@ static double device_take_ms(kvt_device *d, bool share)
     for (int k = 0; k < 2 * LAYERS; k++)
         kvt_device_free(d, p.addr[k]);
     kvt_pcache_close(pc);
-    return median(v, RUNS);
+    return bench_median(v, RUNS);
 }
 
 int main(int argc, char **argv)
