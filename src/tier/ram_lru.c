@@ -669,7 +669,7 @@ static size_t shared_with(struct kvt_ram_lru *lru, const struct kvt_entry *e, si
 {
     size_t best = 0;
     *from = NULL;
-    for (size_t i = 0; i < lru->n; i++) {
+    for (size_t i = 0; i < lru->n && best < m; i++) {
         struct rec *r = lru->recs[i];
         if (!r->m || !same_source(r->e, e))
             continue;
