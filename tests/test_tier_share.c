@@ -2,11 +2,13 @@
  * The RAM tier with share_prefixes (docs/SHARING.md, "The RAM tier"): branches off one prompt
  * hold its 256-token chunks once and the byte count says so, to the byte; a branch that departs
  * inside a chunk shares the chunks before it; supersession and eviction under a cap never break
- * a held entry and keep the count exact; every take is byte-equal to what was put; an evicted
- * shared entry spills to disk whole and comes back byte-equal; device entries are held shared
- * in the page-locked pool and land byte-equal; puts and takes from several threads.
+ * a held entry and keep the count exact; ssm layers stay whole per entry; every take is byte-equal
+ * to what was put; an evicted shared entry spills to disk whole and comes back byte-equal; device
+ * entries are held shared in the page-locked pool and land byte-equal; puts and takes from several
+ * threads.
  */
 #include "support/support.h"
+#include "support/synth.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -242,6 +244,37 @@ static void test_spill_of_shared_entry(void **state)
     kvt_pcache_close(pc);
 }
 
+/* Caches that are not cut (ssm) are held whole by each entry, which still shares its kv rows;
+ * such an entry cannot be trimmed, so it serves its own prompt only. */
+static void test_whole_layers_per_entry(void **state)
+{
+    (void)state;
+    const uint64_t kv_row = 2 * SYNTH_HEAD_DIM * 2, ssm = 2 * 4 * 2 + 2 * 2 * 4;
+    kvt_pcache *pc = open_pc(NULL, 1 << 30, true);
+    for (int b = 0; b < 5; b++) {
+        int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
+        struct kvt_entry *e;
+        assert_int_equal(synth_entry(tok, PROMPT + OWN, "", false, &e), 0);
+        assert_int_equal(kvt_pcache_put(pc, e, NULL), 0);
+        free(tok);
+        assert_int_equal(ram_bytes(pc, NULL), (PROMPT + (b + 1) * OWN) * kv_row + (b + 1) * ssm);
+    }
+    for (int b = 0; b < 5; b++) {
+        int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
+        struct kvt_take t;
+        assert_int_equal(kvt_pcache_take(pc, tok, PROMPT + OWN + 1, "", &t), 0);
+        assert_non_null(t.entry);
+        struct kvt_entry *want;
+        assert_int_equal(synth_entry(tok, PROMPT + OWN, "", false, &want), 0);
+        assert_true(synth_same_entry_bytes(t.entry, want));
+        kvt_entry_free(want);
+        kvt_entry_free(t.entry);
+        kvt_retain_release(t.retain);
+        free(tok);
+    }
+    kvt_pcache_close(pc);
+}
+
 /* Placement: one device allocation per slot, as the header sizes it. */
 struct dest {
     kvt_device *d;
@@ -368,6 +401,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_branches_share_and_count),
         cmocka_unit_test(test_eviction_keeps_held_entries),
+        cmocka_unit_test(test_whole_layers_per_entry),
         cmocka_unit_test_setup_teardown(test_spill_of_shared_entry, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test(test_device_entries_shared),

@@ -209,13 +209,12 @@ int kvt_share_rows_tail(const struct kvt_entry *e, const struct kvt_tier_alloc *
     return rc;
 }
 
-/* Whether @p c is a cut cache of a tail of @p n tokens (rows after its m chunks). */
-static bool tail_cache(const kvt_cache *c, size_t n)
+/* Whether @p c is a cut cache of a tail: every token-axis cache of a shared entry is cut. */
+static bool tail_cache(const kvt_cache *c)
 {
     struct kvt_cache_info info;
     kvt_cache_get_info(c, &info);
-    return kvt_share_splits(info.kind) &&
-           info.offset == (int64_t)(n - kvt_share_chunks(n) * KVT_SHARE_CHUNK);
+    return kvt_share_splits(info.kind);
 }
 
 int kvt_share_rows_join(const struct kvt_entry *tail, struct kvt_entry *const *chunks, size_t m,
@@ -227,7 +226,7 @@ int kvt_share_rows_join(const struct kvt_entry *tail, struct kvt_entry *const *c
         return kvt_fail(-ENOMEM, "out of memory");
     int rc = kvt_entry_clone(tail, out);
     for (size_t i = 0, j = 0; rc == 0 && i < tail->n_caches; i++) {
-        if (!tail_cache(tail->caches[i], tail->n_tokens))
+        if (!tail_cache(tail->caches[i]))
             continue;
         for (size_t k = 0; k < m; k++)
             parts[k] = chunks[k]->caches[j];
