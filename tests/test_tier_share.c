@@ -1,11 +1,11 @@
 /*
  * The RAM tier with share_prefixes (docs/SHARING.md, "The RAM tier"): branches off one prompt
  * hold its 256-token chunks once and the byte count says so, to the byte; a branch that departs
- * inside a chunk shares the chunks before it; supersession and eviction under a cap never break
- * a held entry and keep the count exact; ssm layers stay whole per entry; every take is byte-equal
- * to what was put; an evicted shared entry spills to disk whole and comes back byte-equal; device
- * entries are held shared in the page-locked pool and land byte-equal; puts and takes from several
- * threads.
+ * inside a chunk shares the chunks before it, at the chunk edges too; supersession and eviction
+ * under a cap never break a held entry and keep the count exact; ssm layers stay whole per entry;
+ * every take is byte-equal to what was put; an evicted shared entry spills to disk whole and comes
+ * back byte-equal; device entries are held shared in the page-locked pool and land byte-equal; puts
+ * and takes from several threads.
  */
 #include "support/support.h"
 #include "support/synth.h"
@@ -172,6 +172,27 @@ static void test_branches_share_and_count(void **state)
     free(tok);
     kvt_pcache_close(pc);
     kvt_pcache_close(plain);
+}
+
+/* At the chunk edges: 256 tokens are held whole (no chunk leaves a row for the tail), 257 are a
+ * chunk and a row; each longer entry supersedes the last and reuses its chunks. */
+static void test_chunk_edges(void **state)
+{
+    (void)state;
+    kvt_pcache *pc = open_pc(NULL, 1 << 30, true);
+    const size_t sizes[] = {256, 257, 512, 513};
+    int32_t *tok = branch_tokens(0, 513, 513);
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(kvt_pcache_put(pc, branch_entry(tok, sizes[i]), NULL), 0);
+        uint64_t records, bytes = ram_bytes(pc, &records);
+        assert_int_equal(records, 1);
+        assert_int_equal(bytes, sizes[i] * ROW_BYTES);
+        assert_int_equal(take_checked(pc, tok, sizes[i]), sizes[i]);
+    }
+    assert_int_equal(take_checked(pc, tok, 300), 300);
+    assert_int_equal(take_checked(pc, tok, 1), 1);
+    free(tok);
+    kvt_pcache_close(pc);
 }
 
 /* Under a cap of a few branches, every put keeps the count equal to the rows held (the
@@ -400,6 +421,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_branches_share_and_count),
+        cmocka_unit_test(test_chunk_edges),
         cmocka_unit_test(test_eviction_keeps_held_entries),
         cmocka_unit_test(test_whole_layers_per_entry),
         cmocka_unit_test_setup_teardown(test_spill_of_shared_entry, test_dir_setup,
