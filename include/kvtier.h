@@ -804,6 +804,10 @@ struct kvt_pcache_opts {
      * uploaded behind the local write, takes consult it last, restored entries are promoted
      * into the store. Its identity defaults to cold's. */
     const struct kvt_remote_opts *remote;
+    /* Hold prefixes that entries share once, in whole 256-token chunks (docs/SHARING.md): in
+     * RAM, whose byte count (ram_max_bytes, stats) counts them once, and with cold_dir on disk
+     * (it sets cold.share_prefixes). Also on when cold.share_prefixes is set. Default off. */
+    bool share_prefixes;
     /* Optional device (NULL = none; must outlive the prompt cache and the entries taken from
      * it): entries in its memory are put into page-locked host memory of the RAM tier (one
      * region of ram_max_bytes + spill_queue_max_bytes, allocated at the first such put, freed

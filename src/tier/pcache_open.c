@@ -12,6 +12,7 @@
 #include "io/stream.h"
 #include "settings/settings.h"
 #include "tier/device_twin.h"
+#include "tier/share_rows.h"
 #include "tier/tier.h"
 
 /* The real layers plug in as they are: the ops tables take their functions unchanged. */
@@ -22,6 +23,11 @@ static const struct kvt_tier_cache_ops real_cache_ops = {
     .entry_clone = kvt_entry_clone,
     .entry_free = kvt_entry_free,
     .entry_on_device = kvt_entry_on_device,
+    .share_chunks = kvt_share_rows_chunks,
+    .share_chunk = kvt_share_rows_chunk,
+    .share_tail = kvt_share_rows_tail,
+    .share_join = kvt_share_rows_join,
+    .share_fit = kvt_share_rows_fit,
 };
 
 static const struct kvt_tier_cold_ops real_cold_ops = {
@@ -117,6 +123,7 @@ static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg
     return rc;
 }
 
+/* The cold store's options: the pcache's log unless they name one, sharing when it shares. */
 static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
 {
     struct kvt_store_stats st;
@@ -132,6 +139,7 @@ static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
 static int open_cold(const struct kvt_pcache_opts *o, kvt_store **out)
 {
     struct kvt_store_opts so = o->cold;
+    so.share_prefixes = so.share_prefixes || o->share_prefixes;
     if (!so.log) {
         so.log = o->log;
         so.log_ud = o->log_ud;
@@ -188,6 +196,7 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     struct kvt_tier_cfg cfg = {
         .cache = &real_cache_ops,
         .ram_max_bytes = o->ram_max_bytes,
+        .share_prefixes = o->share_prefixes || o->cold.share_prefixes, /* either turns both on */
         .spill_queue_max_bytes = o->spill_queue_max_bytes,
         .write_behind = o->write_behind,
         .snapshot_debounce_ms = o->snapshot_debounce_ms,
