@@ -123,7 +123,7 @@ PyObject *kvtpy_place_seq(PyObject *place, const struct kvt_header *h, size_t *n
  * with the exception (the placement's own when @p py_error). Frees @p h. */
 PyObject *kvtpy_placed_result(int rc, struct kvt_header *h, bool py_error);
 
-/* Devices (device.c): the Device type, restores into device memory, and the process's CUDA
+/* Devices (device_object.c): the Device type, restores into device memory, and the process's CUDA
  * device of @p ordinal (opened at first use; NULL with an exception). */
 extern PyTypeObject KvtDevice_Type;
 extern PyMethodDef kvtpy_device_methods[];

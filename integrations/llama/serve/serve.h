@@ -154,7 +154,7 @@ char *metrics_text(struct server *s);
 /** Count a first token @p secs after arrival (under server.mu). */
 void metrics_ttft(struct metrics *m, double secs);
 
-/* remote.c: the --redis tier */
+/* serve_remote.c: the --redis tier */
 /** Open kvtier's prompt cache with @p ko, the remote tier of --redis attached, and check that
  * the server answers: a bad URL, a refused password or an unreachable server fails (-1) with
  * its message on stderr, the password never shown. */
