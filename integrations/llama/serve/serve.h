@@ -21,7 +21,8 @@ struct serve_opts {
     const char *redis; /* the remote tier's URL, or NULL */
     int port, slots, ctx, threads;
     uint64_t ram_bytes;
-    bool no_cache; /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
+    bool no_cache;       /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
+    bool share_prefixes; /* a prompt that several conversations begin with stored once */
 };
 
 enum job_kind { JOB_CHAT, JOB_COMPLETION };

@@ -20,6 +20,7 @@ static int usage(void)
             "[--host 127.0.0.1] [--port 8080]\n"
             "                          [--slots 4] [--ctx 4096] [--ram-bytes 1073741824] "
             "[--threads CPUS] [--alias NAME]\n"
+            "                          [--share-prefixes]\n"
             "       kvtier-llama serve -m MODEL.gguf --no-cache ...   (the prompt cache off)\n");
     return 2;
 }
@@ -54,6 +55,9 @@ static int parse(int argc, char **argv, struct serve_opts *o)
             o->redis = v;
         else if (strcmp(a, "--no-cache") == 0) {
             o->no_cache = true;
+            continue;
+        } else if (strcmp(a, "--share-prefixes") == 0) {
+            o->share_prefixes = true;
             continue;
         } else if (strcmp(a, "--port") == 0)
             ok = ok && num(v, 0, 65535, &x), o->port = (int)x;
@@ -157,6 +161,7 @@ static int open_engine(struct server *s)
     ko.model_path = s->o.model;
     ko.cparams = &cp;
     ko.ram_max_bytes = s->o.ram_bytes;
+    ko.share_prefixes = s->o.share_prefixes;
     if (remote_open_cache(s, &ko) != 0)
         return -1;
     s->fingerprint = kvt_llama_identity(s->kl)->config_fingerprint;
