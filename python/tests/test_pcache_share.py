@@ -37,8 +37,8 @@ def fill(directory, entries, **kw):
 
 def test_branches_store_their_prompt_once_and_restore_after_a_restart(tmp_path):
     bs = branches()
-    whole = fill(tmp_path / "whole", bs)
-    shared = fill(tmp_path / "shared", bs, share_prefixes=True)
+    whole = fill(tmp_path / "whole", bs, share_prefixes=False)
+    shared = fill(tmp_path / "shared", bs)  # sharing is the default
     chunks = (PROMPT + OWN - 1) // CHUNK  # every chunk of a branch lies in the prompt
     assert whole["entries"] == 2 and whole["shared_chunks"] == 0
     assert shared["entries"] == 2 and shared["shared_chunks"] == chunks
@@ -50,7 +50,9 @@ def test_branches_store_their_prompt_once_and_restore_after_a_restart(tmp_path):
     assert shared["total_bytes"] == sum(files.values())  # each chunk counted once
     assert shared["total_bytes"] < whole["total_bytes"]
 
-    with kvtier.PromptCache(tmp_path / "shared", **IDENT, share_prefixes=True) as pc:
+    assert all(n.endswith(".mlxkv") for n in files_under(tmp_path / "whole"))
+
+    with kvtier.PromptCache(tmp_path / "shared", **IDENT) as pc:
         for tokens, k, v in bs:
             t = pc.take(tokens + [7])
             assert t.from_disk and t.entry.n_tokens == PROMPT + OWN
@@ -63,7 +65,7 @@ def test_branches_store_their_prompt_once_and_restore_after_a_restart(tmp_path):
 
 def test_a_shared_branch_restores_into_tensors_the_caller_allocated(tmp_path):
     bs = branches()
-    fill(tmp_path, bs, share_prefixes=True)
+    fill(tmp_path, bs)
     with kvtier.Store(tmp_path, **IDENT) as s:
         for tokens, k, v in bs:
             hit = s.find(tokens + [7])

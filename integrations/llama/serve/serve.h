@@ -22,7 +22,7 @@ struct serve_opts {
     int port, slots, ctx, threads;
     uint64_t ram_bytes;
     bool no_cache;       /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
-    bool share_prefixes; /* a prompt that several conversations begin with stored once */
+    bool share_prefixes; /* a prompt several conversations begin with stored once (default) */
 };
 
 enum job_kind { JOB_CHAT, JOB_COMPLETION };

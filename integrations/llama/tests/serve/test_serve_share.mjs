@@ -1,6 +1,6 @@
-// kvtier-llama serve with shared prefixes: two conversations that branch off one long system
-// prompt store that prompt once on disk (`kvtier stats`), and after a restart each branch
-// continues from disk with the same greedy text as a server that never cached anything.
+// kvtier-llama serve shares prefixes by default: two conversations that branch off one long
+// system prompt store that prompt once on disk (`kvtier stats`), and after a restart each
+// branch continues from disk with the same greedy text as a server that never cached anything.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
@@ -45,7 +45,7 @@ test('two branches off one long prompt: stored once, each restored from disk aft
 
   // The same first turns on a server that stores whole entries and on one that shares.
   const whole = join(s.dir, 'whole'), shared = join(s.dir, 'shared');
-  for (const [dir, extra] of [[whole, []], [shared, ['--share-prefixes']]]) {
+  for (const [dir, extra] of [[whole, ['--no-share-prefixes']], [shared, []]]) {
     const srv = await start(s.model, dir, [...opts, ...extra]);
     const got = await conversations(srv, true);
     for (const [i, r] of got.first.entries())
@@ -63,6 +63,7 @@ test('two branches off one long prompt: stored once, each restored from disk aft
   const w = stats(whole), sh = stats(shared);
   assert.equal(w.entries, 2);
   assert.equal(w.shared_chunks, 0);
+  assert.ok(filesUnder(whole).every((f) => f.name.endsWith('.mlxkv')), 'whole entries only');
   assert.equal(sh.entries, 2);
   assert.equal(sh.shared_chunks, chunks, 'the two branches need the same chunks, stored once');
   // On disk: two tails and one copy of each chunk, which total_bytes counts once.
@@ -74,7 +75,7 @@ test('two branches off one long prompt: stored once, each restored from disk aft
   assert.equal(sh.total_bytes, files.reduce((t, f) => t + f.size, 0));
   assert.ok(sh.total_bytes < w.total_bytes, `shared ${sh.total_bytes} B, whole ${w.total_bytes} B`);
 
-  const srv = await start(s.model, shared, [...opts, '--share-prefixes']);
+  const srv = await start(s.model, shared, opts);
   try {
     const api = client(srv);
     let fromDisk = 0;
