@@ -10,7 +10,6 @@
 #include "device/device.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,17 +295,13 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
                           kvt_device_place_fn place, void *ud, size_t keep,
                           struct kvt_header **out_header)
 {
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
-    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
-    struct kvt_header *h = NULL, *cut = NULL;
+    int fd;
+    struct kvt_header *h, *cut = NULL;
     uint64_t *dst = NULL;
-    int rc = kvt_header_read_fd(fd, &ro, path, &h);
-    if (rc == 0)
-        rc = kvt_header_check_expect(h, x, path);
-    if (rc == 0 && keep && keep < h->n_tokens)
+    int rc = kvt_file_open_header(path, x, &fd, &h);
+    if (rc)
+        return rc;
+    if (keep && keep < h->n_tokens)
         rc = cut_header(h, keep, &cut);
     if (rc == 0)
         rc = placed(path, cut ? cut : h, place, ud, &dst);
@@ -316,7 +311,7 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
                                                  x && x->keep_cache));
     free(l.slot);
     free(dst);
-    io->close(fd);
+    kvt_io()->close(fd);
     kvt_header_free(cut); /* the store checks the whole header against its index */
     if (rc == 0)
         *out_header = h;
