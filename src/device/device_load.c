@@ -3,7 +3,8 @@
  * header passes V1-V20 and the expectations, every slot streams from the file (read ahead, O_DIRECT
  * where possible) through the device's ring of page-locked staging slots: a slot is filled, hashed
  * (L3), and its copy to the device queued, while the next is filled; a slot is reused once its
- * copy is done. Large files are split into runs of slots loaded by several threads at once.
+ * copy is done. Large files are split into runs of slots loaded by several threads at once,
+ * as kvt_read_choose() (io/read_way.c) splits them.
  * A hash mismatch fails the load after the copies in flight have finished, so nothing the caller
  * owns is touched after the call returns.
  */
@@ -19,7 +20,6 @@
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/mem.h"
 #include "mem/par.h"
 #include "store/store.h"
 
@@ -34,7 +34,7 @@ struct dslot {
 };
 
 /* A run of consecutive slots loaded by one thread through its own read stream. */
-struct share {
+struct run {
     size_t first, end;
     int rc;
     char msg[512]; /* the failing thread's message, raised again by the caller */
@@ -47,9 +47,10 @@ struct dev_load {
     int fd;
     bool verify;
     struct dslot *slot;
+    struct kvt_range *rg; /* each slot's bytes in the file */
     size_t n_slots;
-    struct share share[KVT_DEVICE_MAX_SLOTS];
-    unsigned n_shares;
+    struct run run[KVT_DEVICE_MAX_SLOTS];
+    unsigned n_runs;
 };
 
 /* Queue the copy of the chunk at slot offset @p off: whole, or the kept part of each row. */
@@ -105,66 +106,39 @@ static int load_slot(struct dev_load *l, struct kvt_rstream *rs, const struct ds
     return 0;
 }
 
-/* Share @p sh: its own stream over its slots (read-ahead stays inside the share). */
-static int run_share(struct dev_load *l, struct share *sh)
+/* Run @p ru: its own stream over its slots (read-ahead stays inside the run). */
+static int load_run(struct dev_load *l, const struct run *ru)
 {
-    size_t n = sh->end - sh->first;
-    struct kvt_range *rg = calloc(n ? n : 1, sizeof(*rg));
-    if (!rg)
-        return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
-    for (size_t o = 0; o < n; o++) {
-        const struct kvt_slot *s = l->slot[sh->first + o].s;
-        rg[o] = (struct kvt_range){kvt_slot_abs(l->h, s), s->bytes, NULL, NULL};
-    }
     struct kvt_rstream *rs;
-    int rc = kvt_rstream_open(l->fd, rg, n, NULL, &rs);
-    free(rg);
+    int rc = kvt_rstream_open(l->fd, l->rg + ru->first, ru->end - ru->first, NULL, &rs);
     if (rc)
         return kvt_fail(rc, "%s: cannot open the read stream: %s", l->name, kvt_strerror(rc));
-    for (size_t o = sh->first; o < sh->end && rc == 0; o++)
+    for (size_t o = ru->first; o < ru->end && rc == 0; o++)
         rc = load_slot(l, rs, &l->slot[o]);
     kvt_rstream_close(rs);
     return rc;
 }
 
-static bool share_job(void *ud, size_t w)
+static bool run_job(void *ud, size_t w)
 {
     struct dev_load *l = ud;
-    struct share *sh = &l->share[w];
-    sh->rc = run_share(l, sh);
-    if (sh->rc)
-        snprintf(sh->msg, sizeof(sh->msg), "%s", kvt_last_error());
-    return true; /* the other shares finish: their copies must land before the call returns */
+    struct run *ru = &l->run[w];
+    ru->rc = load_run(l, ru);
+    if (ru->rc)
+        snprintf(ru->msg, sizeof(ru->msg), "%s", kvt_last_error());
+    return true; /* the other runs finish: their copies must land before the call returns */
 }
 
-/* Split the slots into runs of about equal bytes, one per thread: each thread reads, hashes
- * and queues copies on its own, so reads from a fast page cache are not bound to one core. */
-static void plan_shares(struct dev_load *l)
+/* The runs of slots, one per thread, as kvt_read_choose() splits the file's bytes going on
+ * through the device's staging. */
+static void plan_runs(struct dev_load *l)
 {
-    uint64_t total = 0;
-    for (size_t o = 0; o < l->n_slots; o++)
-        total += l->slot[o].s->bytes;
-    unsigned w = kvt_mem_parallel() ? kvt_par_cpus() : 1;
-    if (w > l->d->depth / 2)
-        w = l->d->depth / 2 ? l->d->depth / 2 : 1;
-    if (w > l->n_slots)
-        w = l->n_slots ? (unsigned)l->n_slots : 1;
-    if (total < (uint64_t)l->d->chunk * 8) /* a few chunks: threads would cost more */
-        w = 1;
-    uint64_t acc = 0;
-    l->n_shares = 0;
-    for (size_t o = 0, first = 0; o < l->n_slots; o++) {
-        acc += l->slot[o].s->bytes;
-        bool last = o + 1 == l->n_slots;
-        if (last || acc * w >= total * (l->n_shares + 1)) {
-            l->share[l->n_shares++] = (struct share){.first = first, .end = o + 1};
-            first = o + 1;
-            if (l->n_shares == w - 1 && !last) {
-                l->share[l->n_shares++] = (struct share){.first = first, .end = l->n_slots};
-                break;
-            }
-        }
-    }
+    struct kvt_read_split split = {.stage_slots = l->d->depth, .stage_chunk = l->d->chunk};
+    struct kvt_read_way way = kvt_read_choose(l->fd, l->rg, l->n_slots, NULL, &split);
+    size_t end[KVT_DEVICE_MAX_SLOTS];
+    l->n_runs = kvt_read_runs(l->rg, l->n_slots, way.path == KVT_READ_RUNS ? way.threads : 1, end);
+    for (unsigned k = 0; k < l->n_runs; k++)
+        l->run[k] = (struct run){.first = k ? end[k - 1] : 0, .end = end[k]};
 }
 
 static int load_slots(struct dev_load *l, bool keep_cache)
@@ -175,19 +149,18 @@ static int load_slots(struct dev_load *l, bool keep_cache)
         pthread_mutex_unlock(&l->d->op_lock);
         return rc;
     }
-    plan_shares(l);
-    if (l->n_shares > 1)
-        kvt_par_for(l->n_shares, l->n_shares, share_job, l);
-    else if (l->n_shares == 1)
-        share_job(l, 0);
+    plan_runs(l);
+    if (l->n_runs > 1)
+        kvt_par_for(l->n_runs, l->n_runs, run_job, l);
+    else if (l->n_runs == 1)
+        run_job(l, 0);
     int rd = kvt_dstage_drain(l->d); /* no copy may land after the call returns */
     pthread_mutex_unlock(&l->d->op_lock);
-    for (unsigned w = 0; w < l->n_shares && rc == 0; w++) /* the first failure in file order */
-        if ((rc = l->share[w].rc))
-            kvt_fail(rc, "%s", l->share[w].msg);
+    for (unsigned w = 0; w < l->n_runs && rc == 0; w++) /* the first failure in file order */
+        if ((rc = l->run[w].rc))
+            kvt_fail(rc, "%s", l->run[w].msg);
     for (size_t o = 0; o < l->n_slots && !keep_cache; o++)
-        kvt_io()->fadvise_dontneed(l->fd, kvt_slot_abs(l->h, l->slot[o].s),
-                                   kvt_align_up(l->slot[o].s->bytes));
+        kvt_io()->fadvise_dontneed(l->fd, l->rg[o].off, kvt_align_up(l->rg[o].len));
     return rc ? rc : rd;
 }
 
@@ -199,12 +172,15 @@ static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_
     for (size_t i = 0; i < l->h->n_caches; i++)
         n += (size_t)l->h->caches[i].n_slots;
     l->slot = calloc(n ? n : 1, sizeof(*l->slot));
-    if (!l->slot)
+    l->rg = calloc(n ? n : 1, sizeof(*l->rg));
+    if (!l->slot || !l->rg)
         return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
     for (size_t i = 0; i < l->h->n_caches; i++)
-        for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++)
-            l->slot[l->n_slots] =
-                (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots], 0, 0};
+        for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++) {
+            const struct kvt_slot *s = &l->h->caches[i].slots[j];
+            l->slot[l->n_slots] = (struct dslot){s, i, j, dst[l->n_slots], 0, 0};
+            l->rg[l->n_slots] = (struct kvt_range){kvt_slot_abs(l->h, s), s->bytes, NULL, NULL};
+        }
     for (size_t o = 0; cut && o < l->n_slots; o++) {
         const struct kvt_slot *s = l->slot[o].s,
                               *c = &cut->caches[l->slot[o].ci].slots[l->slot[o].sj];
@@ -310,6 +286,7 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
         rc = load_slots(&l, kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,
                                                  x && x->keep_cache));
     free(l.slot);
+    free(l.rg);
     free(dst);
     kvt_io()->close(fd);
     kvt_header_free(cut); /* the store checks the whole header against its index */
