@@ -258,6 +258,14 @@ static void test_store_restore_to_device(void **state)
     kvt_header_free(h);
     dplace_free(&p);
 
+    /* a refusal is the caller's: the record stays */
+    p.refuse = KVT_E_MISMATCH;
+    assert_int_equal(kvt_store_restore_to_device(s, &hit, d, place, &p, &h), KVT_E_MISMATCH);
+    assert_null(h);
+    assert_int_equal(kvt_store_find(s, tok, 301, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 300);
+    p.refuse = 0;
+
     struct kvt_store_record *v;
     size_t n;
     assert_int_equal(kvt_store_list(s, &v, &n), 0);

@@ -248,39 +248,22 @@ static int cut_header(const struct kvt_header *h, size_t keep, struct kvt_header
     return 0;
 }
 
-/* The placement's addresses for the slots of @p h (or of its cut @p cut): *@p dst. */
-static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place, void *ud,
-                  uint64_t **dst)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
-    *dst = calloc(n ? n : 1, sizeof(**dst));
-    if (!*dst)
-        return kvt_fail(-ENOMEM, "%s: out of memory", path);
-    kvt_clear_error();
-    int rc = place(ud, h, *dst);
-    if (rc && !kvt_last_error()[0])
-        kvt_fail(rc, "%s: the destination was refused: %s", path, kvt_strerror(rc));
-    return rc;
-}
-
 /* kvt_file_load_to_device() of the first @p keep tokens (0: all of them); *@p out_header is
  * the whole header. */
 static int load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
-                          kvt_device_place_fn place, void *ud, size_t keep,
+                          const struct kvt_placement *p, size_t keep,
                           struct kvt_header **out_header)
 {
     int fd;
     struct kvt_header *h, *cut = NULL;
-    uint64_t *dst = NULL;
+    void *dst = NULL;
     int rc = kvt_file_open_header(path, x, &fd, &h);
     if (rc)
         return rc;
     if (keep && keep < h->n_tokens)
         rc = cut_header(h, keep, &cut);
     if (rc == 0)
-        rc = placed(path, cut ? cut : h, place, ud, &dst);
+        rc = kvt_placement_ask(p, cut ? cut : h, path, &dst);
     struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
     if (rc == 0 && (rc = list_slots(&l, dst, cut)) == 0)
         rc = load_slots(&l, kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,
@@ -305,32 +288,23 @@ int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_de
     *out_header = NULL;
     if (!path || !d || !place)
         return kvt_fail(-EINVAL, "kvt_file_load_to_device: no path, device or placement");
-    return load_to_device(path, x, d, place, ud, 0, out_header);
+    return load_to_device(path, x, d, &(struct kvt_placement){.device = place, .ud = ud}, 0,
+                          out_header);
 }
 
 /* kvt_store_restore_to_device()'s loader: the caller's placement, its refusal told apart. */
 struct dev_placed {
     kvt_device *d;
-    kvt_device_place_fn place;
-    void *ud;
+    struct kvt_placement place;
     size_t keep;
-    bool *refused;
 };
-
-static int dev_placement(void *ud, const struct kvt_header *h, uint64_t *dst)
-{
-    struct dev_placed *p = ud;
-    int rc = p->place(p->ud, h, dst);
-    *p->refused = rc != 0;
-    return rc;
-}
 
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
                        struct kvt_header **h, bool *refused)
 {
     struct dev_placed *p = ud;
-    p->refused = refused;
-    return load_to_device(path, x, p->d, dev_placement, p, p->keep, h);
+    p->place.refused = refused;
+    return load_to_device(path, x, p->d, &p->place, p->keep, h);
 }
 
 int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
@@ -342,7 +316,7 @@ int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_dev
     if (!s || !hit || !d || !place)
         return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no store, hit, device or "
                                  "placement");
-    struct dev_placed p = {.d = d, .place = place, .ud = ud};
+    struct dev_placed p = {.d = d, .place = {.device = place, .ud = ud}};
     return kvt_store_restore_with(s, hit, load_placed, &p, out_header);
 }
 
@@ -356,7 +330,7 @@ int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit, 
     if (!s || !hit || !d || !place)
         return kvt_fail(-EINVAL, "kvt_store_restore_prefix_to_device: no store, hit, device or "
                                  "placement");
-    struct dev_placed p = {.d = d, .place = place, .ud = ud, .keep = hit->prefix_len};
+    struct dev_placed p = {.d = d, .place = {.device = place, .ud = ud}, .keep = hit->prefix_len};
     struct kvt_header *h = NULL;
     int rc = kvt_store_restore_with(s, hit, load_placed, &p, &h);
     if (rc == 0 && h && hit->prefix_len < h->n_tokens) { /* what landed: cut as placed */
