@@ -136,7 +136,7 @@ static void plan_runs(struct dev_load *l)
     struct kvt_read_split split = {.stage_slots = l->d->depth, .stage_chunk = l->d->chunk};
     struct kvt_read_way way = kvt_read_choose(l->fd, l->rg, l->n_slots, NULL, &split);
     size_t end[KVT_DEVICE_MAX_SLOTS];
-    l->n_runs = kvt_read_runs(l->rg, l->n_slots, way.path == KVT_READ_RUNS ? way.threads : 1, end);
+    l->n_runs = kvt_read_runs(l->rg, l->n_slots, way.threads, end);
     for (unsigned k = 0; k < l->n_runs; k++)
         l->run[k] = (struct run){.first = k ? end[k - 1] : 0, .end = end[k]};
 }

@@ -4,12 +4,12 @@
  * where they go, what the page cache holds, the stream options, the process's memory
  * settings and the io backend it picks one of four paths, and the threads they run on:
  *
- *   runs      bytes that go on from host staging (device memory), enough for eight of its
- *             slots: runs of whole ranges of about equal bytes, each read, hashed and sent on
- *             by a thread through its own stream (whose path is picked again here), so reads
- *             from a fast page cache are not bound to one core; at most half as many
- *             threads as staging slots, so that each has a slot to fill while its last
- *             slot's copy runs;
+ *   runs      bytes that go on from host staging (device memory): runs of whole ranges of
+ *             about equal bytes, each read, hashed and sent on by a thread through its own
+ *             stream (whose path is picked here when it opens), so reads from a fast page
+ *             cache are not bound to one core; one run for fewer bytes than eight staging
+ *             slots hold, else up to half as many threads as staging slots, so that each
+ *             has a slot to fill while its last slot's copy runs;
  *   plain     pread one piece after the other: small reads (threads and rings would cost
  *             more than they save) or a backend without the fast path (the fault tables);
  *   parallel  every byte in the page cache and every range with a destination: nothing to
@@ -124,7 +124,7 @@ static bool mostly_copied(const struct kvt_range *r, size_t n, uint64_t total, b
     return copied >= total - total / 4;
 }
 
-/* The threads runs of @p n ranges going on through staging @p s may be read on; 1 when the
+/* The threads runs of @p n ranges going on through staging @p s are read on: 1 when the
  * bytes are too few (threads would cost more than they save). */
 static unsigned staged_threads(size_t n, uint64_t total, const struct kvt_read_split *s)
 {
@@ -146,12 +146,12 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
         o = &def;
     for (size_t i = 0; i < n; i++)
         total += r[i].len;
-    unsigned t = split && split->stage_slots ? staged_threads(n, total, split) : 1;
-    if (t > 1) /* the backend aside: plain reads, too, are hashed and sent on in parallel */
-        return (struct kvt_read_way){.path = KVT_READ_RUNS, .threads = t};
+    if (split && split->stage_slots) /* the backend aside: plain reads, too, run in parallel */
+        return (struct kvt_read_way){.path = KVT_READ_RUNS,
+                                     .threads = staged_threads(n, total, split)};
     if (!kvt_stream_fast_ok() || total < FAST_MIN)
         return (struct kvt_read_way){.path = KVT_READ_PLAIN, .threads = 1};
-    t = split && split->copies ? parallel_threads(fd, r, n, total) : 1;
+    unsigned t = split && split->copies ? parallel_threads(fd, r, n, total) : 1;
     if (t > 1)
         return (struct kvt_read_way){.path = KVT_READ_PARALLEL, .threads = t};
     bool resident = true;

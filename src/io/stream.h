@@ -80,7 +80,7 @@ enum kvt_read_path {
     KVT_READ_PLAIN,    /* pread one piece after the other */
     KVT_READ_RING,     /* the read-ahead ring (direct or through the page cache) */
     KVT_READ_PARALLEL, /* whole ranges copied out of the page cache on several cores */
-    KVT_READ_RUNS,     /* runs of whole ranges on several threads, each through its own stream */
+    KVT_READ_RUNS,     /* runs of whole ranges, one per thread, each through its own stream */
 };
 
 /*
@@ -90,8 +90,8 @@ enum kvt_read_path {
 struct kvt_read_split {
     bool copies;          /* whole ranges can be copied on several cores (KVT_READ_PARALLEL) */
     unsigned stage_slots; /* > 0: the bytes go on from a ring of this many host staging slots
-                             of stage_chunk bytes each (device memory), and runs of whole
-                             ranges can be read on several threads (KVT_READ_RUNS) */
+                             of stage_chunk bytes each (device memory), read in runs of whole
+                             ranges, one per thread (KVT_READ_RUNS, always) */
     size_t stage_chunk;
 };
 
