@@ -406,7 +406,7 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     if (n)
         memcpy(s->r, r, n * sizeof(*r));
     snprintf(s->engine, sizeof(s->engine), "plain");
-    struct kvt_read_way way = kvt_read_choose(fd, r, n, o, false);
+    struct kvt_read_way way = kvt_read_choose(fd, r, n, o, NULL);
     s->fast = way.path != KVT_READ_PLAIN;
     if (!s->fast) {
         *out = s;
