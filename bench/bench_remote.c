@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "kvtier.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define MODEL "bench-model"
 #define FP "bench-fp"

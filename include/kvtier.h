@@ -804,6 +804,10 @@ struct kvt_pcache_opts {
      * uploaded behind the local write, takes consult it last, restored entries are promoted
      * into the store. Its identity defaults to cold's. */
     const struct kvt_remote_opts *remote;
+    /* Hold prefixes that entries share once, in whole 256-token chunks (docs/SHARING.md): in
+     * RAM, whose byte count (ram_max_bytes, stats) counts them once, and with cold_dir on disk
+     * (it sets cold.share_prefixes). Also on when cold.share_prefixes is set. Default off. */
+    bool share_prefixes;
     /* Optional device (NULL = none; must outlive the prompt cache and the entries taken from
      * it): entries in its memory are put into page-locked host memory of the RAM tier (one
      * region of ram_max_bytes + spill_queue_max_bytes, allocated at the first such put, freed
@@ -851,6 +855,10 @@ struct kvt_pcache_stats {
 /**
  * Open a prompt cache (and, with cold_dir, its store, writer and timer threads). Logs
  * "[ssd-cache] <dir> — N entries recovered, X.XX GiB of Y GiB cap" when a store is opened.
+ * Outside the cache and its directory, an open with cold_dir changes the process only once it
+ * has succeeded: it applies cold.mem (kvt_mem_configure()) and faults in the streams' staging
+ * memory. A failed open leaves the settings as they were (the store's own reads at open run
+ * with those).
  * @return 0, -EINVAL (bad option; message in kvt_last_error()), a store error, -ENOMEM.
  */
 KVT_API int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out);

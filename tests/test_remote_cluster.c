@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 #include "remote/robj.h"
 #include "store/share.h"
 

@@ -19,7 +19,7 @@
 
 #include "common/error.h"
 #include "io/stream.h"
-#include "mem/restore_helper.h"
+#include "threads/restore_helper.h"
 
 #define SCRATCH ((size_t)64 << 10)
 /* With a prefault helper, destinations are handed out in pieces of at most this size. */

@@ -25,7 +25,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/par.h"
+#include "threads/par_for.h"
 
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 {
@@ -317,7 +317,8 @@ static struct kvt_read_way read_way(const struct kvt_tensor_reader *r, size_t n)
             const struct kvt_slot *s = &r->h->caches[i].slots[j];
             rg[o] = (struct kvt_range){kvt_slot_abs(r->h, s), s->bytes, r->dst[o].dst, NULL};
         }
-    struct kvt_read_way way = kvt_read_choose(r->fd, rg, n, NULL, true);
+    struct kvt_read_way way =
+        kvt_read_choose(r->fd, rg, n, NULL, &(struct kvt_read_split){.copies = true});
     free(rg);
     return way;
 }

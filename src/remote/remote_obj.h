@@ -1,11 +1,12 @@
 /*
  * The kvt_remote object shared by its files: remote.c (lifecycle, poll thread, find, stats),
- * remote_put.c (uploads), remote_get.c (restores), remote_gc.c (gc), remote_url.c (URL).
+ * remote_put.c (uploads), remote_get.c (restores), remote_gc.c (gc), remote_url.c (URL), and
+ * remote_obj.c (the helpers below that uploads, restores and gc share).
  */
 #ifndef KVT_REMOTE_OBJ_H
 #define KVT_REMOTE_OBJ_H
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 struct kvt_write_queue;
 

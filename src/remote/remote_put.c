@@ -14,12 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "format/format.h"
 #include "remote/remote_obj.h"
 #include "store/index.h"
 #include "store/share.h"
-#include "tier/tier.h"
 
 /* Copies of the records @p e replaces (@p exact: identical tokens only), under the lock. */
 static size_t superseded(struct kvt_remote *r, const struct kvt_entry *e, const char *ns,
@@ -99,7 +99,7 @@ static struct kvt_rrec *new_rec(struct kvt_remote *r, const struct kvt_entry *e,
     rec->bytes = bytes;
     rec->chunk = r->chunk_bytes;
     rec->n_chunks = (uint32_t)((bytes + r->chunk_bytes - 1) / r->chunk_bytes);
-    rec->created_ms = kvt_tier_wall_ms();
+    rec->created_ms = kvt_wall_ms();
     rec->trimmable = kvt_entry_is_trimmable(e);
     return rec;
 }
@@ -130,7 +130,7 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
 {
     if (!r || !e || (!e->tokens && e->n_tokens))
         return kvt_fail(-EINVAL, "kvt_remote_put: NULL argument");
-    const char *ns = kvt_tier_ns(e->meta.ns);
+    const char *ns = e->meta.ns ? e->meta.ns : "";
     struct kvt_rrec **dup;
     size_t n_dup = superseded(r, e, ns, true, &dup);
     drop_recs(r, dup, n_dup, NULL);

@@ -16,7 +16,7 @@
 
 #include "common/error.h"
 #include "format/format.h"
-#include "mem/restore_helper.h"
+#include "threads/restore_helper.h"
 #include "remote/remote_obj.h"
 #include "remote/robj.h"
 #include "store/index.h"

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "remote/robj.h"
-#include "tier/tier.h"
 
 #define KVT_STR2(x) #x
 #define KVT_STR(x) KVT_STR2(x)
@@ -116,7 +116,7 @@ static redisReply *script(struct kvt_rclient *rc, const struct kvt_rkeys *k, con
                           int nargs, const char **args, const size_t *alen, int *err)
 {
     char base[32];
-    snprintf(base, sizeof(base), "%lld", (long long)kvt_tier_wall_ms() * 1000);
+    snprintf(base, sizeof(base), "%lld", (long long)kvt_wall_ms() * 1000);
     const char *keys[8] = {k->ver, k->idx, k->log, k->gone, k->bytes, k->floor, k->objs, k->refs};
     const char *argv[16] = {"EVAL", body, "8"};
     size_t len[16] = {4, strlen(body), 1};

@@ -7,7 +7,7 @@
 #ifndef KVT_REMOTE_ROBJ_H
 #define KVT_REMOTE_ROBJ_H
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define KVT_ROBJ_NAME 66  /* "<id>.<gen>": the hash tag of an object's keys */
 #define KVT_ROBJ_FIELD 50 /* "<nsHash>:<id>": its field in the index hashes */

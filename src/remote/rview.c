@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 #include "store/index.h"
 
 #define BATCH 256

@@ -15,7 +15,7 @@
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/restore_helper.h"
+#include "threads/restore_helper.h"
 #include "tensor/tensor.h"
 
 /** The whole entry's token-axis tensors being filled: one set per cut layer. */

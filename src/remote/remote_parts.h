@@ -2,10 +2,11 @@
  * Internal interface of the remote tier (REMOTE.md): a Redis / Redis Cluster client built on
  * hiredis connections with its own RESP I/O for the bulk payloads (rnode.c, resp_io.c,
  * rcluster.c), the key layout (rkeys.c), entries as chunked .mlxkv bytes (rentry.c), the
- * remote index and its change counter (rindex.c), and the kvt_remote object (remote.c).
+ * remote index and its change counter (rindex.c), its records (rrec.c) and its local view
+ * (rview.c). The kvt_remote object built on them is remote_obj.h's.
  */
-#ifndef KVT_REMOTE_H
-#define KVT_REMOTE_H
+#ifndef KVT_REMOTE_PARTS_H
+#define KVT_REMOTE_PARTS_H
 
 #include <pthread.h>
 #include <stdbool.h>
