@@ -528,6 +528,38 @@ static void test_hostile_shared_records(void **state)
     kvt_remote_close(w);
 }
 
+/* A shared entry's record rewritten to list no objects names bytes that are only its tail:
+ * every cache but the tail's rows missing. A miss (V21), never a short entry served. */
+static void test_tail_listed_as_whole(void **state)
+{
+    (void)state;
+    kvt_remote *w = open_share("tail", true, 0);
+    assert_int_equal(put_branch(w, 0, 0), 0);
+    struct server_state st;
+    check_server("tail", true, &st);
+    assert_true(st.recs[0].n_objs > 0);
+    struct kvt_rrec plain = st.recs[0];
+    plain.n_objs = 0;
+    plain.objs = NULL;
+    size_t len = 0;
+    uint8_t *rec = kvt_rrec_encode(&plain, &len);
+    assert_non_null(rec);
+    struct kvt_rkeys k;
+    kvt_rkeys_init(&k, "tail", REMOTE_MODEL, REMOTE_FP, REMOTE_TOK);
+    redisContext *c = cli();
+    freeReplyObject(cmd(c, "HSET %s %s %b", k.idx, plain.uuid, rec, len));
+    free(rec);
+    state_free(&st);
+    kvt_remote *rd = open_share("tail", false, 0);
+    wait_synced(rd, 1);
+    assert_int_equal(restore_branch(rd, 0, 0), 0);
+    assert_int_equal(stats(rd).corrupt, 1);
+    redisFree(c);
+    kvt_rkeys_free(&k);
+    kvt_remote_close(rd);
+    kvt_remote_close(w);
+}
+
 static char *cli_args(const char *verb, const char *prefix)
 {
     return strf("%s --redis %s --model-id %s --config-fingerprint %s --tokenizer-hash %s", verb,
@@ -574,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_two_writers_one_prefix),
         cmocka_unit_test(test_writer_killed_mid_upload),
         cmocka_unit_test(test_hostile_shared_records),
+        cmocka_unit_test(test_tail_listed_as_whole),
         cmocka_unit_test(test_cli_ls_gc),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

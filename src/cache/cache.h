@@ -38,6 +38,9 @@ bool kvt_kind_is_ring(int kind);
 /** Validate kind parameters (max_size, group_size/bits, k_bits/v_bits). -EINVAL. */
 int kvt_cache_check_params(const struct kvt_cache_info *p);
 /** Validate appended tensors against the kind's roles and the cache's current layout. */
+/** FORMAT.md V21: the first cache of @p e (no NULL ones) other than ssm whose offset is not
+ *  the entry's token count, or -1 when every one covers every token. */
+long kvt_entry_uncovered(const struct kvt_entry *e);
 /** Whether a tensor of @p e lies in device memory. */
 bool kvt_entry_on_device(const struct kvt_entry *e);
 /** KVT_E_UNSUPPORTED when @p c or one of @p in lies in device memory (saved, never changed). */

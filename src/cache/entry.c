@@ -131,6 +131,17 @@ bool kvt_entry_is_trimmable(const struct kvt_entry *e)
     return e != NULL;
 }
 
+long kvt_entry_uncovered(const struct kvt_entry *e)
+{
+    for (size_t i = 0; i < e->n_caches; i++) {
+        struct kvt_cache_info info;
+        kvt_cache_get_info(e->caches[i], &info);
+        if (info.kind != KVT_KIND_SSM && (info.offset < 0 || (uint64_t)info.offset != e->n_tokens))
+            return (long)i;
+    }
+    return -1;
+}
+
 bool kvt_entry_on_device(const struct kvt_entry *e)
 {
     for (size_t i = 0; e && i < e->n_caches; i++)

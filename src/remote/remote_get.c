@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "cache/cache.h"
 #include "format/format.h"
 #include "remote/remote_obj.h"
 
@@ -72,6 +73,10 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
     int rc = fetch_file(r, c, rec, out);
     if (rc == 0 && rec->n_objs)
         rc = kvt_remote_get_shared(r, c, rec, *out, bad);
+    if (rc == 0 && kvt_entry_uncovered(*out) >= 0) /* a tail listed as whole, say */
+        rc =
+            kvt_fail(KVT_E_CORRUPT, "remote entry %s: V21: cache %ld does not cover its %zu tokens",
+                     rec->uuid, kvt_entry_uncovered(*out), (*out)->n_tokens);
     kvt_remote_client_give(r, c);
     if (rc != 0) {
         kvt_entry_free(*out);
