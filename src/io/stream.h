@@ -108,6 +108,13 @@ struct kvt_read_way {
  */
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o, bool parallel);
+/**
+ * kvt_read_choose() for ranges of several files, range i of file @p fd[i] (a restore read from
+ * several files as one): the parallel copy is the caller's to do (file by file, the plain path
+ * and the ring are one stream per file).
+ */
+struct kvt_read_way kvt_read_choose_files(const int *fd, const struct kvt_range *r, size_t n,
+                                          const struct kvt_stream_opts *o);
 /** Whether a restore of [@p off, +@p len) of @p fd leaves the pages it read in the page cache:
  * when the caller asks (@p keep), or when they were all resident before it read them (the
  * next restore reads them at memory speed too). Pages a cold read brought in are dropped. */

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "format/format.h"
 #include "kvtier.h"
 
 #define KVT_SHARE_EXT ".kvshare"
@@ -56,15 +57,52 @@ struct kvt_share_saved {
 int kvt_share_save(const char *dir, const char *tail_path, const struct kvt_entry *e,
                    const struct kvt_save_opts *o, struct kvt_share_saved *out);
 
+/** A shared entry opened for a restore (kvt_share_open()). */
+struct kvt_share_open {
+    /* the whole entry: the tail's header with every cut layer grown to all n rows, its slots
+     * contiguous [B, H, n, D] (offsets in order, hashes 0) */
+    struct kvt_header *whole;
+    size_t nf;  /* files: the tail, then its chunks in order */
+    int *fd;    /* the tail's open; a chunk's only while it is read */
+    struct kvt_header **h;
+    char **path;
+    uint64_t own; /* rows of the tail's cut layers: n - 256m */
+};
+
 /**
- * Load the entry whose tail is @p tail_path: the tail and its chunks (from the tail's
- * directory), every byte hash-checked unless x->no_verify, composed into caches of the whole
- * entry with restore capacity. A chunk that fails names itself in *@p bad_chunk (malloc'd;
- * may be NULL): the caller treats every entry that needs it as lost.
+ * Open the entry whose tail is @p tail_path: the tail's header checked as any file's (V1-V20,
+ * @p x), then every chunk's (from the tail's directory) against the entry, before any tensor
+ * byte is read. A chunk that fails names itself in *@p bad_chunk (malloc'd; may be NULL): the
+ * caller treats every entry that needs it as lost.
  * @return 0, or the codes of kvt_file_load() (KVT_E_CORRUPT also for a chunk whose tokens or
  * shape do not fit the tail; -ENOENT for a missing chunk).
  */
+int kvt_share_open(const char *tail_path, const struct kvt_expect *x, struct kvt_share_open *so,
+                   char **bad_chunk);
+/**
+ * Read every file of @p so into the whole entry's slot destinations @p d (one per slot of
+ * so->whole in order; a cut slot's blocks are its [B, H] rows of n rows each, at the stride
+ * d->stride; a NULL dst only checks): each file's rows land at their row offsets, every byte
+ * hash-checked unless x->no_verify, the files read as one load (kvt_tensor_read_files()).
+ * The slack past row n is the caller's. @return as kvt_share_open().
+ */
+int kvt_share_read(struct kvt_share_open *so, const struct kvt_slot_dst *d,
+                   const struct kvt_expect *x, char **bad_chunk);
+void kvt_share_close(struct kvt_share_open *so);
+
+/**
+ * Load the entry whose tail is @p tail_path into new caches of the whole entry with restore
+ * capacity (kvt_share_open(), kvt_share_read()). @return as kvt_share_open().
+ */
 int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt_entry **out,
                    char **bad_chunk);
+/**
+ * kvt_file_load_into() of a shared entry: @p place is given the whole entry's header (n
+ * tokens, every cut layer's slots [B, H, n, D]) and each file's rows are read into their row
+ * offsets of its memory. On success *@p out_header is that header. @return as
+ * kvt_share_open(), or @p place's refusal.
+ */
+int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_place_fn place,
+                        void *ud, struct kvt_header **out_header, char **bad_chunk);
 
 #endif
