@@ -130,4 +130,8 @@ void kvt_dstage_give(kvt_device *d, unsigned k, bool queued);
 /** Wait for every slot's copies (call with no slot held). */
 int kvt_dstage_drain(kvt_device *d);
 
+/** @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load into device memory of
+ * only that prefix lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the same
+ * count, slots contiguous in order, hashes 0. KVT_E_UNSUPPORTED for other kinds. */
+int kvt_header_cut_prefix(const struct kvt_header *h, size_t keep, struct kvt_header **out);
 #endif

@@ -22,6 +22,7 @@
 #include "io/stream.h"
 #include "mem/mem.h"
 #include "mem/par.h"
+#include "store/share.h"
 #include "store/store.h"
 
 /* One slot of the file, in header order, and where it goes (0: only checked). A slot cut to
@@ -219,7 +220,7 @@ static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_
 /* @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load into device memory of
  * only that prefix lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the
  * same count. KVT_E_UNSUPPORTED for other kinds (their trims are not cuts of rows). */
-static int cut_header(const struct kvt_header *h, size_t keep, struct kvt_header **out)
+int kvt_header_cut_prefix(const struct kvt_header *h, size_t keep, struct kvt_header **out)
 {
     *out = NULL;
     int64_t t = (int64_t)(h->n_tokens - keep);
@@ -307,7 +308,7 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
     if (rc == 0)
         rc = kvt_header_check_expect(h, x, path);
     if (rc == 0 && keep && keep < h->n_tokens)
-        rc = cut_header(h, keep, &cut);
+        rc = kvt_header_cut_prefix(h, keep, &cut);
     if (rc == 0)
         rc = placed(path, cut ? cut : h, place, ud, &dst);
     struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
@@ -354,10 +355,12 @@ static int dev_placement(void *ud, const struct kvt_header *h, uint64_t *dst)
 }
 
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
-                       struct kvt_header **h, bool *refused)
+                       struct kvt_header **h, bool *refused, char **bad_chunk)
 {
     struct dev_placed *p = ud;
     p->refused = refused;
+    if (kvt_is_tail(path)) /* a shared entry: its files are composed first */
+        return kvt_share_load_to_device(path, x, p->d, dev_placement, p, p->keep, h, bad_chunk);
     return load_to_device(path, x, p->d, dev_placement, p, p->keep, h);
 }
 
@@ -388,7 +391,7 @@ int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit, 
     struct kvt_header *h = NULL;
     int rc = kvt_store_restore_with(s, hit, load_placed, &p, &h);
     if (rc == 0 && h && hit->prefix_len < h->n_tokens) { /* what landed: cut as placed */
-        rc = cut_header(h, hit->prefix_len, out_header);
+        rc = kvt_header_cut_prefix(h, hit->prefix_len, out_header);
         kvt_header_free(h);
     } else if (rc == 0) {
         *out_header = h;

@@ -89,6 +89,9 @@ int kvt_share_open(const char *tail_path, const struct kvt_expect *x, struct kvt
 int kvt_share_read(struct kvt_share_open *so, const struct kvt_slot_dst *d,
                    const struct kvt_expect *x, char **bad_chunk);
 void kvt_share_close(struct kvt_share_open *so);
+/** The destinations of kvt_share_read() for caller memory: slot k of the whole entry @p w
+ * contiguous at @p dst[k] (NULL: only checked). */
+void kvt_share_placed_dsts(const struct kvt_header *w, void *const *dst, struct kvt_slot_dst *d);
 
 /**
  * Load the entry whose tail is @p tail_path into new caches of the whole entry with restore
@@ -104,5 +107,15 @@ int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt
  */
 int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_place_fn place,
                         void *ud, struct kvt_header **out_header, char **bad_chunk);
+/**
+ * kvt_file_load_to_device() of a shared entry: its files composed in host memory
+ * (kvt_share_read()), then uploaded to the addresses @p place sets for the whole entry's
+ * header, or, with @p keep (0 < keep < n), for that header cut to its first keep tokens
+ * (kvt_header_cut_prefix()). *@p out_header is the whole header. @return as
+ * kvt_share_open(), @p place's refusal, or the device's error.
+ */
+int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, kvt_device *d,
+                             kvt_device_place_fn place, void *ud, size_t keep,
+                             struct kvt_header **out_header, char **bad_chunk);
 
 #endif

@@ -365,8 +365,7 @@ int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt
     return rc;
 }
 
-/* The whole entry's destinations in caller memory @p dst: slot k contiguous at dst[k]. */
-static void placed_dsts(const struct kvt_header *w, void *const *dst, struct kvt_slot_dst *d)
+void kvt_share_placed_dsts(const struct kvt_header *w, void *const *dst, struct kvt_slot_dst *d)
 {
     for (size_t i = 0, o = 0; i < w->n_caches; i++)
         for (int j = 0; j < w->caches[i].n_slots; j++, o++) {
@@ -401,7 +400,7 @@ int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_p
             kvt_fail(rc, "%s: the destination was refused: %s", tail_path, kvt_strerror(rc));
     }
     if (rc == 0) {
-        placed_dsts(so.whole, dst, d);
+        kvt_share_placed_dsts(so.whole, dst, d);
         rc = kvt_share_read(&so, d, x, bad_chunk);
     }
     if (rc == 0) {

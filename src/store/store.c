@@ -341,17 +341,12 @@ static int load_file(struct restore_load *l, const char *path, const struct kvt_
     const int32_t *tok;
     size_t n;
     int rc;
-    if (kvt_is_tail(path) && l->load) {
-        l->refused = true; /* the caller's memory takes one file's slots; the entry stays */
-        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: a shared entry restores only into new caches", path);
-        tok = NULL;
-        n = 0;
-    } else if (kvt_is_tail(path)) {
+    if (kvt_is_tail(path) && !l->load) {
         rc = kvt_share_load(path, x, &l->e, &l->bad_chunk);
         tok = rc ? NULL : l->e->tokens;
         n = rc ? 0 : l->e->n_tokens;
     } else if (l->load) {
-        rc = l->load(l->ud, path, x, &l->h, &l->refused);
+        rc = l->load(l->ud, path, x, &l->h, &l->refused, &l->bad_chunk);
         tok = rc ? NULL : l->h->tokens;
         n = rc ? 0 : l->h->n_tokens;
     } else {
@@ -463,10 +458,12 @@ static int placement(void *ud, const struct kvt_header *h, void **dst)
 }
 
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
-                       struct kvt_header **h, bool *refused)
+                       struct kvt_header **h, bool *refused, char **bad_chunk)
 {
     struct placed *p = ud;
     p->refused = refused;
+    if (kvt_is_tail(path))
+        return kvt_share_load_into(path, x, placement, p, h, bad_chunk);
     return kvt_file_load_into(path, x, placement, p, h);
 }
 

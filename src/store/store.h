@@ -172,10 +172,11 @@ void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d);
 /**
  * A restore's load step into memory the caller owns: load @p path under expectations @p x,
  * *@p h receiving the header; set *@p refused when a failure is the caller's (a refused
- * placement), so that the file is not treated as bad.
+ * placement), so that the file is not treated as bad. A tail (kvt_is_tail()) is a shared
+ * entry: its chunk that failed goes to *@p bad_chunk (kvt_share_open()).
  */
 typedef int (*kvt_restore_load_fn)(void *ud, const char *path, const struct kvt_expect *x,
-                                   struct kvt_header **h, bool *refused);
+                                   struct kvt_header **h, bool *refused, char **bad_chunk);
 /** kvt_store_restore() with @p load as the load step (kvt_store_restore_into() and the
  * device layer's restores): 0 with *@p out_header set, 0 with it NULL on a miss, or the
  * loader's refusal. */
