@@ -303,15 +303,6 @@ static size_t files_with(const char *ext, uint64_t *bytes)
     return (size_t)n;
 }
 
-static int refuse_all(void *ud, const struct kvt_header *h, void **dst)
-{
-    (void)ud;
-    (void)h;
-    (void)dst;
-    fail_msg("a shared entry reached a placement");
-    return -1;
-}
-
 static void test_store_branches(void **state)
 {
     (void)state;
@@ -330,16 +321,6 @@ static void test_store_branches(void **state)
     assert_int_equal(st.shared_chunks, 2);
     assert_int_equal(st.shared_bytes, chunks);
     assert_int_equal(st.total_bytes, tails + chunks); /* shared bytes counted once */
-
-    /* a restore into caller memory takes one file's slots: refused, the entry kept */
-    int32_t *tok = prompt_branch(0, 0);
-    struct kvt_hit hit;
-    struct kvt_header *h = (struct kvt_header *)1;
-    assert_int_equal(kvt_store_find(s, tok, SHARED + OWN + 1, "", &hit), 0);
-    assert_int_equal(kvt_store_restore_into(s, &hit, refuse_all, NULL, &h), KVT_E_UNSUPPORTED);
-    assert_null(h);
-    free(tok);
-    assert_true(branch_restores(s, 0, 0));
     kvt_store_close(s);
 
     /* a restart finds the same, with sharing off too: only writing depends on the option */
