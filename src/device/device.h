@@ -130,8 +130,15 @@ void kvt_dstage_give(kvt_device *d, unsigned k, bool queued);
 /** Wait for every slot's copies (call with no slot held). */
 int kvt_dstage_drain(kvt_device *d);
 
-/** @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load into device memory of
- * only that prefix lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the same
- * count, slots contiguous in order, hashes 0. KVT_E_UNSUPPORTED for other kinds. */
-int kvt_header_cut_prefix(const struct kvt_header *h, size_t keep, struct kvt_header **out);
+/**
+ * kvt_file_load_to_device() of a shared entry: its files composed in host memory
+ * (kvt_share_read()), then uploaded to the addresses @p place sets for the whole entry's
+ * header, or, with @p keep (0 < keep < n), for that header cut to its first keep tokens
+ * (kvt_header_cut_prefix()). *@p out_header is the whole header. @return as
+ * kvt_share_open() (store/share.h), @p place's refusal, or the device's error.
+ */
+int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, kvt_device *d,
+                             kvt_device_place_fn place, void *ud, size_t keep,
+                             struct kvt_header **out_header, char **bad_chunk);
+
 #endif

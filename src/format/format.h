@@ -287,6 +287,14 @@ int kvt_tensor_read_all(struct kvt_tensor_reader *r);
 int kvt_tensor_read_files(struct kvt_tensor_reader *r, size_t nf, size_t *failed);
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
 
+/**
+ * @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load of only that prefix
+ * lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the same count, slots
+ * contiguous in order, hashes 0. @return 0, KVT_E_UNSUPPORTED for other kinds (their trims
+ * are not cuts of rows) or -ENOMEM.
+ */
+int kvt_header_cut_prefix(const struct kvt_header *h, size_t keep, struct kvt_header **out);
+
 /** Rows a restore gives a token-axis cache of @p offset rows (CACHES.md §12). */
 uint64_t kvt_restore_cap(uint64_t offset);
 

@@ -107,15 +107,4 @@ int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt
  */
 int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_place_fn place,
                         void *ud, struct kvt_header **out_header, char **bad_chunk);
-/**
- * kvt_file_load_to_device() of a shared entry: its files composed in host memory
- * (kvt_share_read()), then uploaded to the addresses @p place sets for the whole entry's
- * header, or, with @p keep (0 < keep < n), for that header cut to its first keep tokens
- * (kvt_header_cut_prefix()). *@p out_header is the whole header. @return as
- * kvt_share_open(), @p place's refusal, or the device's error.
- */
-int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, kvt_device *d,
-                             kvt_device_place_fn place, void *ud, size_t keep,
-                             struct kvt_header **out_header, char **bad_chunk);
-
 #endif

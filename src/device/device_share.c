@@ -5,14 +5,15 @@
  * staging ring. A whole file streams straight to the device instead (device_load.c); a
  * shared entry's rows come from several files, which that stream does not take.
  */
-#include "store/share.h"
+#include "device/device.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
-#include "device/device.h"
+#include "format/format.h"
+#include "store/share.h"
 
 /* The placement's device addresses for the slots of @p h: *@p dst (malloc'd). */
 static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place,
