@@ -113,36 +113,6 @@ static bool timespec_eq(const struct timespec *a, const struct timespec *b)
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
-int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again)
-{
-    const struct kvt_io *io = kvt_io();
-    *again = false;
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
-    if (fd < 0)
-        return -1;
-    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0)
-        *again = true; /* a live writer holds it; look again in case the writer dies */
-    else if (io->fstat(fd, st) < 0 || !S_ISREG(st->st_mode))
-        ;
-    else if (kvt_now_ms() - kvt_timespec_ms(&st->st_mtim) < grace_ms)
-        *again = true; /* may be between its writer's create and lock */
-    else
-        return fd;
-    io->close(fd);
-    return -1;
-}
-
-int kvt_tmp_unlink_claimed(const char *path, const struct stat *st)
-{
-    /* Unlink only the very file we locked: the name may have moved on since the open. */
-    const struct kvt_io *io = kvt_io();
-    struct stat now_st;
-    int rc = io->stat(path, &now_st, AT_SYMLINK_NOFOLLOW);
-    if (rc == 0 && (now_st.st_ino != st->st_ino || now_st.st_dev != st->st_dev))
-        rc = -ENOENT;
-    return rc == 0 ? io->unlinkat(AT_FDCWD, path, 0) : rc;
-}
-
 /** Reap an abandoned .tmp; true when it should be looked at again later (locked, young). */
 static bool reap_tmp(struct kvt_store *s, const char *path)
 {

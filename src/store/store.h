@@ -82,16 +82,28 @@ struct kvt_chunk {
 struct kvt_pathlist {
     char **v;
     size_t n, cap;
-    int64_t grace_ms; /* chunks among them are removed only when this old (share_index.c) */
+    int64_t grace_ms; /* chunks among them are removed only when this old (claim.c) */
 };
+
+/* ---- claim.c: removing files a writer may hold, and the clocks ---------------------------- */
+
+int64_t kvt_now_ms(void);
+int64_t kvt_timespec_ms(const struct timespec *t);
+/**
+ * Open and lock @p path if it is an abandoned .tmp (STORE.md §12.4): its writer is gone (the
+ * lock is free) and it is older than @p grace_ms. @return the locked descriptor (close it with
+ * the io vtable), or -1 with *@p again set when it is worth another look later.
+ */
+int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again);
+/** Unlink a claimed .tmp if the name still leads to that very file; 0 or -errno. */
+int kvt_tmp_unlink_claimed(const char *path, const struct stat *st);
+/** Remove the chunk @p path if no writer is touching it and it is @p grace_ms old. */
+void kvt_chunk_remove(const char *path, int64_t grace_ms);
 
 /* ---- store_dirs.c ---------------------------------------------------------------------- */
 
 void kvt_store_logf(struct kvt_store *s, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int64_t kvt_now_ms(void);
-int64_t kvt_timespec_ms(const struct timespec *t);
-uint64_t kvt_str_hash(const char *s);
 
 /** The directory named @p name (locked), creating its entry when @p create. */
 struct kvt_sdir *kvt_sdir_get(struct kvt_store *s, const char *name, bool create);
@@ -120,6 +132,11 @@ void kvt_store_evict_locked(struct kvt_store *s, struct kvt_pathlist *pl);
  * @return false when the file stayed where it was.
  */
 bool kvt_store_dispose_corrupt(struct kvt_store *s, const char *path, const char *why);
+/** Drop every tail that needs the chunk @p bad (locked); their paths go to @p pl. */
+void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad,
+                                      struct kvt_pathlist *pl);
+
+/* ---- pathlist.c ----------------------------------------------------------------------- */
 
 int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path);
 /** Unlink every path (ENOENT and other errors ignored) and free the list. */
@@ -137,11 +154,6 @@ int kvt_chunks_size(const char *dir, const int32_t *tok, size_t n, uint64_t **si
 int kvt_chunks_ref_locked(struct kvt_store *s, const struct kvt_rec *r, const uint64_t *sizes);
 /** Drop the tail @p r's references (locked); chunks no tail needs any more go to @p pl. */
 void kvt_chunks_unref_locked(struct kvt_store *s, const struct kvt_rec *r, struct kvt_pathlist *pl);
-/** Drop every tail that needs the chunk @p bad (locked); their paths go to @p pl. */
-void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad,
-                                      struct kvt_pathlist *pl);
-/** Remove the chunk @p path if no writer is touching it and it is @p grace_ms old. */
-void kvt_chunk_remove(const char *path, int64_t grace_ms);
 /** Whether the chunk @p path is needed by an indexed tail (locked). */
 bool kvt_chunk_needed_locked(struct kvt_store *s, const char *path);
 void kvt_chunks_free(struct kvt_store *s);
@@ -158,14 +170,6 @@ int kvt_store_scan(struct kvt_store *s, bool strict);
 /** The sorted entry names of @p path (subdirectories only when @p dirs_only); 0 or -errno. */
 int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out);
 void kvt_store_free_names(char **v, size_t n);
-/**
- * Open and lock @p path if it is an abandoned .tmp (STORE.md §12.4): its writer is gone (the
- * lock is free) and it is older than @p grace_ms. @return the locked descriptor (close it with
- * the io vtable), or -1 with *@p again set when it is worth another look later.
- */
-int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again);
-/** Unlink a claimed .tmp if the name still leads to that very file; 0 or -errno. */
-int kvt_tmp_unlink_claimed(const char *path, const struct stat *st);
 /** This process has just changed @p d (a put, its evictions): take its new mtime as seen. */
 void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d);
 
