@@ -428,6 +428,68 @@ static void test_store_corrupt_chunk(void **state)
     free(dir);
 }
 
+/* ---- two processes' tables on one directory ------------------------------------------ */
+
+static kvt_store *open_handle(uint64_t cap, int64_t grace_ms)
+{
+    struct kvt_store_opts o;
+    store_opts_for(&o, MODEL, FP, TOKH);
+    o.share_prefixes = true;
+    o.tmp_grace_ms = grace_ms;
+    if (cap)
+        o.max_bytes = cap;
+    kvt_store *s;
+    if (kvt_store_open(test_dir, &o, &s))
+        fail_msg("kvt_store_open: %s", kvt_last_error());
+    return s;
+}
+
+/* While the gated put runs (after its scan, before its eviction), the other handle puts a
+ * branch of prompt 0, reusing its chunks, then the reuse ages past the grace. */
+struct other_put {
+    kvt_store *other;
+    int steps;
+};
+
+static int other_puts_meanwhile(void *engine, kvt_step_fn step, void *arg)
+{
+    struct other_put *o = engine;
+    if (o->steps++ == 0) {
+        assert_int_equal(put_branch(o->other, 0, 1), 0);
+        usleep(150 * 1000);
+    }
+    return step(arg);
+}
+
+/*
+ * Each process counts the chunks of the tails it has indexed. One that evicts the last branch
+ * it knows of a prompt must not remove the prompt's chunks while another process's branch,
+ * published since its last scan, still needs them: that branch restores afterwards.
+ */
+static void test_eviction_keeps_another_tables_chunks(void **state)
+{
+    (void)state;
+    kvt_store *a = open_handle(0, 50);
+    assert_int_equal(put_branch(a, 0, 0), 0);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(a, &st);
+    kvt_store_close(a);
+    a = open_handle(st.total_bytes + st.total_bytes / 2, 50); /* room for one prompt */
+    kvt_store *b = open_handle(0, 50);
+    int32_t *tok = prompt_branch(1, 0);
+    struct kvt_entry *e;
+    assert_int_equal(synth_entry(tok, SHARED + OWN, "", true, &e), 0);
+    struct other_put o = {b, 0};
+    assert_int_equal(kvt_store_put(a, e, other_puts_meanwhile, &o), 0);
+    kvt_store_get_stats(a, &st);
+    assert_int_equal(st.evictions, 1); /* prompt 0's branch 0: a knew no other of prompt 0 */
+    assert_true(branch_restores(b, 0, 1));
+    kvt_entry_free(e);
+    free(tok);
+    kvt_store_close(a);
+    kvt_store_close(b);
+}
+
 /* ---- the CLI over a store with shared entries ------------------------------------- */
 
 static void test_cli(void **state)
@@ -517,6 +579,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_branches, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_eviction, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_corrupt_chunk, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_eviction_keeps_another_tables_chunks, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_cli, test_dir_setup, test_dir_teardown),
     };

@@ -1,6 +1,6 @@
 /*
- * Paths collected under the store's lock and removed after it: entries' files at once,
- * chunks under the claim rule (claim.c).
+ * Paths collected under the store's lock and removed after it: entries' files at once;
+ * chunks stay listed for kvt_store_remove_paths() (share_reap.c).
  */
 #include "store/store.h"
 
@@ -30,16 +30,24 @@ int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path)
     return 0;
 }
 
-void kvt_pathlist_unlink(struct kvt_pathlist *pl)
+void kvt_pathlist_unlink_files(struct kvt_pathlist *pl)
 {
+    size_t kept = 0;
     for (size_t i = 0; i < pl->n; i++) {
-        if (kvt_layout_has_suffix(pl->v[i], KVT_CHUNK_EXT))
-            kvt_chunk_remove(pl->v[i], pl->grace_ms);
-        else
-            kvt_io()->unlinkat(AT_FDCWD, pl->v[i], 0);
+        if (kvt_layout_has_suffix(pl->v[i], KVT_CHUNK_EXT)) {
+            pl->v[kept++] = pl->v[i];
+            continue;
+        }
+        kvt_io()->unlinkat(AT_FDCWD, pl->v[i], 0);
         free(pl->v[i]);
     }
+    pl->n = kept;
+}
+
+void kvt_pathlist_free(struct kvt_pathlist *pl)
+{
+    for (size_t i = 0; i < pl->n; i++)
+        free(pl->v[i]);
     free(pl->v);
-    pl->v = NULL;
-    pl->n = pl->cap = 0;
+    *pl = (struct kvt_pathlist){0};
 }

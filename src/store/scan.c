@@ -342,10 +342,13 @@ static void forget_missing(struct kvt_store *s, struct kvt_sdir *d, const struct
     free(g.v);
 }
 
-/* Remove the chunks among @p names that no indexed tail needs (and no writer is reusing). */
+/* Remove the chunks among @p names that no indexed tail needs, nor a tail published since
+ * (kvt_share_reap_dir()). */
 static void reap_chunks(struct kvt_store *s, struct kvt_sdir *d, char **names, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
+    char **cands = malloc((n ? n : 1) * sizeof(*cands));
+    size_t nc = 0;
+    for (size_t i = 0; cands && i < n; i++) {
         if (!kvt_layout_has_suffix(names[i], KVT_CHUNK_EXT))
             continue;
         char *path = kvt_path_join(d->path, names[i]);
@@ -354,10 +357,16 @@ static void reap_chunks(struct kvt_store *s, struct kvt_sdir *d, char **names, s
         pthread_mutex_lock(&s->lock);
         bool needed = kvt_chunk_needed_locked(s, path);
         pthread_mutex_unlock(&s->lock);
-        if (!needed)
-            kvt_chunk_remove(path, s->tmp_grace_ms);
-        free(path);
+        if (needed)
+            free(path);
+        else
+            cands[nc++] = path;
     }
+    if (nc)
+        kvt_share_reap_dir(s, d->path, cands, nc);
+    for (size_t i = 0; i < nc; i++)
+        free(cands[i]);
+    free(cands);
 }
 
 /* Reap the abandoned .tmp files among @p names and index the entries, in batches; true

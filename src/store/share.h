@@ -18,8 +18,9 @@
 
 #define KVT_SHARE_EXT ".kvshare"
 #define KVT_CHUNK_EXT ".kvchunk"
-#define KVT_SHARE_CHUNK 256 /* tokens per chunk: the caches' growth step */
-#define KVT_CHUNK_ID_LEN 32 /* hex digits of a chunk id */
+#define KVT_CHUNKS_LOCK "chunks.lock" /* kvt_chunks_lock() */
+#define KVT_SHARE_CHUNK 256           /* tokens per chunk: the caches' growth step */
+#define KVT_CHUNK_ID_LEN 32           /* hex digits of a chunk id */
 
 /** Whether a cache of @p kind is cut into chunks (kv, qkv); other kinds stay whole. */
 bool kvt_share_splits(int kind);
@@ -62,8 +63,8 @@ struct kvt_share_open {
     /* the whole entry: the tail's header with every cut layer grown to all n rows, its slots
      * contiguous [B, H, n, D] (offsets in order, hashes 0) */
     struct kvt_header *whole;
-    size_t nf;  /* files: the tail, then its chunks in order */
-    int *fd;    /* the tail's open; a chunk's only while it is read */
+    size_t nf; /* files: the tail, then its chunks in order */
+    int *fd;   /* the tail's open; a chunk's only while it is read */
     struct kvt_header **h;
     char **path;
     uint64_t own; /* rows of the tail's cut layers: n - 256m */

@@ -121,8 +121,8 @@ static int unref_one(void *ud, size_t k, const char *id)
         return 0;
     kvt_hmap_del(&j->s->chunks, kvt_str_hash(c->path), c);
     j->s->chunk_bytes -= c->bytes;
-    if (j->pl && kvt_pathlist_push(j->pl, c->path) == 0)
-        j->pl->grace_ms = j->s->tmp_grace_ms;
+    if (j->pl)
+        kvt_pathlist_push(j->pl, c->path); /* failing, a later scan removes it */
     free(c->path);
     free(c);
     return 0;

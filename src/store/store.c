@@ -71,7 +71,7 @@ static void evict(struct kvt_store *s)
     pthread_mutex_lock(&s->lock);
     kvt_store_evict_locked(s, &pl);
     pthread_mutex_unlock(&s->lock);
-    kvt_pathlist_unlink(&pl);
+    kvt_store_remove_paths(s, &pl);
 }
 
 void kvt_store_opts_init(struct kvt_store_opts *o)
@@ -275,7 +275,7 @@ static void chunk_lost(struct kvt_store *s, const struct restore_job *j, int rc,
     pthread_mutex_unlock(&s->lock);
     if (rc != -ENOENT && !s->read_only) /* first: the list below may hold it too */
         kvt_store_dispose_corrupt(s, bad, msg);
-    kvt_pathlist_unlink(&pl);
+    kvt_store_remove_paths(s, &pl);
     free(why);
 }
 
@@ -609,7 +609,7 @@ static int index_new(struct kvt_store *s, const struct kvt_entry *e, const char 
     }
     pthread_mutex_unlock(&s->lock);
     free(sup);
-    kvt_pathlist_unlink(&pl);
+    kvt_store_remove_paths(s, &pl);
     if (rc == 0) {
         kvt_store_note_own_change(s, d);
         return 0;

@@ -78,11 +78,10 @@ struct kvt_chunk {
     uint64_t refs; /* indexed tails that need it */
 };
 
-/** Paths collected under the lock and acted on after it. */
+/** Paths collected under the lock and acted on after it (kvt_store_remove_paths()). */
 struct kvt_pathlist {
     char **v;
     size_t n, cap;
-    int64_t grace_ms; /* chunks among them are removed only when this old (claim.c) */
 };
 
 /* ---- claim.c: removing files a writer may hold, and the clocks ---------------------------- */
@@ -90,15 +89,31 @@ struct kvt_pathlist {
 int64_t kvt_now_ms(void);
 int64_t kvt_timespec_ms(const struct timespec *t);
 /**
- * Open and lock @p path if it is an abandoned .tmp (STORE.md §12.4): its writer is gone (the
- * lock is free) and it is older than @p grace_ms. @return the locked descriptor (close it with
- * the io vtable), or -1 with *@p again set when it is worth another look later.
+ * Open and lock @p path if no writer holds it (its lock is free) and it was last modified at
+ * or before @p before_ms (wall ms). @return the locked descriptor (close it with the io
+ * vtable), or -1 with *@p again set when it is worth another look later.
  */
+int kvt_claim_older(const char *path, int64_t before_ms, struct stat *st, bool *again);
+/** kvt_claim_older() of an abandoned .tmp (STORE.md §12.4): older than @p grace_ms now. */
 int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again);
 /** Unlink a claimed .tmp if the name still leads to that very file; 0 or -errno. */
 int kvt_tmp_unlink_claimed(const char *path, const struct stat *st);
-/** Remove the chunk @p path if no writer is touching it and it is @p grace_ms old. */
-void kvt_chunk_remove(const char *path, int64_t grace_ms);
+/**
+ * Remove the chunk @p path if no writer is touching it and it was last used at or before
+ * @p before_ms: the time of a listing of its directory that found every tail needing it, less
+ * the grace (a tail published after the listing was committed within the grace of its
+ * chunks' last use, docs/SHARING.md §6).
+ */
+void kvt_chunk_remove(const char *path, int64_t before_ms);
+
+/**
+ * Lock the chunks of directory @p dir (docs/SHARING.md §6): shared by a put from its first
+ * chunk to its tail's publication (waiting for a remover), exclusive by a remover from its
+ * listing to its last unlink (@p remove: waiting at most 100 ms for the puts under way).
+ * @return the descriptor holding the lock (close it to release), or -errno (-EWOULDBLOCK: puts
+ * kept it).
+ */
+int kvt_chunks_lock(const char *dir, bool remove);
 
 /* ---- store_dirs.c ---------------------------------------------------------------------- */
 
@@ -139,8 +154,23 @@ void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad,
 /* ---- pathlist.c ----------------------------------------------------------------------- */
 
 int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path);
-/** Unlink every path (ENOENT and other errors ignored) and free the list. */
-void kvt_pathlist_unlink(struct kvt_pathlist *pl);
+/** Unlink every path but the chunks' (ENOENT and other errors ignored), which stay listed. */
+void kvt_pathlist_unlink_files(struct kvt_pathlist *pl);
+void kvt_pathlist_free(struct kvt_pathlist *pl);
+
+/* ---- share_reap.c --------------------------------------------------------------------- */
+
+/**
+ * Remove what @p pl lists (not locked): entries' files at once, then each chunk that no tail
+ * on disk needs (docs/SHARING.md §6): under its directory's chunks lock (kvt_chunks_lock())
+ * the directory is listed, the tails this process has not indexed are read, and a chunk goes
+ * only if none of them needs it, no indexed tail does, and it was last used a grace before
+ * the listing. Frees the list.
+ */
+void kvt_store_remove_paths(struct kvt_store *s, struct kvt_pathlist *pl);
+/** Remove the chunks @p cands of directory @p dir that no tail needs, as
+ * kvt_store_remove_paths() does. */
+void kvt_share_reap_dir(struct kvt_store *s, const char *dir, char *const *cands, size_t n);
 
 /* ---- share_index.c: the chunks of shared entries (docs/SHARING.md) ------------------- */
 
