@@ -16,8 +16,8 @@
 #include "store/share.h"
 
 /* The placement's device addresses for the slots of @p h: *@p dst (malloc'd). */
-static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place,
-                  void *ud, uint64_t **dst)
+static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place, void *ud,
+                  uint64_t **dst)
 {
     size_t n = 0;
     for (size_t i = 0; i < h->n_caches; i++)

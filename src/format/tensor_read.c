@@ -38,8 +38,8 @@ enum { J_READ, J_HASH, J_GEOMETRY, J_NOMEM, J_OPEN };
 
 /* One slot of a load: where it is, and how its read ended. */
 struct slot_job {
-    size_t f;  /* the file (kvt_tensor_read_files()) */
-    size_t o;  /* the slot's ordinal in its file's header order */
+    size_t f; /* the file (kvt_tensor_read_files()) */
+    size_t o; /* the slot's ordinal in its file's header order */
     size_t ci;
     int sj;
     int rc;       /* 0 or the error */
@@ -327,8 +327,8 @@ static struct kvt_read_way read_way(const struct kvt_tensor_reader *r, size_t nf
         for (size_t i = 0, so = 0; all_dst && i < r[f].h->n_caches; i++)
             for (int j = 0; j < r[f].h->caches[i].n_slots; j++, o++, so++) {
                 const struct kvt_slot *s = &r[f].h->caches[i].slots[j];
-                rg[o] = (struct kvt_range){kvt_slot_abs(r[f].h, s), s->bytes, r[f].dst[so].dst,
-                                           NULL};
+                rg[o] =
+                    (struct kvt_range){kvt_slot_abs(r[f].h, s), s->bytes, r[f].dst[so].dst, NULL};
                 fd[o] = r[f].fd;
             }
     }
@@ -380,7 +380,7 @@ static int read_parallel(struct kvt_tensor_reader *r, size_t nf, size_t n, unsig
          * error reported is the one a load in order would have met first */
         for (size_t o = 0; o < n && rc == 0; o++)
             if (job[o].rc)
-                rc = job_err(&r[*failed = job[o].f], &job[o]);
+                rc = job_err(&r[ *failed = job[o].f], &job[o]);
     }
     free(job);
     return rc;

@@ -51,8 +51,7 @@ static uint64_t row_bytes(const struct kvt_slot *s)
 static int tail_fits(const struct kvt_header *t, const char *path, uint64_t own)
 {
     if (!kvt_share_chunks(t->n_tokens))
-        return kvt_fail(KVT_E_CORRUPT, "%s: a tail of %zu tokens has no chunks", path,
-                        t->n_tokens);
+        return kvt_fail(KVT_E_CORRUPT, "%s: a tail of %zu tokens has no chunks", path, t->n_tokens);
     for (size_t i = 0; i < t->n_caches; i++) {
         const struct kvt_cache_header *c = &t->caches[i];
         bool ok = !kvt_share_splits(c->info.kind) || (uint64_t)c->info.offset == own;
@@ -136,8 +135,8 @@ static int chunk_fits(const struct kvt_header *w, const struct kvt_header *h, si
         if (!kvt_share_splits(want->info.kind))
             continue;
         const struct kvt_cache_header *ch = j < h->n_caches ? &h->caches[j] : NULL;
-        bool ok = ch && ch->info.kind == want->info.kind &&
-                  ch->info.offset == KVT_SHARE_CHUNK && ch->info.bits == want->info.bits &&
+        bool ok = ch && ch->info.kind == want->info.kind && ch->info.offset == KVT_SHARE_CHUNK &&
+                  ch->info.bits == want->info.bits &&
                   ch->info.group_size == want->info.group_size && ch->n_slots == want->n_slots;
         for (int sj = 0; ok && sj < ch->n_slots; sj++)
             ok = slot_fits(&ch->slots[sj], &want->slots[sj]);
@@ -253,10 +252,10 @@ static void file_dsts(const struct kvt_share_open *so, size_t f, const struct kv
             uint64_t at = first * row_bytes(&w->caches[i].slots[j]);
             uint64_t tail = d[o].small_tail;
             out[k++] = d[o].dst ? (struct kvt_slot_dst){d[o].dst + at, d[o].blocks, d[o].stride,
-                                                         tail == UINT64_MAX ? UINT64_MAX
-                                                         : tail > at        ? tail - at
-                                                                            : 0,
-                                                         true}
+                                                        tail == UINT64_MAX ? UINT64_MAX
+                                                        : tail > at        ? tail - at
+                                                                           : 0,
+                                                        true}
                                 : (struct kvt_slot_dst){NULL, 1, 0, UINT64_MAX, false};
         }
     }
@@ -300,9 +299,12 @@ static int read_batch(struct kvt_share_open *so, size_t a, size_t b, const struc
                                                   so->h[0]->file_size - so->h[0]->data_start,
                                                   x && x->keep_cache);
         /* other entries need a chunk: its pages stay cached */
-        r[f - a] = (struct kvt_tensor_reader){.fd = so->fd[f], .name = so->path[f],
-                                              .h = so->h[f], .verify = !(x && x->no_verify),
-                                              .keep_cache = keep, .dst = fd_dst + nd};
+        r[f - a] = (struct kvt_tensor_reader){.fd = so->fd[f],
+                                              .name = so->path[f],
+                                              .h = so->h[f],
+                                              .verify = !(x && x->no_verify),
+                                              .keep_cache = keep,
+                                              .dst = fd_dst + nd};
         nd += per;
     }
     size_t at = 0;
