@@ -197,9 +197,6 @@ void kvt_chunks_free(struct kvt_store *s);
  * Does not evict. @return 0, or -errno when the root cannot be listed (a missing root is 0).
  */
 int kvt_store_scan(struct kvt_store *s, bool strict);
-/** The sorted entry names of @p path (subdirectories only when @p dirs_only); 0 or -errno. */
-int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out);
-void kvt_store_free_names(char **v, size_t n);
 /** This process has just changed @p d (a put, its evictions): take its new mtime as seen. */
 void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d);
 
