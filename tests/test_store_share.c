@@ -225,18 +225,24 @@ static const char *const MODEL = "share/model";
 static const char *const FP = "fp-share";
 static const char *const TOKH = "tk-share";
 
-static kvt_store *open_store(bool share, uint64_t cap)
+/* A store handle on test_dir; @p cap 0: the default cap. */
+static kvt_store *open_handle(bool share, uint64_t cap, int64_t grace_ms)
 {
     struct kvt_store_opts o;
     store_opts_for(&o, MODEL, FP, TOKH);
     o.share_prefixes = share;
-    o.tmp_grace_ms = 0; /* one writer: unneeded chunks go at once */
+    o.tmp_grace_ms = grace_ms;
     if (cap)
         o.max_bytes = cap;
     kvt_store *s;
     if (kvt_store_open(test_dir, &o, &s))
         fail_msg("kvt_store_open: %s", kvt_last_error());
     return s;
+}
+
+static kvt_store *open_store(bool share, uint64_t cap)
+{
+    return open_handle(share, cap, 0); /* one writer: unneeded chunks go at once */
 }
 
 /* Branch @p b: 600 tokens shared by every branch, then 100 of its own (700, two chunks). */
@@ -430,20 +436,6 @@ static void test_store_corrupt_chunk(void **state)
 
 /* ---- two processes' tables on one directory ------------------------------------------ */
 
-static kvt_store *open_handle(uint64_t cap, int64_t grace_ms)
-{
-    struct kvt_store_opts o;
-    store_opts_for(&o, MODEL, FP, TOKH);
-    o.share_prefixes = true;
-    o.tmp_grace_ms = grace_ms;
-    if (cap)
-        o.max_bytes = cap;
-    kvt_store *s;
-    if (kvt_store_open(test_dir, &o, &s))
-        fail_msg("kvt_store_open: %s", kvt_last_error());
-    return s;
-}
-
 /* While the gated put runs (after its scan, before its eviction), the other handle puts a
  * branch of prompt 0, reusing its chunks, then the reuse ages past the grace. */
 struct other_put {
@@ -469,13 +461,13 @@ static int other_puts_meanwhile(void *engine, kvt_step_fn step, void *arg)
 static void test_eviction_keeps_another_tables_chunks(void **state)
 {
     (void)state;
-    kvt_store *a = open_handle(0, 50);
+    kvt_store *a = open_handle(true, 0, 50);
     assert_int_equal(put_branch(a, 0, 0), 0);
     struct kvt_store_stats st;
     kvt_store_get_stats(a, &st);
     kvt_store_close(a);
-    a = open_handle(st.total_bytes + st.total_bytes / 2, 50); /* room for one prompt */
-    kvt_store *b = open_handle(0, 50);
+    a = open_handle(true, st.total_bytes + st.total_bytes / 2, 50); /* room for one prompt */
+    kvt_store *b = open_handle(true, 0, 50);
     int32_t *tok = prompt_branch(1, 0);
     struct kvt_entry *e;
     assert_int_equal(synth_entry(tok, SHARED + OWN, "", true, &e), 0);

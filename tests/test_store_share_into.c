@@ -16,6 +16,7 @@
 
 #include "io/stream.h"
 #include "mem/par.h"
+#include "store/layout.h"
 #include "store/share.h"
 
 static const char *const MODEL = "share/into";
@@ -162,16 +163,13 @@ static void assert_placed_is(struct hplace *p, const uint8_t *want, size_t total
     p->n = 0;
 }
 
-/* The path of the file of chunk @p k of tokens @p tok. */
+/* The path of the file of chunk @p k of tokens @p tok (namespace ""). */
 static char *chunk_of(const int32_t *tok, size_t k)
 {
-    char *dir = strf("%s/%s", test_dir, FP), *out;
-    char *cmd = strf("find '%s' -mindepth 1 -maxdepth 1 -type d", dir);
-    run_capture(cmd, &out);
-    out[strcspn(out, "\n")] = 0;
-    char *path = kvt_share_chunk_path_of(out, tok, k);
-    free(out);
-    free(cmd);
+    char ns[17];
+    kvt_ns_hash("", ns);
+    char *dir = strf("%s/%s/%s", test_dir, FP, ns);
+    char *path = kvt_share_chunk_path_of(dir, tok, k);
     free(dir);
     return path;
 }

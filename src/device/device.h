@@ -130,6 +130,10 @@ void kvt_dstage_give(kvt_device *d, unsigned k, bool queued);
 /** Wait for every slot's copies (call with no slot held). */
 int kvt_dstage_drain(kvt_device *d);
 
+/** The addresses @p place sets for the slots of @p h (a load of @p path): *@p dst (malloc'd,
+ * one per slot; freed by the caller also on failure). @return 0 or the placement's refusal. */
+int kvt_device_placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place,
+                      void *ud, uint64_t **dst);
 /**
  * kvt_file_load_to_device() of a shared entry: its files composed in host memory
  * (kvt_share_read()), then uploaded to the addresses @p place sets for the whole entry's

@@ -217,9 +217,8 @@ static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_
     return 0;
 }
 
-/* The placement's addresses for the slots of @p h (or of its cut @p cut): *@p dst. */
-static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place, void *ud,
-                  uint64_t **dst)
+int kvt_device_placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place,
+                      void *ud, uint64_t **dst)
 {
     size_t n = 0;
     for (size_t i = 0; i < h->n_caches; i++)
@@ -253,7 +252,7 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
     if (rc == 0 && keep && keep < h->n_tokens)
         rc = kvt_header_cut_prefix(h, keep, &cut);
     if (rc == 0)
-        rc = placed(path, cut ? cut : h, place, ud, &dst);
+        rc = kvt_device_placed(path, cut ? cut : h, place, ud, &dst);
     struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
     if (rc == 0 && (rc = list_slots(&l, dst, cut)) == 0)
         rc = load_slots(&l, kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,

@@ -15,23 +15,6 @@
 #include "format/format.h"
 #include "store/share.h"
 
-/* The placement's device addresses for the slots of @p h: *@p dst (malloc'd). */
-static int placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place, void *ud,
-                  uint64_t **dst)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
-    *dst = calloc(n + 1, sizeof(**dst));
-    if (!*dst)
-        return kvt_fail(-ENOMEM, "%s: out of memory", path);
-    kvt_clear_error();
-    int rc = place(ud, h, *dst);
-    if (rc && !kvt_last_error()[0])
-        kvt_fail(rc, "%s: the destination was refused: %s", path, kvt_strerror(rc));
-    return rc;
-}
-
 /* Upload slot @p s of the whole entry (at @p host) to @p dev, cut to the @p c slot's rows
  * (c NULL: whole): each [B, H] block's first rows, packed in place first. */
 static int upload(kvt_device *d, uint64_t dev, uint8_t *host, const struct kvt_slot *s,
@@ -93,7 +76,7 @@ int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, 
     if (keep && keep < so.whole->n_tokens)
         rc = kvt_header_cut_prefix(so.whole, keep, &cut);
     if (rc == 0)
-        rc = placed(tail_path, cut ? cut : so.whole, place, ud, &dst);
+        rc = kvt_device_placed(tail_path, cut ? cut : so.whole, place, ud, &dst);
     if (rc == 0)
         rc = read_and_upload(&so, x, d, cut, dst, bad_chunk);
     if (rc == 0) {
