@@ -2,8 +2,7 @@
  * The chunks of shared entries in the store's bookkeeping (docs/SHARING.md §5-§6): each
  * indexed tail holds a reference on each chunk it needs; a chunk's bytes count towards the
  * cap once, however many tails need it; a chunk no indexed tail needs goes to the caller's
- * path list, which removes it only once it is old enough that no writer can be about to
- * reference it, under an exclusive lock that a writer reusing it waits for (claim.c).
+ * path list, whose removal (share_reap.c) first makes sure that no tail on disk needs it.
  */
 #include "store/store.h"
 
