@@ -117,8 +117,8 @@ static size_t dir_len(const char *path)
 
 void kvt_store_remove_paths(struct kvt_store *s, struct kvt_pathlist *pl)
 {
-    kvt_pathlist_unlink_files(pl);                 /* a tail gone needs its chunks no more */
-    if (pl->n) /* a directory's chunks side by side */
+    kvt_pathlist_unlink_files(pl); /* a tail gone needs its chunks no more */
+    if (pl->n)                     /* a directory's chunks side by side */
         qsort(pl->v, pl->n, sizeof(*pl->v), path_cmp);
     for (size_t a = 0, b; a < pl->n; a = b) {
         size_t len = dir_len(pl->v[a]);
