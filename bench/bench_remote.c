@@ -13,9 +13,17 @@
  *     system prompt) merged by a fresh reader, its first sync time, and the cross-host delay:
  *     from a publish by one client to a find hit by another polling every poll_ms.
  *
+ *  4. with --share (only this): 200 branches of a 4,096-token prompt plus 256 tokens of their
+ *     own, 8 KiB of KV per token, put through a remote with share_prefixes on: the bytes the
+ *     server received per branch after the first against its suffix, the server's memory
+ *     growth against the unique tokens' bytes (both also for 10 branches put whole, scaled),
+ *     and the restore of a branch (tail and prefix objects) against the restore of the same
+ *     entry uploaded whole and against raw GETs of as many bytes, same run.
+ *
  * Usage: bench_remote [--sizes 64M,256M,1G] [--reps N (4; even, so that each side reads fresh
  *                     values first equally often)] [--url redis://host:port/prefix]
  *                     [--dir DIR]   (the server's files and the local store; default /tmp)
+ *                     [--share]
  * Without --url it starts its own redis-server on a free port (killed at the end).
  * Prints figures and ratios; a benchmark, not a test: it asserts nothing.
  */
@@ -32,7 +40,7 @@
 #include <unistd.h>
 
 #include "kvtier.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define MODEL "bench-model"
 #define FP "bench-fp"
@@ -100,6 +108,14 @@ static int start_server(void)
         usleep(20000);
     }
     return -1;
+}
+
+static void stop_server(void)
+{
+    if (g_server > 0) {
+        kill(g_server, SIGKILL);
+        waitpid(g_server, NULL, 0);
+    }
 }
 
 /* ---- entries ------------------------------------------------------------------------- */
@@ -172,17 +188,19 @@ static double raw_xfer(redisContext *c, uint8_t *buf, size_t size, bool get)
 
 /* ---- 1 and 2: transfers ----------------------------------------------------------------- */
 
-static kvt_remote *open_remote(const char *url, const char *prefix_url)
+/* A remote on @p url; @p chunk 0: the default chunk size. */
+static kvt_remote *open_remote(const char *url, uint64_t chunk, bool share)
 {
     struct kvt_remote_opts o;
     kvt_remote_opts_init(&o);
-    o.url = prefix_url ? prefix_url : url;
+    o.url = url;
     o.model_id = MODEL;
     o.config_fingerprint = FP;
     o.tokenizer_hash = TOKH;
     o.timeout_ms = 30000;
     o.max_bytes = (uint64_t)64 << 30;
-    o.chunk_bytes = CHUNK;
+    o.chunk_bytes = chunk ? chunk : o.chunk_bytes;
+    o.share_prefixes = share;
     kvt_remote *r = NULL;
     if (kvt_remote_open(&o, &r) < 0)
         fprintf(stderr, "bench_remote: %s: %s\n", o.url, kvt_last_error());
@@ -315,7 +333,7 @@ static void bench_find(const char *url)
 {
     char purl[300];
     snprintf(purl, sizeof(purl), "%s-find", url);
-    kvt_remote *w = open_remote(purl, NULL); /* the writer: its client publishes records */
+    kvt_remote *w = open_remote(purl, CHUNK, false); /* the writer: its client publishes records */
     struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = g_port, .timeout_ms = 5000};
     struct kvt_rclient rc;
     struct kvt_rkeys keys;
@@ -327,7 +345,8 @@ static void bench_find(const char *url)
         publish(&rc, &keys, i);
     double t_pub = now_s() - t0;
     t0 = now_s();
-    kvt_remote *r = open_remote(purl, NULL); /* the reader: a fresh host, first sync at open */
+    kvt_remote *r =
+        open_remote(purl, CHUNK, false); /* the reader: a fresh host, first sync at open */
     double t_open = now_s() - t0;
     double lat[1001];
     int32_t tok[FIND_TOK + 1];
@@ -370,6 +389,180 @@ static void bench_find(const char *url)
     kvt_rclient_free(&rc);
 }
 
+/* ---- 4: shared prefixes (SHARING.md "The remote tier") --------------------------------- */
+
+#define SH_BRANCHES 200
+#define SH_WHOLE 10 /* branches put without sharing (scaled to 200) */
+#define SH_PROMPT 4096
+#define SH_OWN 256
+#define SH_N (SH_PROMPT + SH_OWN)
+#define SH_LAYERS 4
+#define SH_HEADS 8
+#define SH_DIM 64
+#define SH_TOKEN ((uint64_t)SH_LAYERS * 2 * SH_HEADS * SH_DIM * 2) /* 8 KiB of KV */
+#define SH_REPS 9
+
+/* One branch at a time: its tensors are rewritten in place between puts. */
+struct sh_branch {
+    struct kvt_tensor t[SH_LAYERS][2];
+    kvt_cache *c[SH_LAYERS];
+    int32_t tok[SH_N + 1];
+    struct kvt_entry e;
+};
+
+static void sh_new(struct sh_branch *br)
+{
+    const int64_t shape[4] = {1, SH_HEADS, SH_N, SH_DIM};
+    for (int l = 0; l < SH_LAYERS; l++) {
+        for (int w = 0; w < 2; w++) {
+            kvt_tensor_zeros(&br->t[l][w], KVT_BFLOAT16, 4, shape);
+            fill(kvt_buf_data(br->t[l][w].buf), kvt_tensor_nbytes(&br->t[l][w]),
+                 (uint64_t)(l * 2 + w + 7));
+        }
+        struct kvt_cache_info info = {.kind = KVT_KIND_KV, .offset = SH_N};
+        kvt_cache_from_state(&info, br->t[l], 2, &br->c[l]);
+    }
+    br->e = (struct kvt_entry){
+        .tokens = br->tok, .n_tokens = SH_N, .caches = br->c, .n_caches = SH_LAYERS};
+}
+
+/* Make it branch @p b: the prompt's tokens, then its own, with new bytes in its own rows. */
+static void sh_set(struct sh_branch *br, int b)
+{
+    for (int i = 0; i < SH_N + 1; i++)
+        br->tok[i] = i < SH_PROMPT ? i * 3 + 1 : 1000000 * (b + 1) + i;
+    size_t row = SH_DIM * 2;
+    for (int l = 0; l < SH_LAYERS; l++)
+        for (int w = 0; w < 2; w++)
+            for (int h = 0; h < SH_HEADS; h++)
+                fill((uint8_t *)kvt_buf_data(br->t[l][w].buf) +
+                         ((size_t)h * SH_N + SH_PROMPT) * row,
+                     SH_OWN * row, (uint64_t)(b * 64 + l * 8 + w * 4 + h + 1));
+}
+
+static void sh_free(struct sh_branch *br)
+{
+    for (int l = 0; l < SH_LAYERS; l++) {
+        kvt_cache_free(br->c[l]);
+        kvt_tensor_release(&br->t[l][0]);
+        kvt_tensor_release(&br->t[l][1]);
+    }
+}
+
+/* A number of the server's INFO (e.g. "total_net_input_bytes", "used_memory"). */
+static uint64_t info_u64(redisContext *c, const char *field)
+{
+    redisReply *r = redisCommand(c, "INFO");
+    uint64_t v = 0;
+    size_t fl = strlen(field);
+    for (const char *p = r && r->type == REDIS_REPLY_STRING ? r->str : ""; p && *p;
+         p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, field, fl) && p[fl] == ':')
+            v = strtoull(p + fl + 1, NULL, 10);
+    freeReplyObject(r);
+    return v;
+}
+
+struct sh_puts {
+    uint64_t first, max, sum; /* wire bytes of the first put, the largest and sum of the rest */
+    uint64_t mem;             /* the server's memory growth */
+};
+
+/* Put branches [0, @p count) through @p r, measuring the wire from the server's side. */
+static void sh_put_all(kvt_remote *r, redisContext *c, struct sh_branch *br, int count,
+                       struct sh_puts *m)
+{
+    *m = (struct sh_puts){0};
+    uint64_t mem0 = info_u64(c, "used_memory");
+    for (int b = 0; b < count; b++) {
+        sh_set(br, b);
+        uint64_t in0 = info_u64(c, "total_net_input_bytes");
+        if (kvt_remote_put(r, &br->e) < 0)
+            fprintf(stderr, "bench_remote: put: %s\n", kvt_last_error());
+        uint64_t in = info_u64(c, "total_net_input_bytes") - in0;
+        if (b == 0)
+            m->first = in;
+        else
+            m->sum += in, m->max = in > m->max ? in : m->max;
+    }
+    m->mem = info_u64(c, "used_memory") - mem0;
+}
+
+/* Restore branch @p b (hashes checked) once; seconds, and the bytes it moved in *@p moved. */
+static double sh_restore(kvt_remote *r, struct sh_branch *br, int b, uint64_t *moved)
+{
+    sh_set(br, b);
+    struct kvt_remote_stats a, z;
+    kvt_remote_get_stats(r, &a);
+    double t = timed_restore(r, NULL, &br->e);
+    kvt_remote_get_stats(r, &z);
+    *moved = z.restore_bytes - a.restore_bytes;
+    return t;
+}
+
+/* Restores of branch 5 shared and whole, and raw GETs of as many bytes, interleaved. */
+static void sh_restores(kvt_remote *rs, kvt_remote *rw, redisContext *c, struct sh_branch *br)
+{
+    double ts[SH_REPS], tw[SH_REPS], rgs[SH_REPS], rgw[SH_REPS];
+    uint64_t bs = 0, bw = 0;
+    uint8_t *buf = malloc((size_t)SH_N * SH_TOKEN * 2);
+    for (int k = 0; k < SH_REPS; k++) {
+        ts[k] = sh_restore(rs, br, 5, &bs);
+        tw[k] = sh_restore(rw, br, 5, &bw);
+        raw_xfer(c, buf, bs, false);
+        rgs[k] = raw_xfer(c, buf, bs, true);
+        raw_xfer(c, buf, bw, false);
+        rgw[k] = raw_xfer(c, buf, bw, true);
+    }
+    double s = median(ts, SH_REPS), w = median(tw, SH_REPS);
+    double gs = median(rgs, SH_REPS), gw = median(rgw, SH_REPS);
+    printf("restore of a branch, hashes checked (median of %d): shared %.1f ms (%.1f MiB, "
+           "raw GET of as many bytes %.1f ms, ratio %.2f) | whole entry %.1f ms (%.1f MiB, raw "
+           "GET %.1f ms, ratio %.2f) | shared vs whole: speed ratio %.2f\n",
+           SH_REPS, s * 1e3, (double)bs / (1 << 20), gs * 1e3, gs / s, w * 1e3,
+           (double)bw / (1 << 20), gw * 1e3, gw / w, w / s);
+    free(buf);
+}
+
+static void bench_share(const char *url)
+{
+    char us[300], uw[300];
+    snprintf(us, sizeof(us), "%s-shared", url);
+    snprintf(uw, sizeof(uw), "%s-whole", url);
+    kvt_remote *rs = open_remote(us, 0, true), *rw = open_remote(uw, 0, false);
+    redisContext *c = connect_srv();
+    struct sh_branch *br = calloc(1, sizeof(*br));
+    if (!rs || !rw || !c || !br)
+        return;
+    sh_new(br);
+    struct sh_puts ms, mw;
+    sh_put_all(rs, c, br, SH_BRANCHES, &ms);
+    sh_put_all(rw, c, br, SH_WHOLE, &mw);
+    double suffix = (double)SH_OWN * SH_TOKEN;
+    double unique = ((double)SH_PROMPT + (double)SH_BRANCHES * SH_OWN) * SH_TOKEN;
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(rs, &st);
+    printf("%d branches of a %d-token prompt + %d own tokens, %llu KiB of KV per token:\n",
+           SH_BRANCHES, SH_PROMPT, SH_OWN, (unsigned long long)(SH_TOKEN >> 10));
+    printf("  bytes received by the server per branch after the first / its suffix: mean %.3f, "
+           "max %.3f (whole entries: %.2f); the first branch %.1f MiB\n",
+           (double)ms.sum / (SH_BRANCHES - 1) / suffix, (double)ms.max / suffix,
+           (double)mw.sum / (SH_WHOLE - 1) / suffix, (double)ms.first / (1 << 20));
+    printf("  server memory growth / unique tokens' bytes: %.3f (whole entries, %d scaled to "
+           "%d: %.2f); index byte total / unique: %.3f (%llu shared objects)\n",
+           (double)ms.mem / unique, SH_WHOLE, SH_BRANCHES,
+           (double)mw.mem * SH_BRANCHES / SH_WHOLE / unique, (double)st.bytes / unique,
+           (unsigned long long)st.shared_objects);
+    sh_restores(rs, rw, c, br);
+    kvt_remote_gc(rs, 1, false, NULL);
+    kvt_remote_gc(rw, 1, false, NULL);
+    sh_free(br);
+    free(br);
+    redisFree(c);
+    kvt_remote_close(rs);
+    kvt_remote_close(rw);
+}
+
 static size_t parse_size(const char *s)
 {
     char *end;
@@ -382,15 +575,19 @@ int main(int argc, char **argv)
 {
     const char *sizes = "64M,256M", *url = NULL;
     int reps = 4; /* even: each side reads fresh values first in half the repetitions */
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--sizes"))
-            sizes = argv[i + 1];
-        else if (!strcmp(argv[i], "--reps"))
-            reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 16 ? atoi(argv[i + 1]) : 4;
-        else if (!strcmp(argv[i], "--url"))
-            url = argv[i + 1];
-        else if (!strcmp(argv[i], "--dir"))
-            g_dir = argv[i + 1];
+    bool share = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--share"))
+            share = true;
+        else if (v && !strcmp(argv[i], "--sizes"))
+            sizes = argv[++i];
+        else if (v && !strcmp(argv[i], "--reps"))
+            reps = atoi(v) > 0 && atoi(v) <= 16 ? atoi(argv[++i]) : (++i, 4);
+        else if (v && !strcmp(argv[i], "--url"))
+            url = argv[++i];
+        else if (v && !strcmp(argv[i], "--dir"))
+            g_dir = argv[++i];
     }
     char own[128];
     if (!url) {
@@ -404,6 +601,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_remote: --url must be redis://127.0.0.1:PORT/prefix\n");
         return 2;
     }
+    if (share) {
+        bench_share(url);
+        stop_server();
+        return 0;
+    }
     char sdir[600];
     snprintf(sdir, sizeof(sdir), "%s/bench-remote-store", g_dir);
     struct kvt_store_opts so;
@@ -411,7 +613,7 @@ int main(int argc, char **argv)
     so.model_id = MODEL, so.config_fingerprint = FP, so.tokenizer_hash = TOKH;
     so.max_bytes = (uint64_t)2 << 30; /* keeps the disk use of the local store bounded */
     kvt_store *s = NULL;
-    kvt_remote *r = open_remote(url, NULL);
+    kvt_remote *r = open_remote(url, CHUNK, false);
     redisContext *c = connect_srv();
     if (!r || !c || kvt_store_open(sdir, &so, &s) < 0)
         return 2;
@@ -433,9 +635,6 @@ int main(int argc, char **argv)
     if (system(rm) != 0)
         fprintf(stderr, "bench_remote: could not remove %s\n", sdir);
     free(rm);
-    if (g_server > 0) {
-        kill(g_server, SIGKILL);
-        waitpid(g_server, NULL, 0);
-    }
+    stop_server();
     return 0;
 }

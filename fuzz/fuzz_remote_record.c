@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define LIMIT ((uint64_t)1 << 30)
 

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define WANT_MAX ((size_t)1 << 20)   /* the largest bulk read into memory */
 #define DROP_MAX ((uint64_t)1 << 48) /* the largest bulk read and dropped */

@@ -91,6 +91,8 @@ struct kvt_llama_opts {
     uint64_t disk_max_bytes;     /* store cap; default 32 GiB */
     int64_t demote_idle_ms;      /* move RAM entries idle this long to disk; default 300000 */
     const char *background_cpus; /* CPUs of kvtier's writer and timer threads; NULL = all */
+    bool share_prefixes;         /* the store keeps prompts shared by several entries once
+                                    (kvt_store_opts.share_prefixes, docs/SHARING.md); default off */
     kvt_log_fn log;
     void *log_ud;
     /* Optional remote tier shared with other hosts (kvt_pcache_opts.remote; its identity

@@ -806,6 +806,10 @@ struct kvt_pcache_opts {
      * uploaded behind the local write, takes consult it last, restored entries are promoted
      * into the store. Its identity defaults to cold's. */
     const struct kvt_remote_opts *remote;
+    /* Hold prefixes that entries share once, in whole 256-token chunks (docs/SHARING.md): in
+     * RAM, whose byte count (ram_max_bytes, stats) counts them once, and with cold_dir on disk
+     * (it sets cold.share_prefixes). Also on when cold.share_prefixes is set. Default off. */
+    bool share_prefixes;
     /* Optional device (NULL = none; must outlive the prompt cache and the entries taken from
      * it): entries in its memory are put into page-locked host memory of the RAM tier (one
      * region of ram_max_bytes + spill_queue_max_bytes, allocated at the first such put, freed
@@ -853,6 +857,10 @@ struct kvt_pcache_stats {
 /**
  * Open a prompt cache (and, with cold_dir, its store, writer and timer threads). Logs
  * "[ssd-cache] <dir> — N entries recovered, X.XX GiB of Y GiB cap" when a store is opened.
+ * Outside the cache and its directory, an open with cold_dir changes the process only once it
+ * has succeeded: it applies cold.mem (kvt_mem_configure()) and faults in the streams' staging
+ * memory. A failed open leaves the settings as they were (the store's own reads at open run
+ * with those).
  * @return 0, -EINVAL (bad option; message in kvt_last_error()), a store error, -ENOMEM.
  */
 KVT_API int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out);
@@ -966,16 +974,24 @@ struct kvt_remote_opts {
     uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
                                       oldest entries are deleted to stay below it */
     uint64_t max_entry_bytes;      /* larger records are ignored; default 64 GiB */
-    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB */
+    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB - 64 B
+                                      (Redis's allocator holds a value of exactly 1 MiB in
+                                      1.25 MiB) */
     int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
     bool no_verify;                /* skip tensor hash checks on restore (not advised) */
+    bool share_prefixes;           /* upload the whole 256-token chunks of an entry's prefix as
+                                      objects shared by every entry that starts with them
+                                      (SHARING.md "The remote tier"); off by default. Readers
+                                      restore shared entries either way */
     kvt_log_fn log;
     void *log_ud;
 };
 
 struct kvt_remote_stats {
     bool connected;                /* the poll thread's connection is up */
-    uint64_t entries, bytes;       /* the local view of this identity's remote index */
+    uint64_t entries, bytes;       /* the local view of this identity's remote index (bytes:
+                                      the records' and each shared object's once) */
+    uint64_t shared_objects, shared_bytes; /* the shared prefix objects the view's records need */
     uint64_t puts, put_bytes, put_failures, put_skipped, dropped, pending;
     uint64_t restores, restore_bytes, misses, corrupt, errors, evictions, syncs;
     int64_t version;               /* last index version merged; -1 = never */

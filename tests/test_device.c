@@ -13,7 +13,7 @@
 #include "support/support.h"
 
 #include "format/format.h"
-#include "mem/par.h"
+#include "threads/par_for.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -184,6 +184,53 @@ static void test_host_standin_failures(void **state)
     free(want);
 }
 
+/* Placement that only checks: every slot 0, their count in *@p ud. */
+static int place_none(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    int *n = ud;
+    for (size_t i = 0; i < h->n_caches; i++)
+        for (int j = 0; j < h->caches[i].n_slots; j++)
+            dst[(*n)++] = 0;
+    return 0;
+}
+
+/* A file of many empty tensors (40 kv caches of no rows: no bytes at all to split) loads: the
+ * split over threads never makes more runs than threads, whatever the slots weigh. */
+static void test_host_standin_empty_tensors(void **state)
+{
+    (void)state;
+    kvt_cache *c[40];
+    for (int l = 0; l < 40; l++) {
+        const int64_t shape[4] = {1, 2, 0, 4};
+        struct kvt_tensor t[2];
+        for (int w = 0; w < 2; w++)
+            assert_int_equal(kvt_tensor_zeros(&t[w], KVT_BFLOAT16, 4, shape), 0);
+        struct kvt_cache_info info = {.kind = KVT_KIND_KV};
+        assert_int_equal(kvt_cache_from_state(&info, t, 2, &c[l]), 0);
+        kvt_tensor_release(&t[0]);
+        kvt_tensor_release(&t[1]);
+    }
+    int32_t tok[1] = {9};
+    struct kvt_entry *e;
+    assert_int_equal(kvt_entry_new(tok, 1, c, 40, "", &e), 0);
+    char *path = strf("%s/empty.mlxkv", test_dir);
+    assert_int_equal(kvt_file_save(path, e, NULL, NULL), 0);
+    kvt_entry_free(e);
+    const struct kvt_device_opts cases[] = {{8192, 4, 0}, {4096, 16, 0}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        kvt_device *d;
+        assert_int_equal(kvt_device_open_host(&cases[k], &d), 0);
+        int n = 0;
+        struct kvt_header *h;
+        assert_int_equal(kvt_file_load_to_device(path, NULL, d, place_none, &n, &h), 0);
+        assert_int_equal(n, 80);
+        assert_int_equal(h->n_caches, 40);
+        kvt_header_free(h);
+        kvt_device_close(d);
+    }
+    free(path);
+}
+
 static void test_store_restore_to_device(void **state)
 {
     (void)state;
@@ -210,6 +257,14 @@ static void test_store_restore_to_device(void **state)
     assert_device_is(&p, want, total);
     kvt_header_free(h);
     dplace_free(&p);
+
+    /* a refusal is the caller's: the record stays */
+    p.refuse = KVT_E_MISMATCH;
+    assert_int_equal(kvt_store_restore_to_device(s, &hit, d, place, &p, &h), KVT_E_MISMATCH);
+    assert_null(h);
+    assert_int_equal(kvt_store_find(s, tok, 301, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 300);
+    p.refuse = 0;
 
     struct kvt_store_record *v;
     size_t n;
@@ -483,6 +538,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_host_standin_restores, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_host_standin_failures, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_host_standin_empty_tensors, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_restore_to_device, test_dir_setup,
                                         test_dir_teardown),

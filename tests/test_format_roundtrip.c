@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "mem/mem.h"
-#include "mem/par.h"
+#include "settings/settings.h"
+#include "threads/par_for.h"
 #include "format/format.h"
 #include "io/stream.h"
 
@@ -533,9 +533,9 @@ static void test_page_cache_rule(void **state)
     assert_int_equal(fstat(fd, &st), 0);
     struct kvt_range r = {0, (uint64_t)st.st_size, NULL, NULL};
     if (probe) {
-        assert_false(kvt_read_choose(fd, &r, 1, NULL, false).direct);
+        assert_false(kvt_read_choose(fd, &r, 1, NULL, NULL).direct);
         make_cold(path);
-        assert_int_equal(kvt_read_choose(fd, &r, 1, NULL, false).direct, kvt_mem_direct());
+        assert_int_equal(kvt_read_choose(fd, &r, 1, NULL, NULL).direct, kvt_mem_direct());
     }
     close(fd);
 

@@ -20,7 +20,7 @@
 #include "format/format.h"
 #include "io/io_fault.h"
 #include "io/stream.h"
-#include "mem/par.h"
+#include "threads/par_for.h"
 
 static const char *const MODEL = "test/model";
 static const char *const FP = "fp-load-into";

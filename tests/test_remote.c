@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define N_TOK 300
 

@@ -4,6 +4,8 @@
  * spread over the masters; MOVED and ASK are followed; when a master is killed its replica
  * takes over and every entry is kept; when that new master (with no replica left) is killed
  * too, its entries become misses within the timeout and everything else is still served.
+ * Shared prefix objects live on the masters of their own hash tags and are fetched from there,
+ * redirections followed per chunk.
  */
 #include "support/redis_srv.h"
 #include "support/support.h"
@@ -17,7 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
+#include "remote/robj.h"
+#include "store/share.h"
 
 #define N_TOK 200
 #define N_ENTRIES 9
@@ -219,6 +223,12 @@ static void test_redirections(void **state)
     kvt_rclient_free(&rc);
 }
 
+static int copy_id(void *ud, size_t k, const char *id)
+{
+    memcpy(((char(*)[33])ud)[k], id, 33);
+    return 0;
+}
+
 /* A master other than @p src, and the node ids of both (caller frees). */
 static int other_master(int src, char **sid, char **did)
 {
@@ -232,6 +242,38 @@ static int other_master(int src, char **sid, char **did)
     redis_cli(&C.node[dst], "CLUSTER MYID", did);
     (*sid)[strcspn(*sid, "\n")] = (*did)[strcspn(*did, "\n")] = '\0';
     return dst;
+}
+
+/* A live migration of a slot from its master to another one. */
+struct migration {
+    unsigned slot;
+    int src, dst;
+    char *sid, *did;
+};
+
+/* Start migrating @p slot: IMPORTING on the other master, MIGRATING on its own. */
+static void migration_begin(unsigned slot, struct migration *m)
+{
+    *m = (struct migration){.slot = slot, .src = redis_cluster_master_of(&C, slot)};
+    m->dst = other_master(m->src, &m->sid, &m->did);
+    char *imp = strf("CLUSTER SETSLOT %u IMPORTING %s", slot, m->sid);
+    char *mgr = strf("CLUSTER SETSLOT %u MIGRATING %s", slot, m->did);
+    assert_int_equal(redis_cli(&C.node[m->dst], imp, NULL), 0);
+    assert_int_equal(redis_cli(&C.node[m->src], mgr, NULL), 0);
+    free(imp);
+    free(mgr);
+}
+
+/* The migration completes: every node learns the slot's new owner at once. */
+static void migration_end(struct migration *m)
+{
+    char *own = strf("CLUSTER SETSLOT %u NODE %s", m->slot, m->did);
+    for (int i = 0; i < C.n; i++)
+        if (C.node[i].pid > 0)
+            redis_cli(&C.node[i], own, NULL);
+    free(own);
+    free(m->sid);
+    free(m->did);
 }
 
 /* MIGRATE the chunks of @p keys whose index has bit @p odd (1: odd, 0: even) from @p src to
@@ -303,16 +345,10 @@ static void test_restore_during_migration(void **state)
     char(*keys)[256] = calloc(chunks, sizeof(*keys));
     for (uint32_t i = 0; i < chunks; i++)
         kvt_rkeys_chunk(&k, "", uuid, i, keys[i], sizeof(keys[i]));
-    unsigned slot = kvt_key_slot(keys[0], strlen(keys[0]));
-    int src = redis_cluster_master_of(&C, slot);
-    char *sid = NULL, *did = NULL;
-    int dst = other_master(src, &sid, &did);
-    char *imp = strf("CLUSTER SETSLOT %u IMPORTING %s", slot, sid);
-    char *mgr = strf("CLUSTER SETSLOT %u MIGRATING %s", slot, did);
-    assert_int_equal(redis_cli(&C.node[dst], imp, NULL), 0);
-    assert_int_equal(redis_cli(&C.node[src], mgr, NULL), 0);
-    migrate(src, dst, keys, chunks, 1);
-    print_message("%u chunks, the odd ones moved from node %d to %d\n", chunks, src, dst);
+    struct migration m;
+    migration_begin(kvt_key_slot(keys[0], strlen(keys[0])), &m);
+    migrate(m.src, m.dst, keys, chunks, 1);
+    print_message("%u chunks, the odd ones moved from node %d to %d\n", chunks, m.src, m.dst);
 
     kvt_remote *r = open_remote_at(mig, 64 << 10); /* a reader, synced at open */
     assert_int_equal(restore(r, SEED + 50), 1);
@@ -321,19 +357,86 @@ static void test_restore_during_migration(void **state)
     kvt_remote_get_stats(r, &st);
     assert_int_equal(st.misses + st.corrupt + st.errors, 0);
 
-    migrate(src, dst, keys, chunks, 0); /* the migration completes: the slot is dst's */
-    char *own = strf("CLUSTER SETSLOT %u NODE %s", slot, did);
-    for (int i = 0; i < C.n; i++) /* every node learns the new owner at once */
-        if (C.node[i].pid > 0)
-            redis_cli(&C.node[i], own, NULL);
+    migrate(m.src, m.dst, keys, chunks, 0); /* the migration completes: the slot is dst's */
+    migration_end(&m);
     assert_int_equal(restore(r, SEED + 50), 1); /* MOVED, followed */
     assert_true(entry_intact(&k, uuid, keys, chunks));
     kvt_remote_close(r);
-    free(own);
-    free(imp);
-    free(mgr);
-    free(sid);
-    free(did);
+    free(keys);
+    kvt_rkeys_free(&k);
+}
+
+/* The objects the index lists for the prompt of branches of prompt 0 (namespace ""). */
+static void prompt_objects(struct kvt_rkeys *k, struct kvt_robj *objs)
+{
+    int32_t t[REMOTE_BRANCH_TOK];
+    remote_branch_tokens(0, 0, t);
+    char ids[2][33];
+    assert_int_equal(kvt_share_chunks(REMOTE_BRANCH_TOK), 2);
+    kvt_share_each_chunk(t, REMOTE_BRANCH_TOK, copy_id, ids);
+    struct kvt_rcfg cfg = {.host = "127.0.0.1", .port = C.node[0].port, .timeout_ms = 2000};
+    struct kvt_rclient rc;
+    assert_int_equal(kvt_rclient_init(&rc, &cfg), 0);
+    kvt_rclient_arm(&rc, 0);
+    bool have[2] = {false, false};
+    assert_int_equal(kvt_rindex_objs(&rc, k, "", ids, 2, UINT64_MAX, objs, have), 0);
+    assert_true(have[0] && have[1]);
+    kvt_rclient_free(&rc);
+}
+
+/*
+ * Shared prefix objects over the cluster: each object has its own hash tag, so the prompt's
+ * objects and the branches' tails spread over the masters; a restore fetches each from its
+ * own master, and follows a live migration of one object's slot chunk by chunk (ASK), then
+ * its completion (MOVED), with nothing deleted.
+ */
+static void test_shared_objects_over_cluster(void **state)
+{
+    (void)state;
+    char sh[512];
+    snprintf(sh, sizeof(sh), "%.*s/sh", (int)(strrchr(url, '/') - url), url);
+    struct kvt_remote_opts o;
+    remote_opts(&o, sh, 4096, 2000, 100);
+    o.share_prefixes = true;
+    kvt_remote *w = NULL, *r = open_remote_at(sh, 4096);
+    assert_int_equal(kvt_remote_open(&o, &w), 0);
+    for (int b = 0; b < 3; b++)
+        assert_int_equal(remote_put_branch(w, 0, b), 0);
+    kvt_remote_close(w);
+    struct kvt_rkeys k;
+    assert_int_equal(kvt_rkeys_init(&k, "sh", REMOTE_MODEL, REMOTE_FP, REMOTE_TOK), 0);
+    struct kvt_robj objs[2];
+    prompt_objects(&k, objs);
+    uint32_t n = objs[1].n_chunks;
+    char(*keys)[256] = calloc(n, sizeof(*keys));
+    char tag[2][KVT_ROBJ_NAME];
+    for (int j = 0; j < 2; j++)
+        snprintf(tag[j], sizeof(tag[j]), "%s.%s", objs[j].id, objs[j].gen);
+    for (uint32_t i = 0; i < n; i++)
+        kvt_rkeys_chunk(&k, "", tag[1], i, keys[i], sizeof(keys[i]));
+    char key0[256];
+    kvt_rkeys_chunk(&k, "", tag[0], 0, key0, sizeof(key0));
+    unsigned slot = kvt_key_slot(keys[0], strlen(keys[0]));
+    print_message("objects on masters %d and %d\n",
+                  redis_cluster_master_of(&C, kvt_key_slot(key0, strlen(key0))),
+                  redis_cluster_master_of(&C, slot));
+    assert_int_equal(kvt_remote_refresh(r), 0); /* the reader sees the writer's records */
+    for (int b = 0; b < 3; b++)
+        assert_int_equal(remote_restore_branch(r, 0, b), 1);
+
+    struct migration m;
+    migration_begin(slot, &m);
+    migrate(m.src, m.dst, keys, n, 1);
+    assert_int_equal(remote_restore_branch(r, 0, 1), 1); /* ASK per chunk of the object */
+    migrate(m.src, m.dst, keys, n, 0);
+    migration_end(&m);
+    assert_int_equal(remote_restore_branch(r, 0, 2), 1); /* MOVED */
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(r, &st);
+    assert_int_equal(st.misses + st.corrupt + st.errors, 0);
+    assert_int_equal(st.entries, 3);
+    assert_int_equal(st.shared_objects, 2);
+    kvt_remote_close(r);
     free(keys);
     kvt_rkeys_free(&k);
 }
@@ -429,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_cross_host_over_cluster),
         cmocka_unit_test(test_redirections),
         cmocka_unit_test(test_restore_during_migration),
+        cmocka_unit_test(test_shared_objects_over_cluster),
         cmocka_unit_test(test_failover_keeps_entries),
         cmocka_unit_test(test_master_without_replica),
     };

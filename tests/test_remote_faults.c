@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "kvtier.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define N_TOK 300
 

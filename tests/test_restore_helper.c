@@ -11,7 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "mem/restore_helper.h"
+#include "threads/restore_helper.h"
 
 #define MIB ((size_t)1 << 20)
 

@@ -29,7 +29,6 @@
 #include <unistd.h>
 
 #include "io/io_fault.h"
-#include "mem/mem.h"
 #include "support/synth.h"
 
 static const char *const MODEL = "test/model";
@@ -1080,28 +1079,19 @@ static void test_failed_open_changes_nothing(void **state)
     char *dir = scratch_dir("open-fails");
     char *file = strf("%s/a-file", dir);
     assert_int_equal(write_file(file, "x", 1), 0);
-    const size_t limit = kvt_buf_cache_limit(0);
-    kvt_buf_cache_limit(limit);
-    const bool direct = kvt_mem_direct();
-
-    struct kvt_mem_opts m;
-    kvt_mem_opts_init(&m);
-    m.buf_cache_bytes = (int64_t)(limit / 2 + 4096);
-    m.no_direct = direct;
+    struct mem_probe mp;
+    mem_probe_init(&mp);
     struct kvt_store_opts o;
     store_opts_for(&o, MODEL, FP, TOK);
-    o.mem = &m;
+    o.mem = &mp.m;
     kvt_store *s = NULL;
     assert_int_equal(kvt_store_open(file, &o, &s), -ENOTDIR); /* a file, not a directory */
     assert_null(s);
-    assert_int_equal(kvt_buf_cache_limit(limit), limit);
-    assert_int_equal(kvt_mem_direct(), direct);
+    mem_probe_check(&mp, false);
 
     assert_int_equal(kvt_store_open(dir, &o, &s), 0);
     kvt_store_close(s);
-    assert_int_equal(kvt_buf_cache_limit(limit), (size_t)m.buf_cache_bytes);
-    assert_int_equal(kvt_mem_direct(), !direct);
-    assert_int_equal(kvt_mem_configure(NULL), 0); /* back to the defaults for later tests */
+    mem_probe_check(&mp, true);
     free(file);
     rm_rf(dir);
     free(dir);

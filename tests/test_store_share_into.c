@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "io/stream.h"
-#include "mem/par.h"
+#include "threads/par_for.h"
 #include "store/layout.h"
 #include "store/share.h"
 

@@ -6,7 +6,7 @@
  */
 #include "test_tier_stubs.h"
 
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 #define ITEMS 64
 
@@ -373,10 +373,10 @@ static void test_drain_waits_and_times_out(void **state)
     put_item(q, 1, 10);
     put_item(q, 2, 10);
     wait_in_store();
-    assert_int_equal(kvt_write_queue_drain(q, kvt_tier_mono_ms() + 20), KVT_E_TIMEOUT);
+    assert_int_equal(kvt_write_queue_drain(q, kvt_mono_ms() + 20), KVT_E_TIMEOUT);
     assert_int_equal(get(&S.settled[1]), 0);
     set_hold(false);
-    assert_int_equal(kvt_write_queue_drain(q, kvt_tier_mono_ms() + 60000), 0);
+    assert_int_equal(kvt_write_queue_drain(q, kvt_mono_ms() + 60000), 0);
     assert_int_equal(get(&S.settled[1]), 1);
     assert_int_equal(get(&S.settled[2]), 1);
     assert_int_equal(kvt_write_queue_drain(q, -1), 0); /* nothing pending: returns at once */

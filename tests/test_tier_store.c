@@ -4,7 +4,8 @@
  * with byte-identical tensors (trimmed where the prompt diverges); evicted entries spill to
  * disk; take_into places a disk hit in the caller's memory and falls back to RAM after one
  * refused read; a refusing gate leaves no .tmp file and no open descriptor; background_cpus
- * places the writer and timer threads; configuration errors.
+ * places the writer and timer threads; configuration errors; a failed open leaves the process's
+ * memory settings alone.
  */
 #include "support/support.h"
 
@@ -670,6 +671,32 @@ static void test_configuration_errors(void **state)
     kvt_pcache_close(pc);
 }
 
+/* An open that fails after its store opened (a bad remote URL) leaves the process's memory
+ * settings as they were; one that succeeds applies them (the control). */
+static void test_failed_open_changes_nothing(void **state)
+{
+    (void)state;
+    struct mem_probe mp;
+    mem_probe_init(&mp);
+    struct kvt_remote_opts ro;
+    kvt_remote_opts_init(&ro);
+    ro.url = "ftp://nowhere";
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.cold.mem = &mp.m;
+    o.remote = &ro;
+    kvt_pcache *pc = (kvt_pcache *)&o;
+    assert_int_equal(kvt_pcache_open(&o, &pc), -EINVAL);
+    assert_null(pc);
+    assert_non_null(strstr(kvt_last_error(), "redis://"));
+    mem_probe_check(&mp, false);
+
+    o.remote = NULL;
+    pc = open_pc(&o);
+    kvt_pcache_close(pc);
+    mem_probe_check(&mp, true);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -682,6 +709,7 @@ int main(void)
         T(test_background_cpus_place_the_threads),
         T(test_close_with_queued_snapshots),
         T(test_configuration_errors),
+        T(test_failed_open_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -126,11 +126,15 @@ static void stats_print(const struct rargs *a, const struct kvt_remote_stats *s)
     if (a->json) {
         printf("{\"url\": ");
         cli_json_string(stdout, a->shown_url);
-        printf(", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"version\": %" PRId64 "}\n",
-               s->entries, s->bytes, s->version);
+        printf(", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"shared_objects\": %" PRIu64
+               ", \"shared_bytes\": %" PRIu64 ", \"version\": %" PRId64 "}\n",
+               s->entries, s->bytes, s->shared_objects, s->shared_bytes, s->version);
     } else {
         printf("%s: %" PRIu64 " entries, %.2f MiB, index version %" PRId64 "\n", a->shown_url,
                s->entries, (double)s->bytes / (1 << 20), s->version);
+        if (s->shared_objects)
+            printf("shared prefix objects: %" PRIu64 ", %.2f MiB (counted once)\n",
+                   s->shared_objects, (double)s->shared_bytes / (1 << 20));
     }
 }
 
@@ -150,6 +154,11 @@ int cmd_remote(int argc, char **argv, const char *usage)
         rc = kvt_remote_list(r, &v, &n);
         if (rc == 0)
             ls_print(&a, v, n);
+        struct kvt_remote_stats st;
+        kvt_remote_get_stats(r, &st);
+        if (rc == 0 && !a.json && st.shared_objects) /* entries list their own bytes */
+            printf("shared prefix objects: %" PRIu64 ", %.2f MiB\n", st.shared_objects,
+                   (double)st.shared_bytes / (1 << 20));
         kvt_store_list_free(v);
     } else if (!strcmp(argv[0], "stats")) {
         struct kvt_remote_stats st;

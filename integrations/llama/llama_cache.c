@@ -103,6 +103,7 @@ int kvt_llama_open(struct llama_context *ctx, const struct kvt_llama_opts *o, kv
     if (o->disk_max_bytes) /* 0: the default cap */
         po.cold.max_bytes = o->disk_max_bytes;
     po.cold.n_layers = kl->id.shape.n_layer;
+    po.cold.share_prefixes = o->share_prefixes;
     po.demote_idle_ms = o->demote_idle_ms;
     po.background_cpus = o->background_cpus;
     po.log = o->log;

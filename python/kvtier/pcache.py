@@ -64,7 +64,7 @@ class PromptCache:
                  demote_idle_ms: int = 300_000, snapshot_debounce_ms: int = 1000,
                  flush_timeout_ms: int = 120_000,
                  background_cpus: Optional[str] = None, device: Optional[Device] = None,
-                 keep_saved_cached: bool = False) -> None:
+                 keep_saved_cached: bool = False, share_prefixes: bool = True) -> None:
         """``cold_dir`` (with model_id, config_fingerprint, tokenizer_hash: the model
         identity; another fingerprint or namespace never matches) enables the cold tier.
         ``ram_max_bytes``: RAM tier cap. ``max_bytes``: the store's cap (0 = 32 GiB).
@@ -75,13 +75,16 @@ class PromptCache:
         of the RAM tier (one region of ``ram_max_bytes + spill_queue_max_bytes``, allocated
         at the first such put), and :meth:`take_to_device` lands takes in its memory.
         ``keep_saved_cached``: saved files stay in the page cache, so that a restarted
-        process restores them at memory speed."""
+        process restores them at memory speed. ``share_prefixes`` (on by default): entries that
+        begin with the same prompt (over 256 tokens) store it once on disk (docs/SHARING.md);
+        off, each entry is one whole ``.mlxkv`` file."""
         self._pc = _ext.pcache_open(
             ram_max_bytes, None if cold_dir is None else os.fspath(cold_dir), model_id,
             config_fingerprint, tokenizer_hash, max_bytes, n_layers, not verify,
             spill_queue_max_bytes, write_behind, demote_idle_ms, snapshot_debounce_ms,
             flush_timeout_ms, background_cpus,
-            None if device is None else device_handle(device), keep_saved_cached)
+            None if device is None else device_handle(device), keep_saved_cached,
+            share_prefixes)
         self.device = device
         _open_caches.add(self)
 

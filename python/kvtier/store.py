@@ -156,7 +156,9 @@ class Store:
     def stats(self) -> Dict[str, Any]:
         """Counters: entries, total_bytes, max_bytes, restores, spills, store_failures,
         evictions, skipped_files, skipped_bytes, corrupt_files, restore_misses,
-        restore_ms_last, longest_durable_prefix_tokens, tmp_reaped."""
+        restore_ms_last, longest_durable_prefix_tokens, tmp_reaped, and shared_chunks,
+        shared_bytes: the chunks of shared prefixes (docs/SHARING.md), counted once in
+        total_bytes."""
         return self._s.stats()
 
     def ls(self) -> List[Record]:

@@ -123,11 +123,12 @@ PyObject *kvtpy_place_seq(PyObject *place, const struct kvt_header *h, size_t *n
  * with the exception (the placement's own when @p py_error). Frees @p h. */
 PyObject *kvtpy_placed_result(int rc, struct kvt_header *h, bool py_error);
 
-/* Devices (device.c): the Device type, restores into device memory, and the process's CUDA
- * device of @p ordinal (opened at first use; NULL with an exception). */
+/* The process's CUDA device of @p ordinal (cuda_devices.c; opened at first use, never closed;
+ * NULL with an exception). */
+kvt_device *kvtpy_cuda_device(int ordinal);
+/* Devices (device_object.c): the Device type and restores into device memory. */
 extern PyTypeObject KvtDevice_Type;
 extern PyMethodDef kvtpy_device_methods[];
-kvt_device *kvtpy_cuda_device(int ordinal);
 /** The kvt_device of a Device object (NULL with TypeError). */
 kvt_device *kvtpy_device_of(PyObject *o);
 /** kvt_pcache_take_to_device() with a Python placement: the header dict, None on a miss. */

@@ -248,10 +248,12 @@ static int wrap_dl(struct hold *h, const DLTensor *t, int dtype, struct kvt_tens
 
 PyObject *kvtpy_dlpack(PyObject *o)
 {
-    PyObject *dev = PyObject_HasAttrString(o, "__dlpack_device__") ?
-                        PyObject_CallMethod(o, "__dlpack_device__", NULL) : NULL;
-    long type = dev && PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) >= 1 ?
-                    PyLong_AsLong(PyTuple_GET_ITEM(dev, 0)) : KVTPY_DL_CPU;
+    PyObject *dev = PyObject_HasAttrString(o, "__dlpack_device__")
+                        ? PyObject_CallMethod(o, "__dlpack_device__", NULL)
+                        : NULL;
+    long type = dev && PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) >= 1
+                    ? PyLong_AsLong(PyTuple_GET_ITEM(dev, 0))
+                    : KVTPY_DL_CPU;
     Py_XDECREF(dev);
     PyErr_Clear(); /* no device query: host memory, exported as such below */
     if (type != KVTPY_DL_CUDA)

@@ -65,23 +65,12 @@ static void leave(KvtPcache *self)
 static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    static char *kwlist[] = {"ram_max_bytes",
-                             "cold_dir",
-                             "model_id",
-                             "config_fingerprint",
-                             "tokenizer_hash",
-                             "max_bytes",
-                             "n_layers",
-                             "no_verify",
-                             "spill_queue_max_bytes",
-                             "write_behind",
-                             "demote_idle_ms",
-                             "snapshot_debounce_ms",
-                             "flush_timeout_ms",
-                             "background_cpus",
-                             "device",
-                             "keep_saved_cached",
-                             NULL};
+    static char *kwlist[] = {"ram_max_bytes",      "cold_dir",        "model_id",
+                             "config_fingerprint", "tokenizer_hash",  "max_bytes",
+                             "n_layers",           "no_verify",       "spill_queue_max_bytes",
+                             "write_behind",       "demote_idle_ms",  "snapshot_debounce_ms",
+                             "flush_timeout_ms",   "background_cpus", "device",
+                             "keep_saved_cached",  "share_prefixes",  NULL};
     struct kvt_pcache_opts o;
     kvt_pcache_opts_init(&o);
     unsigned long long ram = o.ram_max_bytes, max_bytes = 0;
@@ -90,14 +79,15 @@ static PyObject *py_pcache_open(PyObject *mod, PyObject *args, PyObject *kw)
     long long queue = o.spill_queue_max_bytes, demote = o.demote_idle_ms;
     long long debounce = o.snapshot_debounce_ms, flush_timeout = o.flush_timeout_ms;
     PyObject *device = Py_None;
-    int keep_saved = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|KzzzzKnpLpLLLzOp", kwlist, &ram, &o.cold_dir,
+    int keep_saved = 0, share = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|KzzzzKnpLpLLLzOpp", kwlist, &ram, &o.cold_dir,
                                      &o.cold.model_id, &o.cold.config_fingerprint,
                                      &o.cold.tokenizer_hash, &max_bytes, &n_layers, &no_verify,
                                      &queue, &write_behind, &demote, &debounce, &flush_timeout,
-                                     &o.background_cpus, &device, &keep_saved))
+                                     &o.background_cpus, &device, &keep_saved, &share))
         return NULL;
     o.cold.keep_saved_cached = keep_saved;
+    o.cold.share_prefixes = share;
     if (device != Py_None && !(o.device = kvtpy_device_of(device)))
         return NULL;
     o.ram_max_bytes = ram;

@@ -3,14 +3,14 @@
  * header passes V1-V20 and the expectations, every slot streams from the file (read ahead, O_DIRECT
  * where possible) through the device's ring of page-locked staging slots: a slot is filled, hashed
  * (L3), and its copy to the device queued, while the next is filled; a slot is reused once its
- * copy is done. Large files are split into runs of slots loaded by several threads at once.
+ * copy is done. Large files are split into runs of slots loaded by several threads at once,
+ * as kvt_read_choose() (io/read_way.c) splits them.
  * A hash mismatch fails the load after the copies in flight have finished, so nothing the caller
  * owns is touched after the call returns.
  */
 #include "device/device.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +20,7 @@
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/mem.h"
-#include "mem/par.h"
-#include "store/share.h"
+#include "threads/par_for.h"
 #include "store/store.h"
 
 /* One slot of the file, in header order, and where it goes (0: only checked). A slot cut to
@@ -36,7 +34,7 @@ struct dslot {
 };
 
 /* A run of consecutive slots loaded by one thread through its own read stream. */
-struct share {
+struct run {
     size_t first, end;
     int rc;
     char msg[512]; /* the failing thread's message, raised again by the caller */
@@ -49,9 +47,10 @@ struct dev_load {
     int fd;
     bool verify;
     struct dslot *slot;
+    struct kvt_range *rg; /* each slot's bytes in the file */
     size_t n_slots;
-    struct share share[KVT_DEVICE_MAX_SLOTS];
-    unsigned n_shares;
+    struct run run[KVT_DEVICE_MAX_SLOTS];
+    unsigned n_runs;
 };
 
 /* Queue the copy of the chunk at slot offset @p off: whole, or the kept part of each row. */
@@ -107,66 +106,39 @@ static int load_slot(struct dev_load *l, struct kvt_rstream *rs, const struct ds
     return 0;
 }
 
-/* Share @p sh: its own stream over its slots (read-ahead stays inside the share). */
-static int run_share(struct dev_load *l, struct share *sh)
+/* Run @p ru: its own stream over its slots (read-ahead stays inside the run). */
+static int load_run(struct dev_load *l, const struct run *ru)
 {
-    size_t n = sh->end - sh->first;
-    struct kvt_range *rg = calloc(n ? n : 1, sizeof(*rg));
-    if (!rg)
-        return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
-    for (size_t o = 0; o < n; o++) {
-        const struct kvt_slot *s = l->slot[sh->first + o].s;
-        rg[o] = (struct kvt_range){kvt_slot_abs(l->h, s), s->bytes, NULL, NULL};
-    }
     struct kvt_rstream *rs;
-    int rc = kvt_rstream_open(l->fd, rg, n, NULL, &rs);
-    free(rg);
+    int rc = kvt_rstream_open(l->fd, l->rg + ru->first, ru->end - ru->first, NULL, &rs);
     if (rc)
         return kvt_fail(rc, "%s: cannot open the read stream: %s", l->name, kvt_strerror(rc));
-    for (size_t o = sh->first; o < sh->end && rc == 0; o++)
+    for (size_t o = ru->first; o < ru->end && rc == 0; o++)
         rc = load_slot(l, rs, &l->slot[o]);
     kvt_rstream_close(rs);
     return rc;
 }
 
-static bool share_job(void *ud, size_t w)
+static bool run_job(void *ud, size_t w)
 {
     struct dev_load *l = ud;
-    struct share *sh = &l->share[w];
-    sh->rc = run_share(l, sh);
-    if (sh->rc)
-        snprintf(sh->msg, sizeof(sh->msg), "%s", kvt_last_error());
-    return true; /* the other shares finish: their copies must land before the call returns */
+    struct run *ru = &l->run[w];
+    ru->rc = load_run(l, ru);
+    if (ru->rc)
+        snprintf(ru->msg, sizeof(ru->msg), "%s", kvt_last_error());
+    return true; /* the other runs finish: their copies must land before the call returns */
 }
 
-/* Split the slots into runs of about equal bytes, one per thread: each thread reads, hashes
- * and queues copies on its own, so reads from a fast page cache are not bound to one core. */
-static void plan_shares(struct dev_load *l)
+/* The runs of slots, one per thread, as kvt_read_choose() splits the file's bytes going on
+ * through the device's staging. */
+static void plan_runs(struct dev_load *l)
 {
-    uint64_t total = 0;
-    for (size_t o = 0; o < l->n_slots; o++)
-        total += l->slot[o].s->bytes;
-    unsigned w = kvt_mem_parallel() ? kvt_par_cpus() : 1;
-    if (w > l->d->depth / 2)
-        w = l->d->depth / 2 ? l->d->depth / 2 : 1;
-    if (w > l->n_slots)
-        w = l->n_slots ? (unsigned)l->n_slots : 1;
-    if (total < (uint64_t)l->d->chunk * 8) /* a few chunks: threads would cost more */
-        w = 1;
-    uint64_t acc = 0;
-    l->n_shares = 0;
-    for (size_t o = 0, first = 0; o < l->n_slots; o++) {
-        acc += l->slot[o].s->bytes;
-        bool last = o + 1 == l->n_slots;
-        if (last || acc * w >= total * (l->n_shares + 1)) {
-            l->share[l->n_shares++] = (struct share){.first = first, .end = o + 1};
-            first = o + 1;
-            if (l->n_shares == w - 1 && !last) {
-                l->share[l->n_shares++] = (struct share){.first = first, .end = l->n_slots};
-                break;
-            }
-        }
-    }
+    struct kvt_read_split split = {.stage_slots = l->d->depth, .stage_chunk = l->d->chunk};
+    struct kvt_read_way way = kvt_read_choose(l->fd, l->rg, l->n_slots, NULL, &split);
+    size_t end[KVT_DEVICE_MAX_SLOTS];
+    l->n_runs = kvt_read_runs(l->rg, l->n_slots, way.threads, end);
+    for (unsigned k = 0; k < l->n_runs; k++)
+        l->run[k] = (struct run){.first = k ? end[k - 1] : 0, .end = end[k]};
 }
 
 static int load_slots(struct dev_load *l, bool keep_cache)
@@ -177,19 +149,18 @@ static int load_slots(struct dev_load *l, bool keep_cache)
         pthread_mutex_unlock(&l->d->op_lock);
         return rc;
     }
-    plan_shares(l);
-    if (l->n_shares > 1)
-        kvt_par_for(l->n_shares, l->n_shares, share_job, l);
-    else if (l->n_shares == 1)
-        share_job(l, 0);
+    plan_runs(l);
+    if (l->n_runs > 1)
+        kvt_par_for(l->n_runs, l->n_runs, run_job, l);
+    else if (l->n_runs == 1)
+        run_job(l, 0);
     int rd = kvt_dstage_drain(l->d); /* no copy may land after the call returns */
     pthread_mutex_unlock(&l->d->op_lock);
-    for (unsigned w = 0; w < l->n_shares && rc == 0; w++) /* the first failure in file order */
-        if ((rc = l->share[w].rc))
-            kvt_fail(rc, "%s", l->share[w].msg);
+    for (unsigned w = 0; w < l->n_runs && rc == 0; w++) /* the first failure in file order */
+        if ((rc = l->run[w].rc))
+            kvt_fail(rc, "%s", l->run[w].msg);
     for (size_t o = 0; o < l->n_slots && !keep_cache; o++)
-        kvt_io()->fadvise_dontneed(l->fd, kvt_slot_abs(l->h, l->slot[o].s),
-                                   kvt_align_up(l->slot[o].s->bytes));
+        kvt_io()->fadvise_dontneed(l->fd, l->rg[o].off, kvt_align_up(l->rg[o].len));
     return rc ? rc : rd;
 }
 
@@ -201,12 +172,15 @@ static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_
     for (size_t i = 0; i < l->h->n_caches; i++)
         n += (size_t)l->h->caches[i].n_slots;
     l->slot = calloc(n ? n : 1, sizeof(*l->slot));
-    if (!l->slot)
+    l->rg = calloc(n ? n : 1, sizeof(*l->rg));
+    if (!l->slot || !l->rg)
         return kvt_fail(-ENOMEM, "%s: out of memory", l->name);
     for (size_t i = 0; i < l->h->n_caches; i++)
-        for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++)
-            l->slot[l->n_slots] =
-                (struct dslot){&l->h->caches[i].slots[j], i, j, dst[l->n_slots], 0, 0};
+        for (int j = 0; j < l->h->caches[i].n_slots; j++, l->n_slots++) {
+            const struct kvt_slot *s = &l->h->caches[i].slots[j];
+            l->slot[l->n_slots] = (struct dslot){s, i, j, dst[l->n_slots], 0, 0};
+            l->rg[l->n_slots] = (struct kvt_range){kvt_slot_abs(l->h, s), s->bytes, NULL, NULL};
+        }
     for (size_t o = 0; cut && o < l->n_slots; o++) {
         const struct kvt_slot *s = l->slot[o].s,
                               *c = &cut->caches[l->slot[o].ci].slots[l->slot[o].sj];
@@ -217,49 +191,30 @@ static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_
     return 0;
 }
 
-int kvt_device_placed(const char *path, const struct kvt_header *h, kvt_device_place_fn place,
-                      void *ud, uint64_t **dst)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < h->n_caches; i++)
-        n += (size_t)h->caches[i].n_slots;
-    *dst = calloc(n ? n : 1, sizeof(**dst));
-    if (!*dst)
-        return kvt_fail(-ENOMEM, "%s: out of memory", path);
-    kvt_clear_error();
-    int rc = place(ud, h, *dst);
-    if (rc && !kvt_last_error()[0])
-        kvt_fail(rc, "%s: the destination was refused: %s", path, kvt_strerror(rc));
-    return rc;
-}
-
 /* kvt_file_load_to_device() of the first @p keep tokens (0: all of them); *@p out_header is
  * the whole header. */
 static int load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
-                          kvt_device_place_fn place, void *ud, size_t keep,
+                          const struct kvt_placement *p, size_t keep,
                           struct kvt_header **out_header)
 {
-    const struct kvt_io *io = kvt_io();
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return kvt_fail(fd, "%s: open: %s", path, kvt_strerror(fd));
-    struct kvt_read_opts ro = {.max_header_bytes = x ? x->max_header_bytes : 0};
-    struct kvt_header *h = NULL, *cut = NULL;
-    uint64_t *dst = NULL;
-    int rc = kvt_header_read_fd(fd, &ro, path, &h);
-    if (rc == 0)
-        rc = kvt_header_check_expect(h, x, path);
-    if (rc == 0 && keep && keep < h->n_tokens)
+    int fd;
+    struct kvt_header *h, *cut = NULL;
+    void *dst = NULL;
+    int rc = kvt_file_open_header(path, x, &fd, &h);
+    if (rc)
+        return rc;
+    if (keep && keep < h->n_tokens)
         rc = kvt_header_cut_prefix(h, keep, &cut);
     if (rc == 0)
-        rc = kvt_device_placed(path, cut ? cut : h, place, ud, &dst);
+        rc = kvt_placement_ask(p, cut ? cut : h, path, &dst);
     struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
     if (rc == 0 && (rc = list_slots(&l, dst, cut)) == 0)
         rc = load_slots(&l, kvt_read_keeps_cache(fd, h->data_start, h->file_size - h->data_start,
                                                  x && x->keep_cache));
     free(l.slot);
+    free(l.rg);
     free(dst);
-    io->close(fd);
+    kvt_io()->close(fd);
     kvt_header_free(cut); /* the store checks the whole header against its index */
     if (rc == 0)
         *out_header = h;
@@ -276,34 +231,25 @@ int kvt_file_load_to_device(const char *path, const struct kvt_expect *x, kvt_de
     *out_header = NULL;
     if (!path || !d || !place)
         return kvt_fail(-EINVAL, "kvt_file_load_to_device: no path, device or placement");
-    return load_to_device(path, x, d, place, ud, 0, out_header);
+    return load_to_device(path, x, d, &(struct kvt_placement){.device = place, .ud = ud}, 0,
+                          out_header);
 }
 
 /* kvt_store_restore_to_device()'s loader: the caller's placement, its refusal told apart. */
 struct dev_placed {
     kvt_device *d;
-    kvt_device_place_fn place;
-    void *ud;
+    struct kvt_placement place;
     size_t keep;
-    bool *refused;
 };
-
-static int dev_placement(void *ud, const struct kvt_header *h, uint64_t *dst)
-{
-    struct dev_placed *p = ud;
-    int rc = p->place(p->ud, h, dst);
-    *p->refused = rc != 0;
-    return rc;
-}
 
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
                        struct kvt_header **h, bool *refused, char **bad_chunk)
 {
     struct dev_placed *p = ud;
-    p->refused = refused;
+    p->place.refused = refused;
     if (kvt_is_tail(path)) /* a shared entry: its files are composed first */
-        return kvt_share_load_to_device(path, x, p->d, dev_placement, p, p->keep, h, bad_chunk);
-    return load_to_device(path, x, p->d, dev_placement, p, p->keep, h);
+        return kvt_share_load_to_device(path, x, p->d, &p->place, p->keep, h, bad_chunk);
+    return load_to_device(path, x, p->d, &p->place, p->keep, h);
 }
 
 int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_device *d,
@@ -315,7 +261,7 @@ int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit, kvt_dev
     if (!s || !hit || !d || !place)
         return kvt_fail(-EINVAL, "kvt_store_restore_to_device: no store, hit, device or "
                                  "placement");
-    struct dev_placed p = {.d = d, .place = place, .ud = ud};
+    struct dev_placed p = {.d = d, .place = {.device = place, .ud = ud}};
     return kvt_store_restore_with(s, hit, load_placed, &p, out_header);
 }
 
@@ -329,7 +275,7 @@ int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit, 
     if (!s || !hit || !d || !place)
         return kvt_fail(-EINVAL, "kvt_store_restore_prefix_to_device: no store, hit, device or "
                                  "placement");
-    struct dev_placed p = {.d = d, .place = place, .ud = ud, .keep = hit->prefix_len};
+    struct dev_placed p = {.d = d, .place = {.device = place, .ud = ud}, .keep = hit->prefix_len};
     struct kvt_header *h = NULL;
     int rc = kvt_store_restore_with(s, hit, load_placed, &p, &h);
     if (rc == 0 && h && hit->prefix_len < h->n_tokens) { /* what landed: cut as placed */

@@ -63,7 +63,7 @@ static int read_and_upload(struct kvt_share_open *so, const struct kvt_expect *x
 }
 
 int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, kvt_device *d,
-                             kvt_device_place_fn place, void *ud, size_t keep,
+                             const struct kvt_placement *p, size_t keep,
                              struct kvt_header **out_header, char **bad_chunk)
 {
     *out_header = NULL;
@@ -72,13 +72,13 @@ int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, 
     if (rc)
         return rc;
     struct kvt_header *cut = NULL;
-    uint64_t *dst = NULL;
+    void *dst = NULL;
     if (keep && keep < so.whole->n_tokens)
         rc = kvt_header_cut_prefix(so.whole, keep, &cut);
     if (rc == 0)
-        rc = kvt_device_placed(tail_path, cut ? cut : so.whole, place, ud, &dst);
+        rc = kvt_placement_ask(p, cut ? cut : so.whole, tail_path, &dst);
     if (rc == 0)
-        rc = read_and_upload(&so, x, d, cut, dst, bad_chunk);
+        rc = read_and_upload(&so, x, d, cut, (const uint64_t *)dst, bad_chunk);
     if (rc == 0) {
         *out_header = so.whole; /* the whole header, as a file's load gives it */
         so.whole = NULL;

@@ -19,7 +19,7 @@
 
 #include "common/error.h"
 #include "io/stream.h"
-#include "mem/restore_helper.h"
+#include "threads/restore_helper.h"
 
 #define SCRATCH ((size_t)64 << 10)
 /* With a prefault helper, destinations are handed out in pieces of at most this size. */
@@ -37,10 +37,12 @@ struct kvt_feed {
     size_t n_slots, slot; /* every slot in header order; the next one with bytes to come */
     size_t ci;            /* slot's cache and index in it */
     int sj;
-    uint64_t in_slot; /* its bytes already in */
+    uint64_t in_slot;              /* its bytes already in */
     struct kvt_restore_helper *pf; /* faults fresh destinations in ahead, or NULL */
     size_t pf_next;                /* the next slot whose destination it is to be given */
     struct kvt_wyhash_state st;
+    kvt_feed_place_fn place; /* the caller's destinations, or NULL: new buffers */
+    void *place_ud;
     int rc; /* sticky */
     uint8_t scratch[SCRATCH];
 };
@@ -207,20 +209,43 @@ static int prefix_in(struct kvt_feed *f)
     return 0;
 }
 
+void kvt_feed_place(struct kvt_feed *f, kvt_feed_place_fn fn, void *ud)
+{
+    f->place = fn;
+    f->place_ud = ud;
+}
+
+/* Every slot's destination: new buffers, or the caller's (it knows its memory: no helper). */
+static int make_dsts(struct kvt_feed *f)
+{
+    if (!f->place) {
+        int rc = kvt_load_bufs_new(f->h, f->name, &f->b);
+        if (rc == 0)
+            start_prefault(f);
+        return rc;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < f->h->n_caches; i++)
+        total += (size_t)f->h->caches[i].n_slots;
+    if (!(f->b.d = calloc(total ? total : 1, sizeof(*f->b.d))))
+        return kvt_fail(-ENOMEM, "%s: out of memory", f->name);
+    f->b.made = total;
+    return f->place(f->place_ud, f->h, f->b.d, total);
+}
+
 /* The JSON is in: V6-V20, L1, L2, then every destination. */
 static int header_in(struct kvt_feed *f)
 {
     int rc = kvt_header_parse_json(f->json, &f->p, f->size, f->name, &f->h);
     if (rc == 0)
         rc = kvt_header_check_expect(f->h, &f->x, f->name);
+    f->slot = f->ci = 0;
+    f->sj = 0;
     if (rc == 0)
-        rc = kvt_load_bufs_new(f->h, f->name, &f->b);
+        rc = make_dsts(f);
     if (rc)
         return stop(f, rc);
     f->n_slots = f->b.made;
-    f->slot = f->ci = 0;
-    f->sj = 0;
-    start_prefault(f);
     return next_slot(f, true);
 }
 
@@ -305,7 +330,7 @@ int kvt_feed_finish(struct kvt_feed *f, struct kvt_entry **out, struct kvt_heade
                         f->size);
     kvt_restore_helper_stop(f->pf); /* every byte is in: nothing is left to fault in */
     f->pf = NULL;
-    int rc = kvt_load_bufs_entry(f->h, f->name, &f->b, out);
+    int rc = f->place ? 0 : kvt_load_bufs_entry(f->h, f->name, &f->b, out);
     if (rc)
         return stop(f, rc);
     if (out_header) {

@@ -218,43 +218,53 @@ static int set_meta(struct kvt_entry *e, const struct kvt_header *h, const char 
     return 0;
 }
 
+int kvt_placement_ask(const struct kvt_placement *p, const struct kvt_header *h, const char *name,
+                      void **dst)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_caches; i++)
+        n += (size_t)h->caches[i].n_slots;
+    *dst = p->host ? calloc(n ? n : 1, sizeof(void *)) : calloc(n ? n : 1, sizeof(uint64_t));
+    if (!*dst)
+        return kvt_fail(-ENOMEM, "%s: out of memory", name);
+    kvt_clear_error();
+    int rc = p->host ? p->host(p->ud, h, *dst) : p->device(p->ud, h, *dst);
+    if (p->refused)
+        *p->refused = rc != 0;
+    if (rc && !kvt_last_error()[0])
+        kvt_fail(rc, "%s: the destination was refused: %s", name, kvt_strerror(rc));
+    return rc;
+}
+
 /*
- * Read every slot of @p r->h into the caller's memory that @p place names (FORMAT.md order),
+ * Read every slot of @p r->h into the caller's memory that @p p names (FORMAT.md order),
  * hashes checked in the same pass. Slots the caller leaves NULL are only checked.
  */
-static int load_placed(struct kvt_tensor_reader *r, kvt_place_fn place, void *ud)
+static int load_placed(struct kvt_tensor_reader *r, const struct kvt_placement *p)
 {
     const struct kvt_header *h = r->h;
     size_t total = 0;
     for (size_t i = 0; i < h->n_caches; i++)
         total += (size_t)h->caches[i].n_slots;
-    void **dst = calloc(total ? total : 1, sizeof(*dst));
+    void *placed = NULL;
     struct kvt_slot_dst *d = calloc(total ? total : 1, sizeof(*d));
-    int rc = 0;
-    if (!dst || !d) {
-        rc = kvt_fail(-ENOMEM, "%s: out of memory", r->name);
-        goto out;
-    }
-    kvt_clear_error();
-    rc = place(ud, h, dst);
-    if (rc) {
-        if (!kvt_last_error()[0])
-            kvt_fail(rc, "%s: the destination was refused: %s", r->name, kvt_strerror(rc));
-        goto out;
-    }
-    for (size_t i = 0, o = 0; i < h->n_caches; i++)
+    int rc = d ? kvt_placement_ask(p, h, r->name, &placed)
+               : kvt_fail(-ENOMEM, "%s: out of memory", r->name);
+    void **dst = placed;
+    for (size_t i = 0, o = 0; rc == 0 && i < h->n_caches; i++)
         for (int j = 0; j < h->caches[i].n_slots; j++, o++) {
             uint64_t bytes = h->caches[i].slots[j].bytes;
             /* caller memory: its pages are whatever they are, so nothing is assumed zero */
             d[o] =
                 (struct kvt_slot_dst){dst[o] && bytes ? dst[o] : NULL, 1, bytes, UINT64_MAX, false};
         }
-    r->dst = d;
-    rc = kvt_tensor_read_all(r);
-    kvt_tensor_reader_free(r); /* no read may land after this */
-    r->dst = NULL;
-out:
-    free(dst);
+    if (rc == 0) {
+        r->dst = d;
+        rc = kvt_tensor_read_all(r);
+        kvt_tensor_reader_free(r); /* no read may land after this */
+        r->dst = NULL;
+    }
+    free(placed);
     free(d);
     return rc;
 }
@@ -294,15 +304,15 @@ static int with_reader(const char *path, const struct kvt_expect *x,
     return rc;
 }
 
-struct placement {
-    kvt_place_fn place;
-    void *ud;
-};
-
 static int placed_body(struct kvt_tensor_reader *r, void *arg)
 {
-    struct placement *p = arg;
-    return load_placed(r, p->place, p->ud);
+    return load_placed(r, arg);
+}
+
+int kvt_file_load_placed(const char *path, const struct kvt_expect *x,
+                         const struct kvt_placement *p, struct kvt_header **out_header)
+{
+    return with_reader(path, x, placed_body, (void *)p, out_header);
 }
 
 int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_fn place, void *ud,
@@ -313,7 +323,8 @@ int kvt_file_load_into(const char *path, const struct kvt_expect *x, kvt_place_f
     *out_header = NULL;
     if (!path || !place)
         return kvt_fail(-EINVAL, "kvt_file_load_into: no path or placement");
-    return with_reader(path, x, placed_body, &(struct placement){place, ud}, out_header);
+    return kvt_file_load_placed(path, x, &(struct kvt_placement){.host = place, .ud = ud},
+                                out_header);
 }
 
 int kvt_load_bufs_entry(const struct kvt_header *h, const char *name, struct kvt_load_bufs *b,

@@ -230,6 +230,28 @@ int kvt_header_check_expect(const struct kvt_header *h, const struct kvt_expect 
 int kvt_file_open_header(const char *path, const struct kvt_expect *x, int *fd,
                          struct kvt_header **h);
 
+/*
+ * The caller's placement of the slots of a file loaded into memory it owns: host memory
+ * (kvt_file_load_into()) or device memory (kvt_file_load_to_device()), and where to tell
+ * whether it refused (a restore then leaves the file be: the failure is the caller's).
+ */
+struct kvt_placement {
+    kvt_place_fn host;          /* host addresses; or */
+    kvt_device_place_fn device; /* device addresses */
+    void *ud;
+    bool *refused; /* NULL, or set to whether the placement refused */
+};
+/**
+ * Ask @p p where the slots of @p h go: *@p dst receives one void * (host) or uint64_t (device)
+ * per slot in header order, the caller's to free, even on failure. @return 0, -ENOMEM or the
+ * placement's refusal, with its message or "<name>: the destination was refused: ...".
+ */
+int kvt_placement_ask(const struct kvt_placement *p, const struct kvt_header *h, const char *name,
+                      void **dst);
+/** kvt_file_load_into() through @p p (a host placement). */
+int kvt_file_load_placed(const char *path, const struct kvt_expect *x,
+                         const struct kvt_placement *p, struct kvt_header **out_header);
+
 /**
  * Where a slot's bytes go: @p blocks equal blocks, block k at dst + k * stride. Bytes from
  * dst + small_tail on (a buffer's small-page tail, kvt_buf_small_tail()) are read through
@@ -336,6 +358,16 @@ int kvt_feed_wrote(struct kvt_feed *f, size_t n);
 /** All bytes are in: the entry (and the header, when @p out_header is not NULL).
  *  @return 0, the feed's error, or -EINVAL when bytes are missing. */
 int kvt_feed_finish(struct kvt_feed *f, struct kvt_entry **out, struct kvt_header **out_header);
+/**
+ * Land the slots in the caller's memory instead of new buffers: once the header is in and
+ * checked, @p fn receives it and fills the destination of each of its @p n slots (header
+ * order; zeroed set where the rows between blocks belong to others) or returns the error that
+ * stops the feed. kvt_feed_finish() then gives the header only (*out NULL). Call before the
+ * first byte.
+ */
+typedef int (*kvt_feed_place_fn)(void *ud, const struct kvt_header *h, struct kvt_slot_dst *d,
+                                 size_t n);
+void kvt_feed_place(struct kvt_feed *f, kvt_feed_place_fn fn, void *ud);
 /** Back to the file's first byte (a transfer that starts over). */
 void kvt_feed_reset(struct kvt_feed *f);
 void kvt_feed_free(struct kvt_feed *f);

@@ -25,7 +25,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "mem/par.h"
+#include "threads/par_for.h"
 
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r)
 {

@@ -6,7 +6,7 @@
  */
 #include "io/aq.h"
 #include "io/io.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #include <errno.h>
 #include <limits.h>

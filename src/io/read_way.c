@@ -1,9 +1,15 @@
 /*
  * How a read goes: the one decision every reader takes (the read stream at open, the tensor
- * reader for a whole file, and through the stream the device loader). From the bytes asked
- * for, where they go, what the page cache holds, the stream options, the process's memory
- * settings and the io backend it picks one of three paths:
+ * reader for a whole file, the device loader for a whole file). From the bytes asked for,
+ * where they go, what the page cache holds, the stream options, the process's memory
+ * settings and the io backend it picks one of four paths, and the threads they run on:
  *
+ *   runs      bytes that go on from host staging (device memory): runs of whole ranges of
+ *             about equal bytes, each read, hashed and sent on by a thread through its own
+ *             stream (whose path is picked here when it opens), so reads from a fast page
+ *             cache are not bound to one core; one run for fewer bytes than eight staging
+ *             slots hold, else up to half as many threads as staging slots, so that each
+ *             has a slot to fill while its last slot's copy runs;
  *   plain     pread one piece after the other: small reads (threads and rings would cost
  *             more than they save) or a backend without the fast path (the fault tables);
  *   parallel  every byte in the page cache and every range with a destination: nothing to
@@ -24,9 +30,9 @@
 #include <unistd.h>
 
 #include "io/io.h"
-#include "mem/mem.h"
-#include "mem/par.h"
-#include "mem/restore_helper.h"
+#include "settings/settings.h"
+#include "threads/par_for.h"
+#include "threads/restore_helper.h"
 
 /* Reads smaller than this take the plain path. */
 #define FAST_MIN ((uint64_t)1 << 20)
@@ -120,9 +126,22 @@ static bool mostly_copied(const struct kvt_range *r, size_t n, uint64_t total, b
     return copied >= total - total / 4;
 }
 
+/* The threads runs of @p n ranges going on through staging @p s are read on: 1 when the
+ * bytes are too few (threads would cost more than they save). */
+static unsigned staged_threads(size_t n, uint64_t total, const struct kvt_read_split *s)
+{
+    if (total < (uint64_t)s->stage_chunk * 8)
+        return 1;
+    unsigned t = kvt_mem_parallel() ? kvt_par_cpus() : 1;
+    if (t > s->stage_slots / 2)
+        t = s->stage_slots / 2 ? s->stage_slots / 2 : 1;
+    return n < t ? (n ? (unsigned)n : 1) : t;
+}
+
 /* kvt_read_choose() with range i in file fd[i * fstep]. */
 static struct kvt_read_way choose(const int *fd, size_t fstep, const struct kvt_range *r, size_t n,
-                                  const struct kvt_stream_opts *o, bool parallel)
+                                  const struct kvt_stream_opts *o,
+                                  const struct kvt_read_split *split)
 {
     static const struct kvt_stream_opts def;
     uint64_t total = 0;
@@ -130,9 +149,12 @@ static struct kvt_read_way choose(const int *fd, size_t fstep, const struct kvt_
         o = &def;
     for (size_t i = 0; i < n; i++)
         total += r[i].len;
+    if (split && split->stage_slots) /* the backend aside: plain reads, too, run in parallel */
+        return (struct kvt_read_way){.path = KVT_READ_RUNS,
+                                     .threads = staged_threads(n, total, split)};
     if (!kvt_stream_fast_ok() || total < FAST_MIN)
         return (struct kvt_read_way){.path = KVT_READ_PLAIN, .threads = 1};
-    unsigned t = parallel ? parallel_threads(fd, fstep, r, n, total) : 1;
+    unsigned t = split && split->copies ? parallel_threads(fd, fstep, r, n, total) : 1;
     if (t > 1)
         return (struct kvt_read_way){.path = KVT_READ_PARALLEL, .threads = t};
     bool resident = true;
@@ -149,18 +171,34 @@ static struct kvt_read_way choose(const int *fd, size_t fstep, const struct kvt_
 }
 
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
-                                    const struct kvt_stream_opts *o, bool parallel)
+                                    const struct kvt_stream_opts *o,
+                                    const struct kvt_read_split *split)
 {
-    return choose(&fd, 0, r, n, o, parallel);
+    return choose(&fd, 0, r, n, o, split);
 }
 
 struct kvt_read_way kvt_read_choose_files(const int *fd, const struct kvt_range *r, size_t n,
                                           const struct kvt_stream_opts *o)
 {
-    return choose(fd, 1, r, n, o, true);
+    static const struct kvt_read_split copies = {.copies = true};
+    return choose(fd, 1, r, n, o, &copies);
 }
 
 bool kvt_read_keeps_cache(int fd, uint64_t off, uint64_t len, bool keep)
 {
     return keep || kvt_stream_cached(fd, off, len);
+}
+
+unsigned kvt_read_runs(const struct kvt_range *r, size_t n, unsigned threads, size_t *end)
+{
+    uint64_t total = 0, acc = 0;
+    unsigned k = 0;
+    for (size_t i = 0; i < n; i++)
+        total += r[i].len;
+    for (size_t i = 0; i < n; i++) {
+        acc += r[i].len;
+        if (i + 1 == n || (k + 1 < threads && acc * threads >= total * (k + 1)))
+            end[k++] = i + 1;
+    }
+    return k;
 }

@@ -80,6 +80,19 @@ enum kvt_read_path {
     KVT_READ_PLAIN,    /* pread one piece after the other */
     KVT_READ_RING,     /* the read-ahead ring (direct or through the page cache) */
     KVT_READ_PARALLEL, /* whole ranges copied out of the page cache on several cores */
+    KVT_READ_RUNS,     /* runs of whole ranges, one per thread, each through its own stream */
+};
+
+/*
+ * What a reader can do with its ranges besides reading them in order through one stream:
+ * kvt_read_choose()'s @p split (NULL: nothing else, as for kvt_rstream_open()).
+ */
+struct kvt_read_split {
+    bool copies;          /* whole ranges can be copied on several cores (KVT_READ_PARALLEL) */
+    unsigned stage_slots; /* > 0: the bytes go on from a ring of this many host staging slots
+                             of stage_chunk bytes each (device memory), read in runs of whole
+                             ranges, one per thread (KVT_READ_RUNS, always) */
+    size_t stage_chunk;
 };
 
 /*
@@ -94,27 +107,33 @@ struct kvt_read_way {
     enum kvt_read_path path;
     bool direct;      /* ring: read with O_DIRECT (where the file system takes it) */
     bool helper;      /* ring: fault destinations in on the prefault helper thread */
-    unsigned threads; /* parallel: the cores to copy on (1 otherwise) */
+    unsigned threads; /* parallel, runs: the cores to copy or read on (1 otherwise) */
     size_t chunk;     /* ring: the chunk size it should read in (0: the stream's default) */
 };
 
 /**
  * How to read @p n ranges of @p fd (ascending, valid) with stream options @p o (NULL: the
  * defaults): the one place that picks between the plain path, the read-ahead ring (and on it
- * O_DIRECT and the prefault helper) and a parallel copy out of the page cache, from the bytes
- * asked for, their destinations, what the page cache holds, the options, the process's
- * memory settings and the io backend. @p parallel: the caller can copy whole ranges on
- * several cores (kvt_rstream_open() cannot, so it never gets KVT_READ_PARALLEL).
+ * O_DIRECT and the prefault helper), a parallel copy out of the page cache and runs on
+ * several threads, and how many threads, from the bytes asked for, their destinations, what
+ * the page cache holds, the options, the process's memory settings and the io backend.
+ * @p split: what else than one stream the caller can do (NULL: nothing, so neither
+ * KVT_READ_PARALLEL nor KVT_READ_RUNS).
  */
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
-                                    const struct kvt_stream_opts *o, bool parallel);
+                                    const struct kvt_stream_opts *o,
+                                    const struct kvt_read_split *split);
 /**
  * kvt_read_choose() for ranges of several files, range i of file @p fd[i] (a restore read from
- * several files as one): the parallel copy is the caller's to do (file by file, the plain path
- * and the ring are one stream per file).
+ * several files as one), by a caller that can copy whole ranges on several cores: the
+ * parallel copy is its to do; the plain path and the ring are one stream per file.
  */
 struct kvt_read_way kvt_read_choose_files(const int *fd, const struct kvt_range *r, size_t n,
                                           const struct kvt_stream_opts *o);
+/** Cut @p n ranges into at most @p threads runs of consecutive ranges, of about equal bytes,
+ * for KVT_READ_RUNS: run k ends before range @p end[k]. @return the number of runs (0 when
+ * @p n is 0). */
+unsigned kvt_read_runs(const struct kvt_range *r, size_t n, unsigned threads, size_t *end);
 /** Whether a restore of [@p off, +@p len) of @p fd leaves the pages it read in the page cache:
  * when the caller asks (@p keep), or when they were all resident before it read them (the
  * next restore reads them at memory speed too). Pages a cold read brought in are dropped. */

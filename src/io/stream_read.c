@@ -12,7 +12,7 @@
  * the destination when consumed, which beats reading the device again. Without O_DIRECT every
  * chunk is read that way, and the kernel's own readahead keeps the device busy.
  *
- * Destination pages are faulted in on a helper thread (mem/restore_helper.h) ahead of the
+ * Destination pages are faulted in on a helper thread (threads/restore_helper.h) ahead of the
  * reads and copies (known destinations as soon as the stream plans them); a copy that catches
  * up with the helper populates its piece first instead of faulting page by page. Whether the
  * stream reads plainly, directly and with the helper is kvt_read_choose()'s call (read_way.c).
@@ -30,8 +30,8 @@
 #include "io/aq.h"
 #include "hash/hash.h"
 #include "io/io.h"
-#include "mem/mem.h"
-#include "mem/restore_helper.h"
+#include "settings/settings.h"
+#include "threads/restore_helper.h"
 #include "mem/staging.h"
 
 #define BLK ((uint64_t)4096)
@@ -406,7 +406,7 @@ int kvt_rstream_open(int fd, const struct kvt_range *r, size_t n, const struct k
     if (n)
         memcpy(s->r, r, n * sizeof(*r));
     snprintf(s->engine, sizeof(s->engine), "plain");
-    struct kvt_read_way way = kvt_read_choose(fd, r, n, o, false);
+    struct kvt_read_way way = kvt_read_choose(fd, r, n, o, NULL);
     s->fast = way.path != KVT_READ_PLAIN;
     if (!s->fast) {
         *out = s;

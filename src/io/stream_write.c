@@ -25,7 +25,7 @@
 #include "io/aq.h"
 #include "io/io.h"
 #include "mem/staging.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #define BLK ((uint64_t)4096)
 /* 64 MiB in flight: on virtio-blk a smaller window left the device idle between requests */

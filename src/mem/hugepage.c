@@ -3,7 +3,7 @@
  */
 #include "mem/hugepage.h"
 
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #include <stdint.h>
 #include <stdlib.h>

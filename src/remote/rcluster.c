@@ -14,9 +14,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
-#include "tier/tier.h"
+#include "remote/remote_parts.h"
 
 #define NO_NODE 0xffff
 #define MAX_REDIRECTS 4
@@ -65,7 +65,7 @@ static void add_seeds(struct kvt_rclient *rc, const char *seeds)
 
 void kvt_rclient_arm(struct kvt_rclient *rc, uint64_t bytes)
 {
-    rc->deadline_ms = kvt_tier_mono_ms() + rc->cfg.timeout_ms + (int64_t)(bytes / KVT_RATE_FLOOR);
+    rc->deadline_ms = kvt_mono_ms() + rc->cfg.timeout_ms + (int64_t)(bytes / KVT_RATE_FLOOR);
 }
 
 int kvt_rclient_init(struct kvt_rclient *rc, const struct kvt_rcfg *cfg)
@@ -247,7 +247,7 @@ bool kvt_rclient_busy(struct kvt_rclient *rc, const char *err)
     if (!rc->cluster || (strncmp(err, "TRYAGAIN", 8) && strncmp(err, "CLUSTERDOWN", 11)))
         return false;
     rc->stale = rc->stale || !strncmp(err, "CLUSTERDOWN", 11);
-    int64_t left = rc->deadline_ms - kvt_tier_mono_ms();
+    int64_t left = rc->deadline_ms - kvt_mono_ms();
     if (left <= BUSY_WAIT_MS)
         return false;
     struct timespec ts = {0, BUSY_WAIT_MS * 1000000L};

@@ -1,22 +1,21 @@
 /*
  * The kvt_remote object: options, the poll thread that (re)connects and merges the remote
  * index into the local view every poll_ms, find on that view, stats and listing. Uploads
- * (remote_put.c) run on a write-behind queue of the tier layer; restores (remote_get.c) on
+ * (remote_put.c) run on a write-behind queue (threads/write_queue.h); restores (remote_get.c) on
  * the caller's thread.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "remote/remote_obj.h"
 #include "store/index.h"
-#include "tier/tier.h"
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 void kvt_remote_opts_init(struct kvt_remote_opts *o)
 {
@@ -25,16 +24,8 @@ void kvt_remote_opts_init(struct kvt_remote_opts *o)
     o->poll_ms = 500;
     o->max_bytes = (uint64_t)8 << 30;
     o->max_entry_bytes = (uint64_t)64 << 30;
-    o->chunk_bytes = (uint64_t)1 << 20;
+    o->chunk_bytes = ((uint64_t)1 << 20) - 64; /* a value of 1 MiB takes 1.25 MiB in Redis */
     o->queue_max_bytes = (int64_t)2 << 30;
-}
-
-void kvt_remote_logf(struct kvt_remote *r, int level, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    kvt_log_vline(r->log, r->log_ud, level, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- poll thread ---------------------------------------------------------------------- */
@@ -115,6 +106,7 @@ static int copy_opts(struct kvt_remote *r, const struct kvt_remote_opts *o)
     r->max_entry_bytes = o->max_entry_bytes ? o->max_entry_bytes : (uint64_t)64 << 30;
     r->chunk_bytes = o->chunk_bytes;
     r->no_verify = o->no_verify;
+    r->share = o->share_prefixes;
     r->log = o->log;
     r->log_ud = o->log_ud;
     return 0;
@@ -240,7 +232,7 @@ void kvt_remote_close(kvt_remote *r)
     free(r);
 }
 
-/* ---- find, records, stats -------------------------------------------------------------- */
+/* ---- find, stats ----------------------------------------------------------------------- */
 
 int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const char *ns,
                     struct kvt_hit *hit)
@@ -263,41 +255,6 @@ int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const char *ns,
     return 0;
 }
 
-struct kvt_rrec *kvt_remote_rec_copy_locked(const struct kvt_rrec *s)
-{
-    struct kvt_rrec *d = malloc(sizeof(*d));
-    if (!d)
-        return NULL;
-    *d = *s;
-    d->ns = strdup(s->ns);
-    d->tokens = malloc(s->n_tokens ? s->n_tokens * sizeof(*s->tokens) : 1);
-    if (!d->ns || !d->tokens) {
-        kvt_rrec_free(d);
-        return NULL;
-    }
-    memcpy(d->tokens, s->tokens, s->n_tokens * sizeof(*s->tokens));
-    return d;
-}
-
-struct kvt_rrec *kvt_remote_rec_copy(struct kvt_remote *r, uint64_t id)
-{
-    pthread_mutex_lock(&r->mu);
-    struct kvt_rec *rec = kvt_index_by_seq(r->view.ix, id);
-    struct kvt_rrec *d = rec ? kvt_remote_rec_copy_locked(rec->owner) : NULL;
-    pthread_mutex_unlock(&r->mu);
-    return d;
-}
-
-void kvt_remote_delete(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rrec *rec)
-{
-    struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
-    kvt_rindex_unpublish(rc, &r->keys, rec->uuid);
-    kvt_rentry_del(rc, &r->keys, &e);
-    pthread_mutex_lock(&r->mu);
-    kvt_rview_drop(&r->view, rec->uuid);
-    pthread_mutex_unlock(&r->mu);
-}
-
 void kvt_remote_get_stats(kvt_remote *r, struct kvt_remote_stats *st)
 {
     memset(st, 0, sizeof(*st));
@@ -308,7 +265,8 @@ void kvt_remote_get_stats(kvt_remote *r, struct kvt_remote_stats *st)
     pthread_mutex_lock(&r->mu);
     *st = r->st;
     st->entries = kvt_index_count(r->view.ix);
-    st->bytes = kvt_index_total_bytes(r->view.ix);
+    kvt_rview_objs(&r->view, &st->shared_objects, &st->shared_bytes);
+    st->bytes = kvt_index_total_bytes(r->view.ix) + st->shared_bytes;
     st->version = r->view.ver;
     pthread_mutex_unlock(&r->mu);
     st->dropped = qs.dropped;
@@ -330,5 +288,5 @@ int kvt_remote_drain(kvt_remote *r, int64_t timeout_ms)
 {
     if (!r)
         return kvt_fail(-EINVAL, "kvt_remote_drain: NULL remote");
-    return kvt_write_queue_drain(r->q, timeout_ms < 0 ? -1 : kvt_tier_mono_ms() + timeout_ms);
+    return kvt_write_queue_drain(r->q, timeout_ms < 0 ? -1 : kvt_mono_ms() + timeout_ms);
 }

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "remote/remote_obj.h"
+#include "remote/robj.h"
 #include "store/index.h"
 
 int kvt_remote_list(kvt_remote *r, struct kvt_store_record **out, size_t *n)
@@ -50,17 +51,17 @@ int kvt_remote_list(kvt_remote *r, struct kvt_store_record **out, size_t *n)
 
 #define EXISTS_BATCH 128
 
-/* Whether every chunk of @p rec exists: 1, 0, or < 0 on a connection failure. The chunks
+/* Whether every chunk of @p e exists: 1, 0, or < 0 on a connection failure. The chunks
  * share a hash tag, so one multi-key EXISTS per batch asks their master. */
-static int complete(struct kvt_remote *r, const struct kvt_rrec *rec)
+static int keys_exist(struct kvt_remote *r, const struct kvt_rentry *e)
 {
     char(*keys)[256] = malloc(EXISTS_BATCH * sizeof(*keys));
     const char *argv[EXISTS_BATCH + 1] = {"EXISTS"};
     int result = keys ? 1 : kvt_fail(-ENOMEM, "remote gc: out of memory");
-    for (uint32_t i = 0; result == 1 && i < rec->n_chunks; i += EXISTS_BATCH) {
+    for (uint32_t i = 0; result == 1 && i < e->n_chunks; i += EXISTS_BATCH) {
         int argc = 1;
-        for (uint32_t j = i; j < rec->n_chunks && j < i + EXISTS_BATCH; j++, argc++) {
-            kvt_rkeys_chunk(&r->keys, rec->ns, rec->uuid, j, keys[argc - 1], sizeof(*keys));
+        for (uint32_t j = i; j < e->n_chunks && j < i + EXISTS_BATCH; j++, argc++) {
+            kvt_rkeys_chunk(&r->keys, e->ns, e->uuid, j, keys[argc - 1], sizeof(*keys));
             argv[argc] = keys[argc - 1];
         }
         int err = 0;
@@ -75,6 +76,19 @@ static int complete(struct kvt_remote *r, const struct kvt_rrec *rec)
     }
     free(keys);
     return result;
+}
+
+/* Whether every chunk of @p rec and of the shared objects it needs exists: 1, 0 or < 0. */
+static int complete(struct kvt_remote *r, const struct kvt_rrec *rec)
+{
+    struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
+    int ok = keys_exist(r, &e);
+    for (uint32_t i = 0; ok == 1 && i < rec->n_objs; i++) {
+        char tag[KVT_ROBJ_NAME];
+        e = kvt_robj_entry(&rec->objs[i], rec->ns, tag);
+        ok = keys_exist(r, &e);
+    }
+    return ok;
 }
 
 /* Records in publication order (oldest first), copied. */
@@ -112,7 +126,13 @@ int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropp
         rc = kvt_fail(-ENOMEM, "remote gc: out of memory");
     if (v)
         qsort(v, n, sizeof(*v), by_age);
-    uint64_t total = 0, cap = max_bytes ? max_bytes : r->max_bytes;
+    struct kvt_remote_stats st;
+    kvt_remote_get_stats(r, &st);
+    /* the bytes a record frees depend on which other records need its objects: with shared
+     * objects the index script makes room (exactly, as for an upload); a dry run drops as if
+     * each record freed only its own bytes (an upper bound) */
+    uint64_t total = st.shared_bytes, cap = max_bytes ? max_bytes : r->max_bytes;
+    uint64_t loop_cap = st.shared_objects && !dry_run ? UINT64_MAX : cap;
     for (size_t i = 0; i < n; i++)
         total += v[i] ? v[i]->bytes : 0;
     pthread_mutex_lock(&r->put_mu);
@@ -120,7 +140,7 @@ int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropp
         if (!v[i])
             continue;
         kvt_rclient_arm(&r->put_rc, 0); /* each record's check and removal is one call */
-        int ok = total > cap ? 0 : complete(r, v[i]);
+        int ok = total > loop_cap ? 0 : complete(r, v[i]);
         if (ok < 0)
             rc = ok;
         if (ok != 0)
@@ -129,6 +149,14 @@ int kvt_remote_gc(kvt_remote *r, uint64_t max_bytes, bool dry_run, size_t *dropp
         gone++;
         if (!dry_run)
             kvt_remote_delete(r, &r->put_rc, v[i]);
+    }
+    struct kvt_rout o;
+    if (rc == 0 && loop_cap != cap) {
+        kvt_rclient_arm(&r->put_rc, 0);
+        rc = kvt_remote_admit(r, NULL, 0, cap, false, &o);
+        gone += rc == 0 ? o.n_gone : 0;
+        if (rc == 0)
+            kvt_rout_free(&o);
     }
     pthread_mutex_unlock(&r->put_mu);
     for (size_t i = 0; i < n; i++)

@@ -18,52 +18,10 @@
 #include "format/format.h"
 #include "remote/remote_obj.h"
 
-static int sink_next(void *ud, uint8_t **at, size_t *len)
-{
-    return kvt_feed_next(ud, at, len);
-}
-
-static int sink_wrote(void *ud, size_t n)
-{
-    return kvt_feed_wrote(ud, n);
-}
-
-static void sink_restart(void *ud)
-{
-    kvt_feed_reset(ud);
-}
-
-/* A client for one restore: an idle one, or a new one (NULL when out of memory). */
-static struct kvt_rclient *get_client(struct kvt_remote *r)
-{
-    pthread_mutex_lock(&r->get_mu);
-    struct kvt_rclient *c = r->n_get_idle ? r->get_idle[--r->n_get_idle] : NULL;
-    pthread_mutex_unlock(&r->get_mu);
-    if (c || !(c = malloc(sizeof(*c))))
-        return c;
-    if (kvt_rclient_init(c, &r->cfg) < 0) {
-        free(c);
-        return NULL;
-    }
-    return c;
-}
-
-/* Give it back: kept for the next restore (up to KVT_GET_IDLE), else freed. */
-static void put_client(struct kvt_remote *r, struct kvt_rclient *c)
-{
-    pthread_mutex_lock(&r->get_mu);
-    bool keep = r->n_get_idle < KVT_GET_IDLE;
-    if (keep)
-        r->get_idle[r->n_get_idle++] = c;
-    pthread_mutex_unlock(&r->get_mu);
-    if (!keep) {
-        kvt_rclient_free(c);
-        free(c);
-    }
-}
-
-/* Fetch and load the entry of @p rec, and check it against the record. 0, KVT_R_NIL or < 0. */
-static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_entry **out)
+/* Fetch and load the bytes of @p rec on @p c, and check them against the record. 0, KVT_R_NIL
+ * or < 0. */
+static int fetch_file(struct kvt_remote *r, struct kvt_rclient *c, const struct kvt_rrec *rec,
+                      struct kvt_entry **out)
 {
     struct kvt_expect x = {.model_id = r->model,
                            .config_fingerprint = r->fp,
@@ -77,15 +35,8 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
     if (rc)
         return rc;
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
-    struct kvt_rclient *c = get_client(r);
-    if (!c)
-        rc = kvt_fail(-ENOMEM, "remote: out of memory");
-    if (c) {
-        kvt_rclient_arm(c, rec->bytes);
-        rc = kvt_rentry_get(c, &r->keys, &e,
-                            &(struct kvt_rsink){sink_next, sink_wrote, sink_restart, f});
-        put_client(r, c);
-    }
+    struct kvt_rsink sink = kvt_remote_feed_sink(f);
+    rc = kvt_rentry_get(c, &r->keys, &e, &sink);
     struct kvt_header *h = NULL;
     if (rc == 0)
         rc = kvt_feed_finish(f, out, &h);
@@ -97,6 +48,35 @@ static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_en
         *out = NULL;
     }
     kvt_header_free(h);
+    return rc;
+}
+
+/* Bytes a restore of @p rec moves: its own and its objects'. */
+static uint64_t rec_moves(const struct kvt_rrec *rec)
+{
+    uint64_t n = rec->bytes;
+    for (uint32_t i = 0; i < rec->n_objs; i++)
+        n += rec->objs[i].bytes;
+    return n;
+}
+
+/* The entry of @p rec: its file, then for a shared entry its objects composed into it. 0,
+ * KVT_R_NIL or < 0; *@p bad names the object at fault (-1: none). */
+static int fetch(struct kvt_remote *r, const struct kvt_rrec *rec, struct kvt_entry **out, int *bad)
+{
+    *bad = -1;
+    struct kvt_rclient *c = kvt_remote_client_take(r);
+    if (!c)
+        return kvt_fail(-ENOMEM, "remote: out of memory");
+    kvt_rclient_arm(c, rec_moves(rec));
+    int rc = fetch_file(r, c, rec, out);
+    if (rc == 0 && rec->n_objs)
+        rc = kvt_remote_get_shared(r, c, rec, *out, bad);
+    kvt_remote_client_give(r, c);
+    if (rc != 0) {
+        kvt_entry_free(*out);
+        *out = NULL;
+    }
     return rc;
 }
 
@@ -112,7 +92,7 @@ static bool entry_fault(int rc)
  * (its chunks were not being replaced under it); one that is gone only leaves the view. */
 static void drop_checked(struct kvt_remote *r, const struct kvt_rrec *rec)
 {
-    struct kvt_rclient *c = get_client(r);
+    struct kvt_rclient *c = kvt_remote_client_take(r);
     if (!c)
         return;
     kvt_rclient_arm(c, 0);
@@ -120,7 +100,7 @@ static void drop_checked(struct kvt_remote *r, const struct kvt_rrec *rec)
     int found = kvt_rindex_get(c, &r->keys, rec->uuid, r->max_entry_bytes, &now);
     if (found == 1 && kvt_rrec_same(&now, rec))
         kvt_remote_delete(r, c, rec);
-    put_client(r, c);
+    kvt_remote_client_give(r, c);
     kvt_rrec_free_fields(&now);
     if (found == 0) {
         pthread_mutex_lock(&r->mu);
@@ -129,13 +109,14 @@ static void drop_checked(struct kvt_remote *r, const struct kvt_rrec *rec)
     }
 }
 
-/* Count the outcome; a miss or bad bytes also remove the entry (drop_checked()). */
-static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc)
+/* Count the outcome; a miss or bad bytes also remove the entry (drop_checked()), or, when
+ * shared object @p bad is at fault, every entry that needs it (kvt_remote_condemn()). */
+static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc, int bad)
 {
     pthread_mutex_lock(&r->mu);
     if (rc == 0) {
         r->st.restores++;
-        r->st.restore_bytes += rec->bytes;
+        r->st.restore_bytes += rec_moves(rec);
     } else if (rc == KVT_R_NIL) {
         r->st.misses++;
     } else if (entry_fault(rc)) {
@@ -154,7 +135,10 @@ static void settle(struct kvt_remote *r, const struct kvt_rrec *rec, int rc)
     }
     kvt_remote_logf(r, KVT_LOG_WARN, "[remote] entry %s (%zu tokens) dropped: %s", rec->uuid,
                     rec->n_tokens, why);
-    drop_checked(r, rec);
+    if (bad >= 0)
+        kvt_remote_condemn(r, rec, bad);
+    else
+        drop_checked(r, rec);
 }
 
 int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entry **out)
@@ -167,8 +151,9 @@ int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entr
     struct kvt_rrec *rec = kvt_remote_rec_copy(r, hit->id);
     if (!rec)
         return 0; /* dropped since the find */
-    int rc = fetch(r, rec, out);
-    settle(r, rec, rc);
+    int bad;
+    int rc = fetch(r, rec, out, &bad);
+    settle(r, rec, rc, bad);
     kvt_rrec_free(rec);
     return 0;
 }

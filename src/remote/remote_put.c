@@ -14,11 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "format/format.h"
 #include "remote/remote_obj.h"
 #include "store/index.h"
-#include "tier/tier.h"
+#include "store/share.h"
 
 /* Copies of the records @p e replaces (@p exact: identical tokens only), under the lock. */
 static size_t superseded(struct kvt_remote *r, const struct kvt_entry *e, const char *ns,
@@ -49,41 +50,11 @@ static void drop_recs(struct kvt_remote *r, struct kvt_rrec **v, size_t n, const
     free(v);
 }
 
-/* The entries the index script removed to make room: their chunks deleted, out of the view,
- * counted (put_mu held). */
-static void evicted(struct kvt_remote *r, struct kvt_rrec *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        struct kvt_rentry e = {v[i].ns, v[i].uuid, v[i].bytes, v[i].chunk, v[i].n_chunks};
-        kvt_rentry_del(&r->put_rc, &r->keys, &e);
-        pthread_mutex_lock(&r->mu);
-        kvt_rview_drop(&r->view, v[i].uuid);
-        r->st.evictions++;
-        pthread_mutex_unlock(&r->mu);
-    }
-    kvt_rrecs_free(v, n);
-}
-
 /* Make room for @p rec (the oldest entries removed against the server's own total, not this
  * host's view), then, with @p publish, publish it under the cap in the same script. */
 static int admit(struct kvt_remote *r, const struct kvt_rrec *rec, bool publish)
 {
-    struct kvt_rrec *gone = NULL;
-    size_t n = 0;
-    int rc = kvt_rindex_admit(&r->put_rc, &r->keys, publish ? rec : NULL, publish ? 0 : rec->bytes,
-                              r->max_bytes, r->max_entry_bytes, &gone, &n);
-    evicted(r, gone, n);
-    return rc;
-}
-
-/*
- * How long an upload's chunks live until the PERSISTs after its publish: long enough for any
- * upload (ten minutes, and a second per megabyte), so that the chunks of a writer that dies
- * before it publishes expire instead of staying in Redis for good.
- */
-static uint64_t orphan_ttl_ms(uint64_t bytes)
-{
-    return 600000 + bytes / 1000000 * 1000;
+    return kvt_remote_admit(r, rec, rec->bytes, r->max_bytes, publish, NULL);
 }
 
 /* Chunks, then the record, then the chunks made permanent; on failure nothing of the entry is
@@ -95,7 +66,7 @@ static int upload(struct kvt_remote *r, struct kvt_rrec *rec, const struct kvt_i
     kvt_rclient_arm(&r->put_rc, rec->bytes);
     int rc = admit(r, rec, false);
     if (rc == 0)
-        rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, orphan_ttl_ms(rec->bytes));
+        rc = kvt_rentry_put(&r->put_rc, &r->keys, &re, im, kvt_remote_orphan_ttl_ms(rec->bytes));
     if (rc == 0)
         rc = admit(r, rec, true);
     if (rc == 0)
@@ -128,7 +99,7 @@ static struct kvt_rrec *new_rec(struct kvt_remote *r, const struct kvt_entry *e,
     rec->bytes = bytes;
     rec->chunk = r->chunk_bytes;
     rec->n_chunks = (uint32_t)((bytes + r->chunk_bytes - 1) / r->chunk_bytes);
-    rec->created_ms = kvt_tier_wall_ms();
+    rec->created_ms = kvt_wall_ms();
     rec->trimmable = kvt_entry_is_trimmable(e);
     return rec;
 }
@@ -159,7 +130,7 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
 {
     if (!r || !e || (!e->tokens && e->n_tokens))
         return kvt_fail(-EINVAL, "kvt_remote_put: NULL argument");
-    const char *ns = kvt_tier_ns(e->meta.ns);
+    const char *ns = e->meta.ns ? e->meta.ns : "";
     struct kvt_rrec **dup;
     size_t n_dup = superseded(r, e, ns, true, &dup);
     drop_recs(r, dup, n_dup, NULL);
@@ -168,7 +139,9 @@ int kvt_remote_put(kvt_remote *r, const struct kvt_entry *e)
         return 0; /* the index holds these very tokens already */
     }
     struct kvt_rrec *rec = new_rec(r, e, ns, 0);
-    int rc = rec ? put_image(r, e, rec) : kvt_fail(-ENOMEM, "remote: out of memory");
+    int rc = !rec                               ? kvt_fail(-ENOMEM, "remote: out of memory")
+             : r->share && kvt_share_applies(e) ? kvt_remote_put_shared(r, e, rec)
+                                                : put_image(r, e, rec);
     if (rc < 0) {
         KVT_RSTAT(r, put_failures, 1);
         kvt_remote_logf(r, KVT_LOG_WARN, "[remote] upload of %zu tokens failed: %s", e->n_tokens,

@@ -21,7 +21,7 @@
 
 #include "common/error.h"
 #include "format/format.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 
 #define WINDOW 8
 #define DEL_BATCH 256u /* chunks per DEL */

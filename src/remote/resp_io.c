@@ -16,9 +16,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
-#include "tier/tier.h"
+#include "remote/remote_parts.h"
 
 static int io_errno(void)
 {
@@ -32,7 +32,7 @@ static int wait_ready(int fd, short events, int64_t deadline_ms)
     if (!deadline_ms)
         return 0;
     for (;;) {
-        int64_t left = deadline_ms - kvt_tier_mono_ms();
+        int64_t left = deadline_ms - kvt_mono_ms();
         if (left <= 0)
             return -ETIMEDOUT;
         struct pollfd p = {fd, events, 0};

@@ -3,7 +3,9 @@
  * identity (a hash of model id, config fingerprint and tokenizer hash) and, for chunks, by
  * the namespace hash. The index keys of an identity share one hash tag so that the publish
  * script can touch them atomically in a cluster; an entry's chunks share the entry's tag, so
- * one entry lives on one master and is fetched in one pipeline, while entries spread.
+ * one entry lives on one master and is fetched in one pipeline, while entries spread. A shared
+ * prefix object's keys have the tag of its chunk id and generation; its field in the index's
+ * object table is its namespace hash and chunk id.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,7 +15,7 @@
 #include <time.h>
 
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/robj.h"
 
 int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, const char *fp,
                    const char *tok)
@@ -36,6 +38,8 @@ int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, c
     snprintf(k->gone, sizeof(k->gone), "%s:{%s}:gone", prefix, k->ident);
     snprintf(k->bytes, sizeof(k->bytes), "%s:{%s}:bytes", prefix, k->ident);
     snprintf(k->floor, sizeof(k->floor), "%s:{%s}:floor", prefix, k->ident);
+    snprintf(k->objs, sizeof(k->objs), "%s:{%s}:objs", prefix, k->ident);
+    snprintf(k->refs, sizeof(k->refs), "%s:{%s}:refs", prefix, k->ident);
     return 0;
 }
 
@@ -63,4 +67,17 @@ void kvt_rkeys_uuid(char out[33])
         v[1] = kvt_wyhash(v[0], &ts, sizeof(ts)) ^ (uint64_t)(uintptr_t)out;
     }
     snprintf(out, 33, "%016llx%016llx", (unsigned long long)v[0], (unsigned long long)v[1]);
+}
+
+struct kvt_rentry kvt_robj_entry(const struct kvt_robj *o, const char *ns, char name[KVT_ROBJ_NAME])
+{
+    snprintf(name, KVT_ROBJ_NAME, "%s.%s", o->id, o->gen);
+    return (struct kvt_rentry){ns, name, o->bytes, o->chunk, o->n_chunks};
+}
+
+void kvt_robj_field(const char *ns, const char *id, char out[KVT_ROBJ_FIELD])
+{
+    char nsh[17];
+    kvt_ns_hash(ns, nsh);
+    snprintf(out, KVT_ROBJ_FIELD, "%s:%s", nsh, id);
 }

@@ -12,9 +12,9 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "common/clock.h"
 #include "common/error.h"
-#include "remote/remote.h"
-#include "tier/tier.h"
+#include "remote/remote_parts.h"
 
 #define BACKOFF_MS 500
 
@@ -50,7 +50,7 @@ int kvt_rnode_connect(struct kvt_rnode *n, const struct kvt_rcfg *cfg, int64_t d
 {
     if (n->c)
         return 0;
-    int64_t now = kvt_tier_mono_ms();
+    int64_t now = kvt_mono_ms();
     if (now < n->retry_at_ms)
         return kvt_fail(-EAGAIN, "%s (not retried yet)", n->why);
     int64_t left = deadline_ms - now;
@@ -82,7 +82,7 @@ void kvt_rnode_fail(struct kvt_rnode *n)
 {
     snprintf(n->why, sizeof(n->why), "%s", kvt_last_error());
     kvt_rnode_close(n);
-    n->retry_at_ms = kvt_tier_mono_ms() + BACKOFF_MS;
+    n->retry_at_ms = kvt_mono_ms() + BACKOFF_MS;
 }
 
 void kvt_rnode_close(struct kvt_rnode *n)

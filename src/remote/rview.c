@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "remote/remote.h"
+#include "remote/remote_parts.h"
 #include "store/index.h"
 
 #define BATCH 256
@@ -182,4 +182,38 @@ int kvt_rview_sync(struct kvt_rview *v, pthread_mutex_t *mu, struct kvt_rclient 
     }
     freeReplyObject(r);
     return err;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    const struct kvt_robj *x = *(const struct kvt_robj *const *)a;
+    const struct kvt_robj *y = *(const struct kvt_robj *const *)b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : strcmp(x->gen, y->gen);
+}
+
+void kvt_rview_objs(const struct kvt_rview *vw, uint64_t *n, uint64_t *bytes)
+{
+    struct kvt_rec **all = NULL;
+    size_t cnt = 0, m = 0;
+    *n = *bytes = 0;
+    if (kvt_index_records(vw->ix, &all, &cnt) < 0)
+        return;
+    for (size_t i = 0; i < cnt; i++)
+        m += ((const struct kvt_rrec *)all[i]->owner)->n_objs;
+    const struct kvt_robj **v = malloc((m ? m : 1) * sizeof(*v));
+    for (size_t i = 0, j = 0; v && i < cnt; i++) {
+        const struct kvt_rrec *rr = all[i]->owner;
+        for (uint32_t k = 0; k < rr->n_objs; k++)
+            v[j++] = &rr->objs[k];
+    }
+    if (v)
+        qsort(v, m, sizeof(*v), by_name);
+    for (size_t i = 0; v && i < m; i++)
+        if (i == 0 || by_name(&v[i - 1], &v[i])) {
+            (*n)++;
+            *bytes += v[i]->bytes;
+        }
+    free(v);
+    free(all);
 }

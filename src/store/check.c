@@ -149,6 +149,41 @@ static void check_file(const struct check *c, const char *name, const char *path
     }
 }
 
+static bool has_chunk(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (kvt_layout_has_suffix(names[i], KVT_CHUNK_EXT))
+            return true;
+    return false;
+}
+
+/*
+ * List directory @p d at *@p listed_ms into @p files; a repair of a directory with chunks
+ * lists it again under its chunks lock (docs/SHARING.md §6), held in *@p lock (else -1), so
+ * that every tail a put published before the lock is seen. @return 0, or < 0 to pass the
+ * directory over, as the scan does when it cannot read one.
+ */
+static int list_dir(const struct check *c, const char *d, char ***files, size_t *nf,
+                    int64_t *listed_ms, int *lock)
+{
+    *lock = -1;
+    *listed_ms = kvt_now_ms();
+    int rc = kvt_store_names(d, false, files, nf);
+    if (rc < 0 || !c->co->repair || !has_chunk(*files, *nf))
+        return rc;
+    *lock = kvt_chunks_lock(d, true);
+    if (*lock < 0)
+        return 0; /* puts kept it: no chunk is called unneeded this time */
+    kvt_store_free_names(*files, *nf);
+    *listed_ms = kvt_now_ms();
+    rc = kvt_store_names(d, false, files, nf);
+    if (rc < 0) {
+        kvt_io()->close(*lock);
+        *lock = -1;
+    }
+    return rc;
+}
+
 static int check_files(const struct check *c, const char *root)
 {
     char **dirs, **files;
@@ -158,15 +193,15 @@ static int check_files(const struct check *c, const char *root)
         return rc == -ENOENT ? 0 : kvt_fail(rc, "%s: cannot list: %s", root, kvt_strerror(rc));
     for (size_t i = 0; i < nd; i++) {
         char *d = kvt_path_join(root, dirs[i]);
-        int64_t listed_ms = kvt_now_ms();
-        if (!d || kvt_store_names(d, false, &files, &nf) < 0) {
+        int64_t listed_ms;
+        int lock;
+        if (!d || list_dir(c, d, &files, &nf, &listed_ms, &lock) < 0) {
             free(d);
-            continue; /* as the scan does: a directory that cannot be read is passed over */
+            continue;
         }
-        /* a chunk is orphaned only under the lock no put holds (docs/SHARING.md §6) */
-        int lock = kvt_chunks_lock(d, true);
         struct kvt_hmap needed = {0};
-        bool complete = (lock >= 0 || !c->co->repair) && collect_needed(d, files, nf, &needed);
+        bool complete = (lock >= 0 || !c->co->repair || !has_chunk(files, nf)) &&
+                        collect_needed(d, files, nf, &needed);
         for (size_t j = 0; j < nf; j++) {
             char *p = kvt_path_join(d, files[j]);
             if (p)

@@ -32,7 +32,7 @@
 #include "io/io.h"
 #include "store/layout.h"
 #include "store/share.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 /* Changes within this many ms of a directory's mtime may share its timestamp. */
 #define MTIME_SETTLE_MS 2000

@@ -40,6 +40,21 @@ char *kvt_share_chunk_path(const char *dir, const char *id);
 /** The path of chunk @p k of tokens @p tok in @p dir (malloc'd), or NULL. */
 char *kvt_share_chunk_path_of(const char *dir, const int32_t *tok, size_t k);
 
+/** The entry of rows [a, b) of an entry, on the entry's own memory. */
+struct kvt_share_part {
+    struct kvt_entry e;
+    kvt_cache **v;
+    bool *owned;
+};
+
+/**
+ * Rows [a, b) of @p e as an entry: a chunk (its cut layers only, tokens [a, b)) or, with
+ * @p whole, a tail (every other layer borrowed whole, all the tokens). 0 or < 0.
+ */
+int kvt_share_part_new(const struct kvt_entry *e, int64_t a, int64_t b, bool whole,
+                       struct kvt_share_part *p);
+void kvt_share_part_free(struct kvt_share_part *p);
+
 /** What a shared save wrote. */
 struct kvt_share_saved {
     uint64_t tail_bytes;   /* the tail file's size */
@@ -101,11 +116,34 @@ void kvt_share_placed_dsts(const struct kvt_header *w, void *const *dst, struct 
 int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt_entry **out,
                    char **bad_chunk);
 /**
- * kvt_file_load_into() of a shared entry: @p place is given the whole entry's header (n
- * tokens, every cut layer's slots [B, H, n, D]) and each file's rows are read into their row
- * offsets of its memory. On success *@p out_header is that header. @return as
- * kvt_share_open(), or @p place's refusal.
+ * kvt_file_load_into() of a shared entry through the host placement @p p: it is given the
+ * whole entry's header (n tokens, every cut layer's slots [B, H, n, D]) and each file's rows
+ * are read into their row offsets of its memory. On success *@p out_header is that header.
+ * @return as kvt_share_open(), or @p p's refusal.
  */
-int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_place_fn place,
-                        void *ud, struct kvt_header **out_header, char **bad_chunk);
+int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x,
+                        const struct kvt_placement *p, struct kvt_header **out_header,
+                        char **bad_chunk);
+
+/*
+ * Composing a shared entry from chunks held in memory (the remote tier's objects): the tail
+ * @p t loaded and checked, the whole entry's rows of its cut layers allocated with the tail's
+ * rows in place; each chunk k then checked against the entry (its header) and its bytes
+ * placed in its rows; the end replaces the cut layers of @p t by the whole ones.
+ */
+struct kvt_share_compose;
+int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
+                          struct kvt_share_compose **out);
+/** For a chunk k arriving as bytes (a fed load): check its header @p h against the entry and
+ * give the destinations of its @p n slots, rows [256k, 256(k + 1)) of the whole entry's. */
+int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
+                            const struct kvt_header *h, struct kvt_slot_dst *d, size_t n,
+                            const char *name);
+/** A helper faulting the whole entry's fresh rows in on another core while chunks arrive
+ * (stop it with kvt_restore_helper_stop() before the end), or NULL when none is needed. */
+struct kvt_restore_helper *kvt_share_compose_prefault(struct kvt_share_compose *sc);
+/** Frees @p sc. */
+int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t);
+void kvt_share_compose_free(struct kvt_share_compose *sc);
+
 #endif

@@ -381,8 +381,9 @@ void kvt_share_placed_dsts(const struct kvt_header *w, void *const *dst, struct 
         }
 }
 
-int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_place_fn place,
-                        void *ud, struct kvt_header **out_header, char **bad_chunk)
+int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x,
+                        const struct kvt_placement *p, struct kvt_header **out_header,
+                        char **bad_chunk)
 {
     *out_header = NULL;
     struct kvt_share_open so;
@@ -392,17 +393,12 @@ int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x, kvt_p
     size_t n = 0;
     for (size_t i = 0; i < so.whole->n_caches; i++)
         n += (size_t)so.whole->caches[i].n_slots;
-    void **dst = calloc(n + 1, sizeof(*dst));
+    void *dst = NULL;
     struct kvt_slot_dst *d = calloc(n + 1, sizeof(*d));
-    rc = dst && d ? 0 : kvt_fail(-ENOMEM, "%s: out of memory", tail_path);
+    rc = d ? kvt_placement_ask(p, so.whole, tail_path, &dst)
+           : kvt_fail(-ENOMEM, "%s: out of memory", tail_path);
     if (rc == 0) {
-        kvt_clear_error();
-        rc = place(ud, so.whole, dst);
-        if (rc && !kvt_last_error()[0])
-            kvt_fail(rc, "%s: the destination was refused: %s", tail_path, kvt_strerror(rc));
-    }
-    if (rc == 0) {
-        kvt_share_placed_dsts(so.whole, dst, d);
+        kvt_share_placed_dsts(so.whole, (void *const *)dst, d);
         rc = kvt_share_read(&so, d, x, bad_chunk);
     }
     if (rc == 0) {

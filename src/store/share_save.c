@@ -149,25 +149,44 @@ static void part_free(struct kvt_entry *pe, const bool *owned)
             kvt_cache_free(pe->caches[i]);
 }
 
+int kvt_share_part_new(const struct kvt_entry *e, int64_t a, int64_t b, bool whole,
+                       struct kvt_share_part *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->v = calloc(e->n_caches ? e->n_caches : 1, sizeof(*p->v));
+    p->owned = calloc(e->n_caches ? e->n_caches : 1, sizeof(*p->owned));
+    if (!p->v || !p->owned) {
+        kvt_share_part_free(p);
+        return -ENOMEM;
+    }
+    int rc = part_entry(e, a, b, whole, &p->e, p->v, p->owned);
+    if (rc == 0 && !whole) { /* a chunk: its own 256 tokens */
+        p->e.tokens = e->tokens + a;
+        p->e.n_tokens = (size_t)(b - a);
+    }
+    if (rc < 0)
+        kvt_share_part_free(p);
+    return rc;
+}
+
+void kvt_share_part_free(struct kvt_share_part *p)
+{
+    if (p->v && p->owned)
+        part_free(&p->e, p->owned);
+    free(p->v);
+    free(p->owned);
+    memset(p, 0, sizeof(*p));
+}
+
 /* Write rows [a, b) of @p e to @p path (@p whole: with the other layers). */
 static int save_part(const char *path, const struct kvt_entry *e, int64_t a, int64_t b, bool whole,
                      const struct kvt_save_opts *o, uint64_t *bytes)
 {
-    kvt_cache **v = calloc(e->n_caches, sizeof(*v));
-    bool *owned = calloc(e->n_caches, sizeof(*owned));
-    struct kvt_entry pe;
-    int rc = v && owned ? part_entry(e, a, b, whole, &pe, v, owned) : -ENOMEM;
-    if (rc == 0) {
-        if (!whole) { /* a chunk: its own 256 tokens */
-            pe.tokens = e->tokens + a;
-            pe.n_tokens = (size_t)(b - a);
-        }
-        rc = kvt_file_save(path, &pe, o, bytes);
-    }
-    if (v && owned)
-        part_free(&pe, owned);
-    free(v);
-    free(owned);
+    struct kvt_share_part p;
+    int rc = kvt_share_part_new(e, a, b, whole, &p);
+    if (rc == 0)
+        rc = kvt_file_save(path, &p.e, o, bytes);
+    kvt_share_part_free(&p);
     return rc;
 }
 

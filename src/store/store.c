@@ -25,7 +25,7 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "io/io.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 #include "store/layout.h"
 #include "store/share.h"
 
@@ -442,29 +442,15 @@ int kvt_store_restore_with(kvt_store *s, const struct kvt_hit *hit, kvt_restore_
     return rc;
 }
 
-/* kvt_store_restore_into()'s loader: the caller's placement, its refusal told apart. */
-struct placed {
-    kvt_place_fn place;
-    void *ud;
-    bool *refused;
-};
-
-static int placement(void *ud, const struct kvt_header *h, void **dst)
-{
-    struct placed *p = ud;
-    int rc = p->place(p->ud, h, dst);
-    *p->refused = rc != 0;
-    return rc;
-}
-
+/* kvt_store_restore_into()'s loader: the caller's placement @p ud, its refusal told apart. */
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
                        struct kvt_header **h, bool *refused, char **bad_chunk)
 {
-    struct placed *p = ud;
+    struct kvt_placement *p = ud;
     p->refused = refused;
     if (kvt_is_tail(path))
-        return kvt_share_load_into(path, x, placement, p, h, bad_chunk);
-    return kvt_file_load_into(path, x, placement, p, h);
+        return kvt_share_load_into(path, x, p, h, bad_chunk);
+    return kvt_file_load_placed(path, x, p, h);
 }
 
 int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place, void *ud,
@@ -475,7 +461,7 @@ int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn
     *out_header = NULL;
     if (!s || !hit || !place)
         return kvt_fail(-EINVAL, "kvt_store_restore_into: no store, hit or placement");
-    struct placed p = {.place = place, .ud = ud};
+    struct kvt_placement p = {.host = place, .ud = ud};
     return kvt_store_restore_with(s, hit, load_placed, &p, out_header);
 }
 

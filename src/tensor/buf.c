@@ -9,7 +9,7 @@
 #include "mem/buf_cache.h"
 #include "tensor/alloc.h"
 #include "tensor/tensor.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #include <errno.h>
 #include <stdatomic.h>

@@ -11,10 +11,10 @@
 
 #include "common/error.h"
 #include "tier/ram_lru.h"
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 #include "device/device.h"
 #include "tier/tier.h"
-#include "tier/timer_thread.h"
+#include "threads/timer_thread.h"
 #include "tier/snapshots.h"
 
 struct kvt_pcache {
@@ -29,7 +29,7 @@ struct kvt_pcache {
 
 static int64_t wall_now(const kvt_pcache *t)
 {
-    return t->cfg.wall_ms ? t->cfg.wall_ms(t->cfg.clock_ud) : kvt_tier_wall_ms();
+    return t->cfg.wall_ms ? t->cfg.wall_ms(t->cfg.clock_ud) : kvt_wall_ms();
 }
 
 static size_t q_bytes_of(void *ud, const struct kvt_entry *e)
@@ -130,7 +130,7 @@ static int start_timers(kvt_pcache *t)
         if (iv <= 0)
             iv = c->demote_idle_ms / 4 > 30000 ? c->demote_idle_ms / 4 : 30000;
         t->demote_interval = iv;
-        t->demote_next = kvt_tier_mono_ms() + iv;
+        t->demote_next = kvt_mono_ms() + iv;
         tasks[n++] = (struct kvt_timer_task){demote_tick, t};
     }
     if (n == 0)

@@ -457,5 +457,12 @@ static int cold_to_device(void *ud, kvt_store *s, const struct kvt_hit *hit,
     return rc;
 }
 
-const struct kvt_tier_device_ops kvt_tier_dev_ops = {owns,           to_host, to_device,
-                                                     cold_to_device, kept,    dev_close};
+/* Only once a device entry has made the pool: pinning it on a host put would stall it. */
+static int host_buf(void *ud, size_t bytes, kvt_buf **out)
+{
+    struct kvt_tier_dev *t = ud;
+    return kvt_dpool_ready(t->pool) ? kvt_dpool_buf(t->pool, bytes, out) : -ENOSPC;
+}
+
+const struct kvt_tier_device_ops kvt_tier_dev_ops = {owns, to_host,   to_device, cold_to_device,
+                                                     kept, dev_close, host_buf};

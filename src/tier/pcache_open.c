@@ -10,7 +10,9 @@
 #include "common/cpus.h"
 #include "common/error.h"
 #include "io/stream.h"
+#include "settings/settings.h"
 #include "tier/device_twin.h"
+#include "tier/share_rows.h"
 #include "tier/tier.h"
 
 /* The real layers plug in as they are: the ops tables take their functions unchanged. */
@@ -21,6 +23,11 @@ static const struct kvt_tier_cache_ops real_cache_ops = {
     .entry_clone = kvt_entry_clone,
     .entry_free = kvt_entry_free,
     .entry_on_device = kvt_entry_on_device,
+    .share_chunks = kvt_share_rows_chunks,
+    .share_chunk = kvt_share_rows_chunk,
+    .share_tail = kvt_share_rows_tail,
+    .share_join = kvt_share_rows_join,
+    .share_fit = kvt_share_rows_fit,
 };
 
 static const struct kvt_tier_cold_ops real_cold_ops = {
@@ -104,6 +111,7 @@ static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg
         ro.config_fingerprint = o->cold.config_fingerprint;
         ro.tokenizer_hash = o->cold.tokenizer_hash;
     }
+    ro.share_prefixes = ro.share_prefixes || o->cold.share_prefixes; /* as the store puts */
     if (!ro.log) {
         ro.log = o->log;
         ro.log_ud = o->log_ud;
@@ -116,6 +124,7 @@ static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg
     return rc;
 }
 
+/* The cold store's options: the pcache's log unless they name one, sharing when it shares. */
 static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
 {
     struct kvt_store_stats st;
@@ -124,6 +133,37 @@ static void log_recovered(const struct kvt_pcache_opts *o, kvt_store *store)
                  "[ssd-cache] %s — %llu entr%s recovered, %.2f GiB of %g GiB cap", o->cold_dir,
                  (unsigned long long)st.entries, st.entries == 1 ? "y" : "ies",
                  (double)st.total_bytes / GIB, (double)st.max_bytes / GIB);
+}
+
+/* The cold store, its memory settings checked but not applied: they change the process only
+ * once the whole prompt cache is open (apply_to_process()). */
+static int open_cold(const struct kvt_pcache_opts *o, kvt_store **out)
+{
+    struct kvt_store_opts so = o->cold;
+    so.share_prefixes = so.share_prefixes || o->share_prefixes;
+    if (!so.log) {
+        so.log = o->log;
+        so.log_ud = o->log_ud;
+    }
+    so.mem = NULL;
+    int rc = kvt_mem_check(o->cold.mem);
+    if (rc == 0)
+        rc = kvt_store_open(o->cold_dir, &so, out);
+    if (rc == 0)
+        log_recovered(o, *out);
+    return rc;
+}
+
+/* What an open changes in the process, once nothing can fail: the memory settings, then the
+ * streams' staging memory, faulted in now rather than during the first write-behind while the
+ * engine decodes (populating fresh memory holds the process's mmap lock) or during the first
+ * restore, which the user waits on. */
+static void apply_to_process(const struct kvt_pcache_opts *o)
+{
+    if (o->cold.mem)
+        kvt_mem_configure(o->cold.mem);
+    kvt_wstream_warm(NULL);
+    kvt_rstream_warm();
 }
 
 /* The device binding (kvt_pcache_opts.device), then the tier, which closes every part on
@@ -157,6 +197,7 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
     struct kvt_tier_cfg cfg = {
         .cache = &real_cache_ops,
         .ram_max_bytes = o->ram_max_bytes,
+        .share_prefixes = o->share_prefixes || o->cold.share_prefixes, /* either turns both on */
         .spill_queue_max_bytes = o->spill_queue_max_bytes,
         .write_behind = o->write_behind,
         .snapshot_debounce_ms = o->snapshot_debounce_ms,
@@ -181,28 +222,18 @@ int kvt_pcache_open(const struct kvt_pcache_opts *o, kvt_pcache **out)
         return open_tier(o, &cfg, out);
     }
 
-    struct kvt_store_opts so = o->cold;
-    if (!so.log) {
-        so.log = o->log;
-        so.log_ud = o->log_ud;
-    }
     kvt_store *store;
-    rc = kvt_store_open(o->cold_dir, &so, &store);
+    rc = open_cold(o, &store);
     if (rc < 0)
         return rc;
-
-    log_recovered(o, store);
-
-    /* The streams' staging memory, faulted in now rather than during the first write-behind
-     * while the engine decodes (populating fresh memory holds the process's mmap lock) or
-     * during the first restore, which the user waits on. */
-    kvt_wstream_warm(NULL);
-    kvt_rstream_warm();
     rc = open_remote(o, &cfg, store);
     if (rc < 0)
         return rc;
     cfg.cold = &real_cold_ops;
     cfg.store = store;
     cfg.demote_idle_ms = o->demote_idle_ms;
-    return open_tier(o, &cfg, out); /* closes the store on failure */
+    rc = open_tier(o, &cfg, out); /* closes the store on failure */
+    if (rc == 0)
+        apply_to_process(o);
+    return rc;
 }

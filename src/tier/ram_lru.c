@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "tier/ram_share.h"
 
 struct rec {
     struct kvt_entry *e;
@@ -29,6 +30,11 @@ struct rec {
     uint64_t id;
     bool on_disk;     /* kept from a disk hit: evicted without a spill */
     struct rec *next; /* detached lists */
+    /* Shared (m > 0): e is the tail, rows [0, 256m) of its cut caches are in chunks while
+     * the record is held, and in parts (owned clones) once it is detached. */
+    struct kvt_ram_chunk **chunks;
+    size_t m;
+    struct kvt_entry **parts;
 };
 
 struct kvt_ram_lru {
@@ -39,6 +45,8 @@ struct kvt_ram_lru {
     size_t n, cap;
     uint64_t total_bytes, clock, next_id;
     uint64_t hits, misses, demotions;
+    bool share;                  /* prefixes held once (ram_share.h) */
+    struct kvt_tier_alloc alloc; /* where shared rows are copied to */
 };
 
 /* A list of detached records, kept in detach order. */
@@ -61,7 +69,7 @@ static void list_push(struct rec_list *l, struct rec *r)
 
 static int64_t now_ms(const struct kvt_ram_lru *lru)
 {
-    return lru->cfg.wall_ms ? lru->cfg.wall_ms(lru->cfg.clock_ud) : kvt_tier_wall_ms();
+    return lru->cfg.wall_ms ? lru->cfg.wall_ms(lru->cfg.clock_ud) : kvt_wall_ms();
 }
 
 static const char *entry_ns(const struct kvt_entry *e)
@@ -113,13 +121,29 @@ static struct rec *detach(struct kvt_ram_lru *lru, size_t i)
     memmove(lru->recs + i, lru->recs + i + 1, (lru->n - i - 1) * sizeof(*lru->recs));
     lru->n--;
     lru->total_bytes -= r->bytes;
+    if (r->m) { /* clones of its chunks go with it: a spill joins them */
+        r->parts = calloc(r->m, sizeof(*r->parts));
+        kvt_ram_chunks_drop(lru->cfg.cache, r->chunks, r->m, r->parts, &lru->total_bytes);
+        free(r->chunks);
+        r->chunks = NULL;
+    }
     return r;
+}
+
+/* The record's parts as a held entry (consumed), to join or free. */
+static struct kvt_ram_held rec_held(struct rec *r)
+{
+    struct kvt_ram_held h = {r->e, r->parts, r->m};
+    r->e = NULL;
+    r->parts = NULL;
+    return h;
 }
 
 /* TIER.md §2.3 "dispose": caches, then the share handle. */
 static void dispose_rec(struct kvt_ram_lru *lru, struct rec *r)
 {
-    kvt_ram_lru_entry_free(lru, r->e);
+    struct kvt_ram_held h = rec_held(r);
+    kvt_ram_held_free(lru->cfg.cache, &h);
     kvt_retain_release(r->share);
     free(r);
 }
@@ -144,12 +168,29 @@ static void dispose_with_spill(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt
     kvt_retain_release(share);
 }
 
+/* A detached record's whole entry (consumed), for a spill: its own, or its tail joined with its
+ * chunks; NULL when that fails (the spill is skipped). */
+static struct kvt_entry *rec_whole(struct kvt_ram_lru *lru, struct rec *r)
+{
+    struct kvt_ram_held h = rec_held(r);
+    size_t n = h.e ? h.e->n_tokens : 0;
+    struct kvt_entry *whole = NULL;
+    if (kvt_ram_join(lru->cfg.cache, &lru->alloc, &h, &whole) < 0)
+        kvt_log_line(lru->cfg.log, lru->cfg.log_ud, KVT_LOG_WARN,
+                     "[prompt-cache] spill of %zu tokens skipped: %s", n, kvt_last_error());
+    return whole;
+}
+
 static void dispose_list(struct kvt_ram_lru *lru, struct rec *r, bool spill)
 {
     while (r) {
         struct rec *next = r->next;
         if (spill && !r->on_disk) {
-            dispose_with_spill(lru, r->e, r->share);
+            struct kvt_entry *whole = rec_whole(lru, r);
+            if (whole)
+                dispose_with_spill(lru, whole, r->share);
+            else
+                kvt_retain_release(r->share);
             free(r);
         } else {
             dispose_rec(lru, r);
@@ -200,6 +241,11 @@ int kvt_ram_lru_new(const struct kvt_tier_cfg *cfg, const struct kvt_ram_lru_lin
     lru->cfg = *cfg;
     if (links)
         lru->links = *links;
+    const struct kvt_tier_cache_ops *ops = cfg->cache;
+    lru->share = cfg->share_prefixes && ops->share_chunks && ops->share_chunk && ops->share_tail &&
+                 ops->share_join && ops->share_fit;
+    if (cfg->dev && cfg->dev->host_buf)
+        lru->alloc = (struct kvt_tier_alloc){cfg->dev->host_buf, cfg->dev_ud};
     pthread_mutex_init(&lru->mu, NULL);
     *out = lru;
     return 0;
@@ -210,10 +256,8 @@ void kvt_ram_lru_clear(struct kvt_ram_lru *lru)
     struct rec_list all;
     list_init(&all);
     pthread_mutex_lock(&lru->mu);
-    for (size_t i = 0; i < lru->n; i++)
-        list_push(&all, lru->recs[i]);
-    lru->n = 0;
-    lru->total_bytes = 0;
+    while (lru->n)
+        list_push(&all, detach(lru, lru->n - 1));
     pthread_mutex_unlock(&lru->mu);
     dispose_list(lru, all.head, false);
 }
@@ -228,11 +272,15 @@ void kvt_ram_lru_free(struct kvt_ram_lru *lru)
     free(lru);
 }
 
-/* Step 3 after the lock: trim the donor's clones to @p best tokens. */
-static int finish_ram_hit(struct kvt_ram_lru *lru, struct kvt_entry *clones, int clone_rc,
+/* Step 3 after the lock: the donor's clones (joined when it is shared) trimmed to @p best
+ * tokens. */
+static int finish_ram_hit(struct kvt_ram_lru *lru, struct kvt_ram_held *held, int clone_rc,
                           kvt_retain *share, size_t donor_len, size_t best, struct kvt_take *out)
 {
+    struct kvt_entry *clones = NULL;
     int rc = clone_rc;
+    if (rc == 0)
+        rc = kvt_ram_join(lru->cfg.cache, &lru->alloc, held, &clones);
     if (rc == 0)
         rc = trim_all(lru, clones, (int64_t)(donor_len - best));
     if (rc < 0) {
@@ -418,7 +466,7 @@ int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, c
     find_lower(lru, tok, n, ns, best, &lo); /* strictly longer: ties go to RAM */
     bool try_cold = lo.try_cold || lo.try_remote;
 
-    struct kvt_entry *clones = NULL;
+    struct kvt_ram_held held = {0};
     kvt_retain *share = NULL;
     int clone_rc = 0;
     size_t donor_len = 0;
@@ -429,7 +477,7 @@ int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, c
          * fallback is exact even if the donor leaves RAM while the lock is dropped. */
         if (!try_cold)
             bump(lru, donor);
-        clone_rc = lru->cfg.cache->entry_clone(donor->e, &clones);
+        clone_rc = kvt_ram_hold(lru->cfg.cache, donor->e, donor->chunks, donor->m, &held);
         share = kvt_retain_acquire(donor->share);
         donor_len = donor->e->n_tokens;
         donor_id = donor->id;
@@ -439,7 +487,7 @@ int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, c
     if (try_cold) {
         int rc = take_lower(lru, tok, &lo, dest, out);
         if (rc != 0) {
-            kvt_ram_lru_entry_free(lru, clones);
+            kvt_ram_held_free(lru->cfg.cache, &held);
             kvt_retain_release(share);
             return rc < 0 ? rc : 0;
         }
@@ -453,7 +501,7 @@ int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, c
     }
     if (!have_donor)
         return 0;
-    return finish_ram_hit(lru, clones, clone_rc, share, donor_len, best, out);
+    return finish_ram_hit(lru, &held, clone_rc, share, donor_len, best, out);
 }
 
 static int grow(struct kvt_ram_lru *lru)
@@ -573,8 +621,7 @@ static bool ours_on_device(const struct kvt_ram_lru *lru, const struct kvt_entry
            c->dev->owns(c->dev_ud, e);
 }
 
-static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, size_t bytes,
-                  bool on_disk);
+static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, bool on_disk);
 
 int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain)
 {
@@ -589,7 +636,7 @@ int kvt_ram_lru_put(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *re
         dispose_with_spill(lru, e, retain);
         return 0;
     }
-    return insert(lru, e, retain, bytes, false);
+    return insert(lru, e, retain, false);
 }
 
 void kvt_ram_lru_keep(struct kvt_ram_lru *lru, struct kvt_entry *e)
@@ -598,49 +645,129 @@ void kvt_ram_lru_keep(struct kvt_ram_lru *lru, struct kvt_entry *e)
     if (e && bytes > lru->cfg.ram_max_bytes)
         kvt_ram_lru_entry_free(lru, e);
     else if (e)
-        insert(lru, e, NULL, bytes, true);
+        insert(lru, e, NULL, true);
+}
+
+static bool same_str(const char *a, const char *b)
+{
+    return a == b || (a && b && !strcmp(a, b));
+}
+
+/* Whether chunks of @p a may stand for rows of @p b: the same model and namespace. */
+static bool same_source(const struct kvt_entry *a, const struct kvt_entry *b)
+{
+    return !strcmp(entry_ns(a), entry_ns(b)) && same_str(a->meta.model_id, b->meta.model_id) &&
+           same_str(a->meta.config_fingerprint, b->meta.config_fingerprint) &&
+           same_str(a->meta.tokenizer_hash, b->meta.tokenizer_hash);
+}
+
+/* How many of the first @p m chunks of @p e a held record already has, and which record
+ * (docs/SHARING.md, "The RAM tier": records with equal tokens up to a chunk's end hold the
+ * same chunk). Caller holds the lock. */
+static size_t shared_with(struct kvt_ram_lru *lru, const struct kvt_entry *e, size_t m,
+                          struct rec **from)
+{
+    size_t best = 0;
+    *from = NULL;
+    for (size_t i = 0; i < lru->n && best < m; i++) {
+        struct rec *r = lru->recs[i];
+        if (!r->m || !same_source(r->e, e))
+            continue;
+        size_t k = kvt_tier_lcp(r->e->tokens, r->e->n_tokens, e->tokens, e->n_tokens) /
+                   r->chunks[0]->e->n_tokens;
+        k = k < r->m ? k : r->m;
+        k = k < m ? k : m;
+        if (k > best && lru->cfg.cache->share_fit(r->chunks[0]->e, e)) {
+            best = k;
+            *from = r;
+        }
+    }
+    return best;
+}
+
+/* Cut @p e for holding, copying only the chunks no record has yet (no lock held on entry). */
+static void cut_entry(struct kvt_ram_lru *lru, const struct kvt_entry *e, struct kvt_ram_cut *cut)
+{
+    *cut = (struct kvt_ram_cut){0};
+    size_t m = lru->share ? lru->cfg.cache->share_chunks(e) : 0;
+    if (!m)
+        return;
+    struct rec *from;
+    pthread_mutex_lock(&lru->mu);
+    size_t k = shared_with(lru, e, m, &from);
+    pthread_mutex_unlock(&lru->mu);
+    kvt_ram_cut_new(lru->cfg.cache, &lru->alloc, e, k, m, cut);
+}
+
+/* The new record @p r holds @p e, or its cut when the chunks it was cut against are still
+ * held (else whole); returns what to free once the lock is dropped. Caller holds the lock. */
+static struct kvt_entry *hold_cut(struct kvt_ram_lru *lru, struct rec *r, struct kvt_entry *e,
+                                  struct kvt_ram_cut *cut)
+{
+    r->e = e;
+    struct rec *from;
+    if (!cut->m || shared_with(lru, e, cut->from, &from) < cut->from)
+        return NULL;
+    for (size_t k = 0; k < cut->from; k++)
+        cut->chunks[k] = from->chunks[k];
+    kvt_ram_chunks_take(cut->chunks, cut->m, &lru->total_bytes);
+    r->chunks = cut->chunks;
+    r->m = cut->m;
+    r->e = cut->tail;
+    *cut = (struct kvt_ram_cut){0};
+    return e;
+}
+
+/* A record for @p e with room for it in the array: returned with the lock held, or NULL. */
+static struct rec *new_rec(struct kvt_ram_lru *lru)
+{
+    struct rec *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    pthread_mutex_lock(&lru->mu);
+    if (grow(lru) == 0)
+        return r;
+    pthread_mutex_unlock(&lru->mu);
+    free(r);
+    return NULL;
 }
 
 /* Put's step 2: @p e becomes a record (@p on_disk: a copy of what the cold tier holds, never
  * spilled nor announced to on_put). */
-static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, size_t bytes,
-                  bool on_disk)
+static int insert(struct kvt_ram_lru *lru, struct kvt_entry *e, kvt_retain *retain, bool on_disk)
 {
-    struct rec *r = calloc(1, sizeof(*r));
     int32_t *hook_tok = NULL;
     char *hook_ns = NULL;
     size_t hook_n = e->n_tokens;
     bool hook = !on_disk && lru->links.on_put && copy_key(e, &hook_tok, &hook_ns);
-    if (r) {
-        pthread_mutex_lock(&lru->mu);
-        if (grow(lru) < 0) {
-            pthread_mutex_unlock(&lru->mu);
-            free(r);
-            r = NULL;
-        }
-    }
+    struct kvt_ram_cut cut;
+    cut_entry(lru, e, &cut);
+    struct rec *r = new_rec(lru);
     if (!r) {
         free(hook_tok);
         free(hook_ns);
+        kvt_ram_cut_free(lru->cfg.cache, &cut);
         kvt_ram_lru_entry_free(lru, e);
         kvt_retain_release(retain);
         return kvt_fail(-ENOMEM, "prompt cache put: out of memory");
     }
 
-    r->e = e;
+    struct kvt_entry *cut_from = hold_cut(lru, r, e, &cut);
     r->share = retain;
-    r->bytes = bytes;
+    r->bytes = kvt_ram_lru_entry_bytes(lru, r->e);
     r->id = ++lru->next_id;
     r->on_disk = on_disk;
     bump(lru, r);
     lru->recs[lru->n++] = r;
-    lru->total_bytes += bytes;
+    lru->total_bytes += r->bytes;
 
     struct rec_list drop, spill;
     detach_superseded(lru, r, &drop);
     detach_over_cap(lru, &spill);
     pthread_mutex_unlock(&lru->mu);
 
+    kvt_ram_lru_entry_free(lru, cut_from);
+    kvt_ram_cut_free(lru->cfg.cache, &cut);
     dispose_list(lru, drop.head, false);
     dispose_list(lru, spill.head, true);
     if (hook)
@@ -709,15 +836,15 @@ int kvt_ram_lru_clone_exact(struct kvt_ram_lru *lru, const int32_t *tok, size_t 
     if (!tok && n)
         return kvt_fail(-EINVAL, "prompt cache: NULL tokens");
     int rc = 0;
+    struct kvt_ram_held held = {0};
     pthread_mutex_lock(&lru->mu);
     struct rec *r = find_exact(lru, tok, n, kvt_tier_ns(ns));
-    if (r) {
-        rc = lru->cfg.cache->entry_clone(r->e, out);
-        if (rc == 0)
-            rc = 1;
-    }
+    if (r)
+        rc = kvt_ram_hold(lru->cfg.cache, r->e, r->chunks, r->m, &held);
     pthread_mutex_unlock(&lru->mu);
-    return rc;
+    if (r && rc == 0)
+        rc = kvt_ram_join(lru->cfg.cache, &lru->alloc, &held, out);
+    return r && rc == 0 ? 1 : rc;
 }
 
 size_t kvt_ram_lru_demote_idle(struct kvt_ram_lru *lru, int64_t idle_ms, int64_t now)

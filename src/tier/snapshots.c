@@ -173,7 +173,7 @@ void kvt_snapshots_schedule(struct kvt_snapshots *wb, const int32_t *tok, size_t
     }
     k->gen++;
     k->armed = true;
-    k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_debounce_ms;
+    k->due = kvt_mono_ms() + wb->cfg.snapshot_debounce_ms;
     pthread_mutex_unlock(&wb->mu);
     wake(wb);
 }
@@ -196,7 +196,7 @@ static void finish(struct kvt_snapshots *wb, struct key *k, uint64_t gen, enum o
     if (o == OUT_FAILED) {
         if (!k->armed) {
             k->armed = true;
-            k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
+            k->due = kvt_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
         }
         rearmed = true;
     } else if (k->gen == gen) {
@@ -291,7 +291,7 @@ int64_t kvt_snapshots_tick(void *arg, int64_t now)
         uint64_t gen = due->gen;
         pthread_mutex_unlock(&wb->mu);
         attempt(wb, due, gen, false);
-        now = kvt_tier_mono_ms();
+        now = kvt_mono_ms();
         pthread_mutex_lock(&wb->mu);
     }
 }
@@ -407,7 +407,7 @@ static bool rearm_dirty(struct kvt_snapshots *wb)
     for (struct key *k = wb->keys; k; k = k->next) {
         if (!k->armed && !k->running) {
             k->armed = true;
-            k->due = kvt_tier_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
+            k->due = kvt_mono_ms() + wb->cfg.snapshot_busy_retry_ms;
             rearmed = true;
         }
     }
@@ -416,7 +416,7 @@ static bool rearm_dirty(struct kvt_snapshots *wb)
 
 int kvt_snapshots_flush(struct kvt_snapshots *wb, int64_t timeout_ms, struct kvt_flush_report *r)
 {
-    int64_t now = kvt_tier_mono_ms();
+    int64_t now = kvt_mono_ms();
     int64_t deadline = timeout_ms > INT64_MAX / 4 ? -1 : now + timeout_ms;
     struct kvt_write_queue_stats s0;
     int rc = 0;

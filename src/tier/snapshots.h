@@ -5,7 +5,7 @@
 #define KVT_SNAPSHOTS_H
 
 #include "tier/ram_lru.h"
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 struct kvt_snapshots;
 

@@ -12,7 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/clock.h"
 #include "kvtier.h"
+
+/* Where the RAM tier's own copies of rows live: the device's page-locked pool when it has
+ * one, else (buf NULL, or buf failing) ordinary memory. */
+struct kvt_tier_alloc {
+    int (*buf)(void *ud, size_t bytes, kvt_buf **out);
+    void *ud;
+};
 
 /*
  * Cache operations. Entries are library-style `struct kvt_entry` objects whose caches are
@@ -29,6 +37,22 @@ struct kvt_tier_cache_ops {
     void (*entry_free)(struct kvt_entry *e);
     /* Optional: whether a cache of @p e lies in device memory (the RAM tier refuses those). */
     bool (*entry_on_device)(const struct kvt_entry *e);
+
+    /* Optional, all five or none: prefixes held once (docs/SHARING.md, "The RAM tier").
+     * share_chunks: how many 256-token chunks @p e is cut into, 0 when it is held whole.
+     * share_chunk: chunk @p k of @p e, an entry of its 256 tokens holding copies of those
+     * rows of every cut cache, in order. share_tail: @p e's tokens and meta, its cut caches
+     * holding copies of the rows after its last chunk, the others shared with @p e.
+     * share_join: the whole entry again (with restore capacity) from a tail and its @p m
+     * chunks. share_fit: whether @p chunk (of another entry) has the cut caches of @p e. */
+    size_t (*share_chunks)(const struct kvt_entry *e);
+    int (*share_chunk)(const struct kvt_entry *e, size_t k, const struct kvt_tier_alloc *a,
+                       struct kvt_entry **out);
+    int (*share_tail)(const struct kvt_entry *e, const struct kvt_tier_alloc *a,
+                      struct kvt_entry **out);
+    int (*share_join)(const struct kvt_entry *tail, struct kvt_entry *const *chunks, size_t m,
+                      const struct kvt_tier_alloc *a, struct kvt_entry **out);
+    bool (*share_fit)(const struct kvt_entry *chunk, const struct kvt_entry *e);
 };
 
 /*
@@ -90,6 +114,9 @@ struct kvt_tier_device_ops {
      * promoted to it whole). */
     struct kvt_entry *(*kept)(void *ud);
     void (*close)(void *ud);
+    /* Optional: a buffer of @p bytes in the page-locked pool (-ENOSPC when it has no room),
+     * where the RAM tier puts the rows it copies for shared prefixes. */
+    int (*host_buf)(void *ud, size_t bytes, kvt_buf **out);
 };
 
 /*
@@ -102,6 +129,7 @@ struct kvt_tier_cfg {
     kvt_store *store; /* the cold tier every cold op is called on; kvt_pcache_store() */
 
     uint64_t ram_max_bytes;
+    bool share_prefixes; /* RAM holds shared prefixes once (needs the cache ops' share_*) */
     int64_t spill_queue_max_bytes; /* >= 0 */
     bool write_behind;
     int64_t demote_idle_ms;     /* 0 = off */
@@ -132,8 +160,6 @@ struct kvt_tier_cfg {
 int kvt_tier_open(const struct kvt_tier_cfg *cfg, kvt_pcache **out);
 
 /* Small helpers shared by the tier files (tier_util.c). */
-int64_t kvt_tier_mono_ms(void);
-int64_t kvt_tier_wall_ms(void);
 size_t kvt_tier_lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb);
 /** @p ns, or "" for NULL. */
 const char *kvt_tier_ns(const char *ns);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "support/support.h"
+#include "support/synth.h"
 
 bool redis_available(void)
 {
@@ -304,4 +305,48 @@ int remote_restore(kvt_remote *r, uint64_t seed, size_t n)
     kvt_entry_free(want);
     kvt_entry_free(got);
     return same;
+}
+
+void remote_branch_tokens(int p, int b, int32_t *t)
+{
+    for (int i = 0; i < REMOTE_BRANCH_TOK; i++)
+        t[i] = i < REMOTE_SHARED ? 7 * i + 1 + 1000000 * p : 100000 * (b + 1) + i + 1000000 * p;
+}
+
+struct kvt_entry *remote_branch(int p, int b)
+{
+    int32_t t[REMOTE_BRANCH_TOK];
+    remote_branch_tokens(p, b, t);
+    struct kvt_entry *e;
+    return synth_entry(t, REMOTE_BRANCH_TOK, "", false, &e) == 0 ? e : NULL;
+}
+
+int remote_put_branch(kvt_remote *r, int p, int b)
+{
+    struct kvt_entry *e = remote_branch(p, b);
+    int rc = e ? kvt_remote_put(r, e) : -1;
+    kvt_entry_free(e);
+    return rc;
+}
+
+int remote_restore_branch(kvt_remote *r, int p, int b)
+{
+    int32_t t[REMOTE_BRANCH_TOK + 1];
+    remote_branch_tokens(p, b, t);
+    t[REMOTE_BRANCH_TOK] = 5;
+    struct kvt_hit hit;
+    if (kvt_remote_find(r, t, REMOTE_BRANCH_TOK + 1, "", &hit) != 0 ||
+        hit.prefix_len != REMOTE_BRANCH_TOK)
+        return -1;
+    struct kvt_entry *got = NULL;
+    if (kvt_remote_restore(r, &hit, &got) != 0 || !got)
+        return 0;
+    struct kvt_entry *want = remote_branch(p, b);
+    int same = want && got->n_tokens == REMOTE_BRANCH_TOK && got->n_caches == want->n_caches;
+    for (size_t i = 0; same && i < want->n_caches; i++)
+        same = kvt_cache_offset(got->caches[i]) == kvt_cache_offset(want->caches[i]) &&
+               synth_same_state(got->caches[i], want->caches[i]);
+    kvt_entry_free(got);
+    kvt_entry_free(want);
+    return same ? 1 : -2;
 }

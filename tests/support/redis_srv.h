@@ -70,6 +70,17 @@ int remote_put(kvt_remote *r, uint64_t seed, size_t n);
 /** Find and restore entry @p seed: 1 identical, 0 miss, -1 not found, -2 wrong bytes (no
  * cmocka asserts: forked children use it too). */
 int remote_restore(kvt_remote *r, uint64_t seed, size_t n);
+/* Branches: REMOTE_SHARED tokens of prompt p, then REMOTE_OWN of branch b; a kv layer (cut
+ * into shared objects) and an ssm layer (kept whole), bytes derived from the tokens. */
+#define REMOTE_SHARED 600 /* two whole 256-token chunks */
+#define REMOTE_OWN 100
+#define REMOTE_BRANCH_TOK (REMOTE_SHARED + REMOTE_OWN)
+void remote_branch_tokens(int p, int b, int32_t *t);
+struct kvt_entry *remote_branch(int p, int b);
+/** kvt_remote_put() of branch @p b of prompt @p p. */
+int remote_put_branch(kvt_remote *r, int p, int b);
+/** Find and restore it: 1 identical, 0 miss, -1 not found, -2 wrong bytes (no asserts). */
+int remote_restore_branch(kvt_remote *r, int p, int b);
 /* Time bounds stretch under the sanitizers, which slow every step several times. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define SLACK 4

@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "settings/settings.h"
+
 const char *golden_path(const char *name)
 {
     static char buf[4096];
@@ -322,6 +324,25 @@ void set_mem(bool no_hugepages, bool no_parallel)
     m.no_parallel = no_parallel;
     if (kvt_mem_configure(&m) != 0)
         abort();
+}
+
+void mem_probe_init(struct mem_probe *p)
+{
+    p->limit = kvt_buf_cache_limit(0);
+    kvt_buf_cache_limit(p->limit);
+    p->direct = kvt_mem_direct();
+    kvt_mem_opts_init(&p->m);
+    p->m.buf_cache_bytes = (int64_t)(p->limit / 2 + 4096);
+    p->m.no_direct = p->direct;
+}
+
+void mem_probe_check(const struct mem_probe *p, bool applied)
+{
+    size_t was = kvt_buf_cache_limit(p->limit);
+    assert_int_equal(was, applied ? (size_t)p->m.buf_cache_bytes : p->limit);
+    assert_int_equal(kvt_mem_direct(), applied ? !p->direct : p->direct);
+    if (applied)
+        assert_int_equal(kvt_mem_configure(NULL), 0);
 }
 
 bool loader_checks_byte(const struct kvt_header *h, uint64_t off)

@@ -91,4 +91,17 @@ void store_opts_for(struct kvt_store_opts *o, const char *model, const char *fp,
 /** kvt_mem_configure() with these switches and every other setting at its default. */
 void set_mem(bool no_hugepages, bool no_parallel);
 
+/* Memory settings that differ from the process's current ones (the buffer cache limit and the
+ * O_DIRECT switch), so that a test sees whether an open applied them. */
+struct mem_probe {
+    size_t limit;
+    bool direct;
+    struct kvt_mem_opts m;
+};
+/** Note the process's settings and fill @p p->m with others. */
+void mem_probe_init(struct mem_probe *p);
+/** Assert that the process has @p p->m's settings (@p applied; they are then reset to the
+ * defaults) or still those of mem_probe_init(). */
+void mem_probe_check(const struct mem_probe *p, bool applied);
+
 #endif

@@ -21,7 +21,8 @@ struct serve_opts {
     const char *redis; /* the remote tier's URL, or NULL */
     int port, slots, ctx, threads;
     uint64_t ram_bytes;
-    bool no_cache; /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
+    bool no_cache;       /* every prompt prefilled whole, nothing saved: the benchmark's baseline */
+    bool share_prefixes; /* a prompt several conversations begin with stored once (default) */
 };
 
 enum job_kind { JOB_CHAT, JOB_COMPLETION };
@@ -154,7 +155,7 @@ char *metrics_text(struct server *s);
 /** Count a first token @p secs after arrival (under server.mu). */
 void metrics_ttft(struct metrics *m, double secs);
 
-/* remote.c: the --redis tier */
+/* serve_remote.c: the --redis tier */
 /** Open kvtier's prompt cache with @p ko, the remote tier of --redis attached, and check that
  * the server answers: a bad URL, a refused password or an unreachable server fails (-1) with
  * its message on stderr, the password never shown. */

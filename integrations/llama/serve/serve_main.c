@@ -20,6 +20,7 @@ static int usage(void)
             "[--host 127.0.0.1] [--port 8080]\n"
             "                          [--slots 4] [--ctx 4096] [--ram-bytes 1073741824] "
             "[--threads CPUS] [--alias NAME]\n"
+            "                          [--no-share-prefixes]\n"
             "       kvtier-llama serve -m MODEL.gguf --no-cache ...   (the prompt cache off)\n");
     return 2;
 }
@@ -36,8 +37,12 @@ static bool num(const char *v, long long lo, long long hi, long long *out)
 
 static int parse(int argc, char **argv, struct serve_opts *o)
 {
-    *o = (struct serve_opts){
-        .host = "127.0.0.1", .port = 8080, .slots = 4, .ctx = 4096, .ram_bytes = 1ull << 30};
+    *o = (struct serve_opts){.host = "127.0.0.1",
+                             .port = 8080,
+                             .slots = 4,
+                             .ctx = 4096,
+                             .ram_bytes = 1ull << 30,
+                             .share_prefixes = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long long x = 0;
@@ -54,6 +59,9 @@ static int parse(int argc, char **argv, struct serve_opts *o)
             o->redis = v;
         else if (strcmp(a, "--no-cache") == 0) {
             o->no_cache = true;
+            continue;
+        } else if (strcmp(a, "--no-share-prefixes") == 0) {
+            o->share_prefixes = false;
             continue;
         } else if (strcmp(a, "--port") == 0)
             ok = ok && num(v, 0, 65535, &x), o->port = (int)x;
@@ -157,6 +165,7 @@ static int open_engine(struct server *s)
     ko.model_path = s->o.model;
     ko.cparams = &cp;
     ko.ram_max_bytes = s->o.ram_bytes;
+    ko.share_prefixes = s->o.share_prefixes;
     if (remote_open_cache(s, &ko) != 0)
         return -1;
     s->fingerprint = kvt_llama_identity(s->kl)->config_fingerprint;

@@ -28,11 +28,11 @@ int main(int argc, char **argv)
 {
     const char *cmd = argc > 1 ? argv[1] : "";
     if (strcmp(cmd, "demo") == 0)
-        return cmd_demo(argc - 1, argv + 1);
+        return cmd_llama_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "demo-turns") == 0)
-        return cmd_demo_turns(argc - 1, argv + 1);
+        return cmd_llama_demo_turns(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
-        return cmd_bench(argc - 1, argv + 1);
+        return cmd_llama_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "gen-model") == 0)
         return gen_model(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0)

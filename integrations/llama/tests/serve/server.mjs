@@ -86,5 +86,12 @@ export async function durable(srv, entries = 1) {
   throw new Error('the cache never reached the disk');
 }
 
+// `kvtier stats DIR --json` of a server's cache directory: the store of its one model.
+export function stats(cacheDir) {
+  const out = JSON.parse(execFileSync(join(build, 'kvtier'), ['stats', cacheDir, '--json'], { encoding: 'utf8' }));
+  if (out.length !== 1) throw new Error(`${cacheDir} holds ${out.length} stores`);
+  return out[0];
+}
+
 export const chat = (messages, extra = {}) =>
   ({ model: 'chat', messages, max_tokens: 24, temperature: 0, ...extra });

@@ -1,15 +1,15 @@
 /*
- * The parallel job runner (mem/par.h): an atomic counter hands out job indices to the
+ * The parallel job runner (threads/par_for.h): an atomic counter hands out job indices to the
  * calling thread and its helpers.
  */
-#include "mem/par.h"
+#include "threads/par_for.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 
 #include "common/cpus.h"
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #define MAX_HELPERS 15
 

@@ -233,7 +233,7 @@ static int restart_process(struct engine *e, kvt_llama *kl, const struct demo_ar
     return rc;
 }
 
-int cmd_demo_turns(int argc, char **argv)
+int cmd_llama_demo_turns(int argc, char **argv)
 {
     struct demo_args a = {0};
     if (argc < 2 || parse(argc - 1, argv + 1, &a) || !a.dir || !a.model || !a.out || !a.results ||
@@ -319,7 +319,7 @@ static bool same_bytes(const char *a, const char *b, size_t *n)
     return same && *n > 0;
 }
 
-int cmd_demo(int argc, char **argv)
+int cmd_llama_demo(int argc, char **argv)
 {
     struct demo_args a = {.dir = "build/demo-store", .model = "build/llama/demo.gguf"};
     if (parse(argc, argv, &a) || optind != argc) {

@@ -1,5 +1,5 @@
 /*
- * The tier's timer thread: one library thread that runs periodic and debounced work
+ * The timer thread: one library thread that runs periodic and debounced work
  * (write-behind snapshots, idle demotion) until it is stopped.
  */
 #ifndef KVT_TIMER_THREAD_H
@@ -11,7 +11,7 @@
 struct kvt_timer_thread;
 
 /*
- * One task: @p tick runs whatever is due at @p now_ms (kvt_tier_mono_ms()) and returns the
+ * One task: @p tick runs whatever is due at @p now_ms (kvt_mono_ms()) and returns the
  * time it next wants to run (INT64_MAX = only when woken). It runs on the timer thread,
  * never under the thread's own lock, and may block (e.g. waiting for the engine).
  */

@@ -2,8 +2,8 @@
  * Running independent jobs of one call on several cores: the calling thread works too, and
  * helper threads are started for the call and joined before it returns.
  */
-#ifndef KVT_PAR_H
-#define KVT_PAR_H
+#ifndef KVT_PAR_FOR_H
+#define KVT_PAR_FOR_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -248,8 +248,8 @@ static void report(const struct bench_run *b, const struct bench_args *a)
            med(b->kvt_set, n), med(b->read, n), med(b->set, n));
     printf("  %-34s %8.4fs %8.4fs %7.2f   (limit: get_data + raw durable write)\n",
            "save, llama.cpp -> durable file", save, med(b->save_lim, n), med(b->save_ratio, n));
-    printf("  %-34s %8.4fs   (once, outside the medians)\n",
-           "restore, first in the process", b->first_load);
+    printf("  %-34s %8.4fs   (once, outside the medians)\n", "restore, first in the process",
+           b->first_load);
     printf("  %-34s %8.4fs\n", "restore from the RAM tier", med(b->ram_load, n));
     printf("  %-34s %8.3fs   re-prefill / restore = %.0fx\n", "re-prefill of the context",
            b->prefill, b->prefill / load);
@@ -305,7 +305,7 @@ static int setup(struct bench_run *b, const struct bench_args *a)
     return 0;
 }
 
-int cmd_bench(int argc, char **argv)
+int cmd_llama_bench(int argc, char **argv)
 {
     struct bench_args a = {
         .dir = "build/llama-bench", .model = "build/llama/demo.gguf", .tokens = 8192, .repeat = 7};

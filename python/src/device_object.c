@@ -1,7 +1,7 @@
 /*
  * Devices (kvtier.h, "Devices"): the Device type over kvt_device, restores straight into
- * device memory (kvt_file_load_to_device, kvt_store_restore_to_device), and the CUDA devices
- * that tensors handed in through DLPack live on, opened once per ordinal for the process.
+ * device memory (kvt_file_load_to_device, kvt_store_restore_to_device) and the layer-wise
+ * takes of the prompt cache. A Device of a CUDA ordinal is the process's (cuda_devices.c).
  * Destinations are CUDA tensors (DLPack), raw device addresses (int), or None; on the host
  * stand-in, whose device memory is host memory, CPU tensors and arrays too.
  */
@@ -11,32 +11,12 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#define MAX_ORDINALS 64
-
 typedef struct {
     PyObject_HEAD
     kvt_device *d;
     int ordinal; /* CUDA ordinal, -1 for the host stand-in */
     bool shared; /* one of the process's CUDA devices: never closed */
 } KvtDevice;
-
-static kvt_device *cuda_by_ordinal[MAX_ORDINALS];
-
-kvt_device *kvtpy_cuda_device(int ordinal)
-{
-    if (ordinal < 0 || ordinal >= MAX_ORDINALS) {
-        kvtpy_raise_msg(-EINVAL, "CUDA device ordinal out of range");
-        return NULL;
-    }
-    if (!cuda_by_ordinal[ordinal]) { /* under the GIL: opened once */
-        int rc = kvt_device_open_cuda(ordinal, NULL, &cuda_by_ordinal[ordinal]);
-        if (rc) {
-            kvtpy_raise(rc);
-            return NULL;
-        }
-    }
-    return cuda_by_ordinal[ordinal];
-}
 
 static void device_dealloc(KvtDevice *self)
 {

@@ -3,7 +3,7 @@
  * variable until the earliest time a task asked for or until woken. A wake that arrives
  * while tasks run is remembered (a sequence number), so no deadline is ever missed.
  */
-#include "tier/timer_thread.h"
+#include "threads/timer_thread.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/cpus.h"
 #include "common/error.h"
-#include "tier/tier.h"
 
 struct kvt_timer_thread {
     struct kvt_timer_task tasks[KVT_TIMER_MAX_TASKS];
@@ -36,7 +36,7 @@ static void *timer_main(void *arg)
 
         int64_t next = INT64_MAX;
         for (int i = 0; i < t->n; i++) {
-            int64_t due = t->tasks[i].tick(t->tasks[i].ud, kvt_tier_mono_ms());
+            int64_t due = t->tasks[i].tick(t->tasks[i].ud, kvt_mono_ms());
             if (due < next)
                 next = due;
         }
@@ -46,7 +46,7 @@ static void *timer_main(void *arg)
             continue;
         if (next == INT64_MAX) {
             pthread_cond_wait(&t->cond, &t->mu);
-        } else if (next > kvt_tier_mono_ms()) {
+        } else if (next > kvt_mono_ms()) {
             struct timespec ts = {next / 1000, (long)(next % 1000) * 1000000};
             pthread_cond_timedwait(&t->cond, &t->mu, &ts);
         }

@@ -1,5 +1,6 @@
 /*
- * The write-behind queue (TIER.md §3, "spill queue"): bounded, FIFO, one writer thread.
+ * The write-behind queue: bounded, FIFO, one writer thread. The tier's spill queue (TIER.md §3)
+ * and the remote tier's uploads are each one.
  */
 #ifndef KVT_WRITE_QUEUE_H
 #define KVT_WRITE_QUEUE_H
@@ -12,7 +13,7 @@
 
 struct kvt_write_queue;
 
-/* What the queue does with its items; the assembly binds these to the cache and cold ops. */
+/* What the queue does with its items (the tier binds these to its cache and cold ops). */
 struct kvt_write_queue_ops {
     size_t (*bytes_of)(void *ud, const struct kvt_entry *e);
     /* Writer thread: persist @p e (borrowed). 0 = stored, negative = failed. */
@@ -58,7 +59,7 @@ int kvt_write_queue_enqueue(struct kvt_write_queue *q, struct kvt_entry *e,
 
 /**
  * Wait until every item enqueued before this call has settled (its settle callback returned).
- * @p deadline_ms: kvt_tier_mono_ms() value to give up at, or < 0 for no limit.
+ * @p deadline_ms: kvt_mono_ms() value to give up at, or < 0 for no limit.
  * @return 0 or KVT_E_TIMEOUT.
  */
 int kvt_write_queue_drain(struct kvt_write_queue *q, int64_t deadline_ms);

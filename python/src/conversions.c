@@ -178,7 +178,7 @@ PyObject *kvtpy_header_dict(const struct kvt_header *h)
 PyObject *kvtpy_store_stats_dict(const struct kvt_store_stats *st)
 {
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K}", "entries",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K}", "entries",
         (unsigned long long)st->entries, "total_bytes", (unsigned long long)st->total_bytes,
         "max_bytes", (unsigned long long)st->max_bytes, "restores",
         (unsigned long long)st->restores, "spills", (unsigned long long)st->spills,
@@ -188,7 +188,9 @@ PyObject *kvtpy_store_stats_dict(const struct kvt_store_stats *st)
         (unsigned long long)st->corrupt_files, "restore_misses",
         (unsigned long long)st->restore_misses, "restore_ms_last", st->restore_ms_last,
         "longest_durable_prefix_tokens", (unsigned long long)st->longest_durable_prefix_tokens,
-        "tmp_reaped", (unsigned long long)st->tmp_reaped);
+        "tmp_reaped", (unsigned long long)st->tmp_reaped, "shared_chunks",
+        (unsigned long long)st->shared_chunks, "shared_bytes",
+        (unsigned long long)st->shared_bytes);
 }
 
 int kvtpy_borrow_begin(PyObject *tokens, PyObject *caches, PyObject *meta, long long created_at,

@@ -8,16 +8,16 @@
  * Records stay on the list, in enqueue order, until their settle callback has returned,
  * so drain() can wait for "everything enqueued before me" by looking at the list head.
  */
-#include "tier/write_queue.h"
+#include "threads/write_queue.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/cpus.h"
 #include "common/error.h"
-#include "tier/tier.h"
 
 enum { REC_QUEUED, REC_IN_FLIGHT, REC_SETTLING };
 

@@ -1,9 +1,9 @@
 /*
- * The process's memory and I/O settings: kvt_mem_configure() checks a struct kvt_mem_opts
- * whole, then publishes it; the flags are atomics so the hot paths read them without a lock,
- * the CPU set is copied under one.
+ * The process's memory and I/O settings: kvt_mem_apply() checks a struct kvt_mem_opts whole,
+ * then publishes it; the flags are atomics so the hot paths read them without a lock, the CPU
+ * set is copied under one.
  */
-#include "mem/mem.h"
+#include "settings/settings.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -12,7 +12,6 @@
 
 #include "common/cpus.h"
 #include "common/error.h"
-#include "mem/buf_cache.h"
 
 static atomic_bool no_hugepages, no_helper, no_parallel, no_direct;
 static _Atomic(const char *) engine; /* a string literal or NULL */
@@ -46,7 +45,7 @@ int kvt_mem_check(const struct kvt_mem_opts *o)
     return o ? parse(o, &e, &set) : 0;
 }
 
-int kvt_mem_configure(const struct kvt_mem_opts *o)
+int kvt_mem_apply(const struct kvt_mem_opts *o)
 {
     struct kvt_mem_opts def = {0};
     if (!o)
@@ -65,8 +64,6 @@ int kvt_mem_configure(const struct kvt_mem_opts *o)
     pin = o->helper_cpus != NULL;
     cpus = set;
     pthread_mutex_unlock(&cpus_mu);
-    if (o->buf_cache_bytes != 0)
-        kvt_buf_cache_limit(o->buf_cache_bytes < 0 ? 0 : (size_t)o->buf_cache_bytes);
     return 0;
 }
 

@@ -1,16 +1,16 @@
 /*
- * The prefault helper (prefault.h): one thread that takes address ranges from a small FIFO and
- * faults their whole pages in with madvise(MADV_POPULATE_WRITE), a block at a time. Each block
- * is claimed under the lock before it is populated, by the helper or by a consumer that has
+ * The restore helper (threads/restore_helper.h): one thread that takes address ranges from a small
+ * FIFO and faults their whole pages in with madvise(MADV_POPULATE_WRITE), a block at a time. Each
+ * block is claimed under the lock before it is populated, by the helper or by a consumer that has
  * caught up with it (kvt_restore_helper_ensure), so no page is populated twice and a copy never
- * takes page faults while the other thread works on the same page tables. Populating never
- * changes the contents of a page, so a range that is freed (or even reused) while queued is
- * harmless: the work is merely wasted, and the kernel reports an unmapped range as an error
- * that is ignored. Deferred pieces come before populating: the copying thread waits for
- * them at the end of each read, while populating a block it needs it can do itself.
+ * takes page faults while the other thread works on the same page tables. Populating never changes
+ * the contents of a page, so a range that is freed (or even reused) while queued is harmless: the
+ * work is merely wasted, and the kernel reports an unmapped range as an error that is ignored.
+ * Deferred pieces come before populating: the copying thread waits for them at the end of each
+ * read, while populating a block it needs it can do itself.
  */
-#include "mem/restore_helper.h"
-#include "mem/mem.h"
+#include "threads/restore_helper.h"
+#include "settings/settings.h"
 
 #include <errno.h>
 #include <pthread.h>

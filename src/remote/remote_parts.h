@@ -2,10 +2,11 @@
  * Internal interface of the remote tier (REMOTE.md): a Redis / Redis Cluster client built on
  * hiredis connections with its own RESP I/O for the bulk payloads (rnode.c, resp_io.c,
  * rcluster.c), the key layout (rkeys.c), entries as chunked .mlxkv bytes (rentry.c), the
- * remote index and its change counter (rindex.c), and the kvt_remote object (remote.c).
+ * remote index and its change counter (rindex.c), its records (rrec.c) and its local view
+ * (rview.c). The kvt_remote object built on them is remote_obj.h's.
  */
-#ifndef KVT_REMOTE_H
-#define KVT_REMOTE_H
+#ifndef KVT_REMOTE_PARTS_H
+#define KVT_REMOTE_PARTS_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -153,6 +154,7 @@ struct kvt_rkeys {
     char ident[17]; /* wyhash of model, fingerprint and tokenizer, hex */
     char ver[160], idx[160], log[160];
     char gone[160], bytes[160], floor[160]; /* removal log, byte total, trimmed-removals mark */
+    char objs[160], refs[160]; /* shared prefix objects: id -> object, id -> records needing it */
 };
 
 int kvt_rkeys_init(struct kvt_rkeys *k, const char *prefix, const char *model, const char *fp,
@@ -190,6 +192,20 @@ int kvt_rentry_del(struct kvt_rclient *rc, const struct kvt_rkeys *k, const stru
 
 /* ---- the remote index (rindex.c) --------------------------------------------------------- */
 
+/**
+ * A shared prefix object (SHARING.md "The remote tier"): chunk k of an entry's tokens, the
+ * rows [256k, 256(k + 1)) of its cut layers as .mlxkv bytes, named by the disk chunk id and
+ * stored by the upload whose uuid is its generation. Its wire form is KVT_ROBJ_WIRE bytes.
+ */
+struct kvt_robj {
+    char id[33];  /* hash of the tokens up to the chunk's end (kvt_share_each_chunk()) */
+    char gen[33]; /* uuid of the upload that wrote it: its keys are {<id>.<gen>} */
+    uint64_t bytes, chunk, header_hash;
+    uint32_t n_chunks;
+};
+
+#define KVT_ROBJ_WIRE 88
+
 /** An index record: what a reader needs to find, fetch and check an entry. */
 struct kvt_rrec {
     char uuid[33];
@@ -201,6 +217,8 @@ struct kvt_rrec {
     bool trimmable;
     int32_t *tokens;
     size_t n_tokens;
+    struct kvt_robj *objs; /* shared prefix objects, chunk order; the bytes are then the tail's */
+    uint32_t n_objs;
 };
 
 void kvt_rrec_free(struct kvt_rrec *r);
@@ -248,6 +266,8 @@ void kvt_rview_free(struct kvt_rview *v);
 int kvt_rview_add(struct kvt_rview *v, struct kvt_rrec *r);
 /** Drop the record @p uuid if present. */
 void kvt_rview_drop(struct kvt_rview *v, const char *uuid);
+/** The distinct shared prefix objects the records of @p v need, and their bytes once. */
+void kvt_rview_objs(const struct kvt_rview *v, uint64_t *n, uint64_t *bytes);
 
 /**
  * Bring @p v up to date (poll thread): GET the version; when it moved, fetch the records
