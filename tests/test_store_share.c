@@ -69,8 +69,9 @@ static struct kvt_entry *round_trip(const struct kvt_entry *e, const char *name,
 static void test_round_trips(void **state)
 {
     (void)state;
-    /* chunk counts around the edges: one chunk and a row, a whole number of chunks, more */
-    const size_t sizes[] = {257, 512, 768, 1000, 1025};
+    /* chunk counts around the edges: one chunk and a row, a whole number of chunks, more, and
+     * more files than one load opens at once (66 chunks and the tail: two loads of 64 and 3) */
+    const size_t sizes[] = {257, 512, 768, 1000, 1025, 16900};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         int32_t *tok = branch_tokens(sizes[i], 0, 0);
         struct kvt_entry *e = entry_of(tok, sizes[i]);
@@ -189,6 +190,18 @@ static void test_bad_chunks(void **state)
     assert_int_equal(kvt_share_save(test_dir, pb, eb, &NO_SYNC, &sv), 0);
     assert_int_equal(kvt_share_save(test_dir, pc, ec, &NO_SYNC, &sv), 0);
 
+    /* a long entry read in two loads names a bad chunk of its second load */
+    int32_t *tl = branch_tokens(0, 16900, 3);
+    struct kvt_entry *el = entry_of(tl, 16900);
+    char *pl = tail_path("long");
+    assert_int_equal(kvt_share_save(test_dir, pl, el, &NO_SYNC, &sv), 0);
+    char *c65 = kvt_share_chunk_path_of(test_dir, tl, 65);
+    flip_slot_byte(c65, 0, 1, 9, 0x08);
+    assert_chunk_fails("long", KVT_E_CORRUPT, tl, 65);
+    free(c65);
+    free(pl);
+    kvt_entry_free(el);
+    free(tl);
     /* a flipped byte of a tail fails its own entry only */
     struct kvt_entry *back;
     struct kvt_expect x = {0};
