@@ -8,7 +8,9 @@
  *     the same branches take without sharing (measured on 10 branches, scaled to 200);
  *  2. bytes written per branch after the first (disk growth per put) against its suffix;
  *  3. restore of one branch (find + kvt_store_restore, hashes checked) against a raw read()
- *     of the same files into one buffer, page cache warm for both, median of 15, same run;
+ *     of the same files (tail and chunks, whole) into one reused buffer, each run from the
+ *     same page cache state: every file cached (warm), or every file's pages dropped first
+ *     (cold); medians of 15, same run, and the mean CPU time of each (all threads);
  *  4. find of a branch's prompt with sharing on against a store of the same 200 token lists
  *     kept whole (tiny tensors: find reads only the index), median of 301.
  *
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +48,15 @@ static double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* CPU time of the process so far, every thread's (a restore's helper threads included). */
+static double cpu_ms(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -205,9 +217,32 @@ static uint64_t raw_read(char **paths, size_t n, uint8_t *buf, size_t cap)
     return total;
 }
 
-/* Median ms of a find + restore of branch @p b and of a raw read of the same files. */
-static void restore_vs_raw(kvt_store *s, int b, double *restore_ms, double *raw_ms,
-                           uint64_t *raw_bytes)
+/* Bring every file into the page cache (@p warm) or drop its pages. */
+static void set_cached(char **paths, size_t n, bool warm, uint8_t *buf, size_t cap)
+{
+    if (warm) {
+        raw_read(paths, n, buf, cap);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
+            die("posix_fadvise");
+        if (fd >= 0)
+            close(fd);
+    }
+}
+
+/* Medians of a find + restore of branch @p b and of a raw read of the same files into one
+ * buffer reused by every run (its pages faulted in once: the strictest baseline), each from
+ * the same page cache state (@p warm: every file cached; else none). */
+struct timing {
+    double restore_ms, raw_ms;
+    double restore_cpu_ms, raw_cpu_ms; /* means over the runs */
+    uint64_t raw_bytes;
+};
+
+static struct timing restore_vs_raw(kvt_store *s, int b, bool warm)
 {
     int32_t tok[N + 1];
     branch_tokens(b, tok);
@@ -219,22 +254,36 @@ static void restore_vs_raw(kvt_store *s, int b, double *restore_ms, double *raw_
     size_t cap = (size_t)N * TOKEN_BYTES * 2;
     uint8_t *buf = malloc(cap);
     double r[RUNS], w[RUNS];
+    struct timing t = {0};
     for (int i = 0; i < RUNS; i++) {
-        double t0 = now_ms();
+        set_cached(paths, np, warm, buf, cap);
+        double t0 = now_ms(), c0 = cpu_ms();
         struct kvt_entry *e = NULL;
         if (kvt_store_find(s, tok, N + 1, "", &hit) || kvt_store_restore(s, &hit, &e) || !e)
             die("restore");
         r[i] = now_ms() - t0;
+        t.restore_cpu_ms += (cpu_ms() - c0) / RUNS;
         kvt_entry_free(e);
+        set_cached(paths, np, warm, buf, cap);
         t0 = now_ms();
-        *raw_bytes = raw_read(paths, np, buf, cap);
+        c0 = cpu_ms();
+        t.raw_bytes = raw_read(paths, np, buf, cap);
         w[i] = now_ms() - t0;
+        t.raw_cpu_ms += (cpu_ms() - c0) / RUNS;
     }
-    *restore_ms = median(r, RUNS);
-    *raw_ms = median(w, RUNS);
+    t.restore_ms = median(r, RUNS);
+    t.raw_ms = median(w, RUNS);
     for (size_t i = 0; i < np; i++)
         free(paths[i]);
     free(buf);
+    return t;
+}
+
+static void print_timing(const char *what, const struct timing *t)
+{
+    printf("%-22s %7.2f ms; raw read of its %.1f MiB: %.2f ms; ratio %.2f; CPU %.2f vs %.2f ms\n",
+           what, t->restore_ms, t->raw_bytes / 1048576.0, t->raw_ms, t->raw_ms / t->restore_ms,
+           t->restore_cpu_ms, t->raw_cpu_ms);
 }
 
 static double find_us(kvt_store *s, int b)
@@ -269,14 +318,12 @@ int main(int argc, char **argv)
     kvt_store *whole = open_store(tmpl, "fp-whole", false);
     put_all(whole, &br, UNSHARED_BRANCHES, &grow_whole);
     uint64_t whole_per = disk_bytes(whole) / UNSHARED_BRANCHES;
-    double whole_ms, whole_raw_ms;
-    uint64_t whole_raw_bytes;
-    restore_vs_raw(whole, UNSHARED_BRANCHES / 2, &whole_ms, &whole_raw_ms, &whole_raw_bytes);
+    struct timing whole_warm = restore_vs_raw(whole, UNSHARED_BRANCHES / 2, true);
+    struct timing whole_cold = restore_vs_raw(whole, UNSHARED_BRANCHES / 2, false);
     kvt_store_close(whole);
 
-    double restore_ms, raw_ms;
-    uint64_t raw_bytes;
-    restore_vs_raw(shared, BRANCHES / 2, &restore_ms, &raw_ms, &raw_bytes);
+    struct timing warm = restore_vs_raw(shared, BRANCHES / 2, true);
+    struct timing cold = restore_vs_raw(shared, BRANCHES / 2, false);
     double find_shared = find_us(shared, BRANCHES / 2);
     kvt_store_close(shared);
     branch_free(&br);
@@ -300,10 +347,10 @@ int main(int argc, char **argv)
     printf("written per branch:    %8.3f MiB max = %.3f x its suffix (off: %.3f x)\n",
            grow_shared / 1048576.0, (double)grow_shared / (double)(OWN * TOKEN_BYTES),
            (double)grow_whole / (double)(OWN * TOKEN_BYTES));
-    printf("restore of a branch:   %8.2f ms; raw read of its %.1f MiB: %.2f ms; ratio %.2f\n",
-           restore_ms, raw_bytes / 1048576.0, raw_ms, raw_ms / restore_ms);
-    printf("same, kept whole:      %8.2f ms; raw read of its %.1f MiB: %.2f ms; ratio %.2f\n",
-           whole_ms, whole_raw_bytes / 1048576.0, whole_raw_ms, whole_raw_ms / whole_ms);
+    print_timing("restore, warm:", &warm);
+    print_timing("restore, cold:", &cold);
+    print_timing("kept whole, warm:", &whole_warm);
+    print_timing("kept whole, cold:", &whole_cold);
     printf("find (median):         %8.2f us shared; %.2f us whole\n", find_shared, find_whole);
     char *cmd = malloc(strlen(tmpl) + 16);
     sprintf(cmd, "rm -rf '%s'", tmpl);

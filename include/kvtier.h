@@ -687,10 +687,12 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *tok, size_t n, const cha
  */
 KVT_API int kvt_store_restore(kvt_store *s, const struct kvt_hit *hit, struct kvt_entry **out);
 /**
- * kvt_store_restore() into memory the caller owns (kvt_file_load_into()). @return 0 with
- * *@p out_header set (free with kvt_header_free()); 0 with it NULL on a miss (handled as
- * kvt_store_restore() handles it; the destination must not be used); @p place's refusal (the
- * record stays); or -EINVAL for bad arguments.
+ * kvt_store_restore() into memory the caller owns (kvt_file_load_into()). An entry kept as
+ * shared chunks plus a tail (docs/SHARING.md) is placed as the whole entry: @p place and
+ * *@p out_header see its n tokens and each cut layer's slots as [B, H, n, D] (their hashes 0,
+ * as no file holds them so). @return 0 with *@p out_header set (free with kvt_header_free());
+ * 0 with it NULL on a miss (handled as kvt_store_restore() handles it; the destination must
+ * not be used); @p place's refusal (the record stays); or -EINVAL for bad arguments.
  */
 KVT_API int kvt_store_restore_into(kvt_store *s, const struct kvt_hit *hit, kvt_place_fn place,
                                    void *ud, struct kvt_header **out_header);

@@ -1,7 +1,8 @@
 /*
  * The store under concurrency (STORE.md §12.4): three processes (tests/progs/store_stress)
  * storing, finding, restoring, refreshing, reopening and evicting on one small-capped
- * directory, then a full check of what they left; a writer process's in-flight .tmp, aged
+ * directory, then a full check of what they left, with shared prefixes stored once
+ * (docs/SHARING.md) and without; a writer process's in-flight .tmp, aged
  * past the grace period, surviving another process's open and refresh; and several threads
  * sharing one store handle.
  */
@@ -57,8 +58,10 @@ static kvt_store *open_store(const char *dir, uint64_t cap, int64_t grace_ms)
     return s;
 }
 
-/* Every file under the store root: no .tmp left, every entry passes a full verify. */
-static int check_files(const char *dir)
+/* Every file under the store root: no .tmp left, every entry, tail and chunk passes a full
+ * verify. @return the entries' files (whole files and tails); *@p tails (may be NULL) the
+ * tails among them. */
+static int check_files_of(const char *dir, int *tails)
 {
     char *root = strf("%s/%s", dir, FP);
     DIR *r = opendir(root);
@@ -73,8 +76,8 @@ static int check_files(const char *dir)
         assert_non_null(d);
         struct dirent *fe;
         while ((fe = readdir(d))) {
-            if (fe->d_name[0] == '.')
-                continue;
+            if (fe->d_name[0] == '.' || !strcmp(fe->d_name, "chunks.lock"))
+                continue; /* the lock of the chunks' removal, not an entry */
             size_t l = strlen(fe->d_name);
             assert_false(l > 4 && !strcmp(fe->d_name + l - 4, ".tmp"));
             char *p = strf("%s/%s", ns, fe->d_name);
@@ -83,7 +86,9 @@ static int check_files(const char *dir)
             int rc = kvt_file_verify(p, &x);
             if (rc)
                 fail_msg("%s: %s", p, kvt_last_error());
-            entries++;
+            entries += !strstr(fe->d_name, ".kvchunk");
+            if (tails)
+                *tails += strstr(fe->d_name, ".kvshare") != NULL;
             free(p);
         }
         closedir(d);
@@ -92,6 +97,11 @@ static int check_files(const char *dir)
     closedir(r);
     free(root);
     return entries;
+}
+
+static int check_files(const char *dir)
+{
+    return check_files_of(dir, NULL);
 }
 
 /* Restore every indexed entry and compare it with its synthetic bytes. */
@@ -120,9 +130,10 @@ static void check_all_restore(kvt_store *s)
     kvt_store_list_free(v);
 }
 
-static void test_three_processes(void **state)
+/* Three store_stress processes on one directory (@p share: with sharing on), then what they
+ * left: complete, verified entries only, all indexed and restorable. */
+static void three_processes(bool share)
 {
-    (void)state;
     char *dir = scratch_dir("mp");
     char *prog = strf("%s/tests/progs/store_stress", KVT_BUILD_DIR);
     const char *cap = "1048576"; /* about twenty entries: eviction all the time */
@@ -133,7 +144,7 @@ static void test_three_processes(void **state)
         pids[i] = fork();
         assert_true(pids[i] >= 0);
         if (pids[i] == 0) {
-            execl(prog, prog, dir, id, "4", cap, (char *)NULL);
+            execl(prog, prog, dir, id, "4", cap, share ? "share" : (char *)NULL, (char *)NULL);
             _exit(127);
         }
     }
@@ -143,8 +154,8 @@ static void test_three_processes(void **state)
         assert_true(WIFEXITED(st));
         assert_int_equal(WEXITSTATUS(st), 0);
     }
-    /* What they left: complete, verified entries only, all indexed and restorable. */
-    int files = check_files(dir);
+    int tails = 0, files = check_files_of(dir, &tails);
+    assert_int_equal(tails > 0, share); /* with sharing on, long prompts left tails */
     kvt_store *s = open_store(dir, 1048576, 0);
     struct kvt_store_stats st;
     kvt_store_get_stats(s, &st);
@@ -159,6 +170,18 @@ static void test_three_processes(void **state)
     free(prog);
     rm_rf(dir);
     free(dir);
+}
+
+static void test_three_processes(void **state)
+{
+    (void)state;
+    three_processes(false);
+}
+
+static void test_three_processes_sharing(void **state)
+{
+    (void)state;
+    three_processes(true);
 }
 
 /* A gated writer that stops before its second step until told to go on. */
@@ -355,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_inflight_tmp_survives),
         cmocka_unit_test(test_threads_share_a_handle),
         cmocka_unit_test(test_three_processes),
+        cmocka_unit_test(test_three_processes_sharing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,8 +69,9 @@ static struct kvt_entry *round_trip(const struct kvt_entry *e, const char *name,
 static void test_round_trips(void **state)
 {
     (void)state;
-    /* chunk counts around the edges: one chunk and a row, a whole number of chunks, more */
-    const size_t sizes[] = {257, 512, 768, 1000, 1025};
+    /* chunk counts around the edges: one chunk and a row, a whole number of chunks, more, and
+     * more files than one load opens at once (66 chunks and the tail: two loads of 64 and 3) */
+    const size_t sizes[] = {257, 512, 768, 1000, 1025, 16900};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         int32_t *tok = branch_tokens(sizes[i], 0, 0);
         struct kvt_entry *e = entry_of(tok, sizes[i]);
@@ -189,6 +190,23 @@ static void test_bad_chunks(void **state)
     assert_int_equal(kvt_share_save(test_dir, pb, eb, &NO_SYNC, &sv), 0);
     assert_int_equal(kvt_share_save(test_dir, pc, ec, &NO_SYNC, &sv), 0);
 
+    /* a long entry read in two loads names a bad chunk of its second load */
+    int32_t *tl = branch_tokens(0, 16900, 3);
+    struct kvt_entry *el = entry_of(tl, 16900);
+    char *pl = tail_path("long");
+    assert_int_equal(kvt_share_save(test_dir, pl, el, &NO_SYNC, &sv), 0);
+    char *c65 = kvt_share_chunk_path_of(test_dir, tl, 65);
+    flip_slot_byte(c65, 0, 1, 9, 0x08);
+    assert_chunk_fails("long", KVT_E_CORRUPT, tl, 65);
+    free(c65);
+    free(pl);
+    kvt_entry_free(el);
+    free(tl);
+    /* a flipped byte of a tail fails its own entry only */
+    struct kvt_entry *back;
+    struct kvt_expect x = {0};
+    flip_slot_byte(pc, 0, 0, 3, 0x01);
+    assert_int_equal(kvt_share_load(pc, &x, &back, NULL), KVT_E_CORRUPT);
     /* one flipped byte of the shared chunk 1: both branches that need it fail */
     char *c1 = kvt_share_chunk_path_of(test_dir, ta, 1);
     flip_slot_byte(c1, 0, 1, 77, 0x10);
@@ -201,11 +219,6 @@ static void test_bad_chunks(void **state)
     /* the chunk gone */
     assert_int_equal(unlink(c1), 0);
     assert_chunk_fails("b", -ENOENT, tb, 1);
-    /* a flipped byte of a tail fails its own entry only */
-    struct kvt_entry *back;
-    struct kvt_expect x = {0};
-    flip_slot_byte(pc, 0, 0, 3, 0x01);
-    assert_int_equal(kvt_share_load(pc, &x, &back, NULL), KVT_E_CORRUPT);
     free(other);
     free(c1);
     free(pa);
@@ -225,18 +238,24 @@ static const char *const MODEL = "share/model";
 static const char *const FP = "fp-share";
 static const char *const TOKH = "tk-share";
 
-static kvt_store *open_store(bool share, uint64_t cap)
+/* A store handle on test_dir; @p cap 0: the default cap. */
+static kvt_store *open_handle(bool share, uint64_t cap, int64_t grace_ms)
 {
     struct kvt_store_opts o;
     store_opts_for(&o, MODEL, FP, TOKH);
     o.share_prefixes = share;
-    o.tmp_grace_ms = 0; /* one writer: unneeded chunks go at once */
+    o.tmp_grace_ms = grace_ms;
     if (cap)
         o.max_bytes = cap;
     kvt_store *s;
     if (kvt_store_open(test_dir, &o, &s))
         fail_msg("kvt_store_open: %s", kvt_last_error());
     return s;
+}
+
+static kvt_store *open_store(bool share, uint64_t cap)
+{
+    return open_handle(share, cap, 0); /* one writer: unneeded chunks go at once */
 }
 
 /* Branch @p b: 600 tokens shared by every branch, then 100 of its own (700, two chunks). */
@@ -303,15 +322,6 @@ static size_t files_with(const char *ext, uint64_t *bytes)
     return (size_t)n;
 }
 
-static int refuse_all(void *ud, const struct kvt_header *h, void **dst)
-{
-    (void)ud;
-    (void)h;
-    (void)dst;
-    fail_msg("a shared entry reached a placement");
-    return -1;
-}
-
 static void test_store_branches(void **state)
 {
     (void)state;
@@ -330,16 +340,6 @@ static void test_store_branches(void **state)
     assert_int_equal(st.shared_chunks, 2);
     assert_int_equal(st.shared_bytes, chunks);
     assert_int_equal(st.total_bytes, tails + chunks); /* shared bytes counted once */
-
-    /* a restore into caller memory takes one file's slots: refused, the entry kept */
-    int32_t *tok = prompt_branch(0, 0);
-    struct kvt_hit hit;
-    struct kvt_header *h = (struct kvt_header *)1;
-    assert_int_equal(kvt_store_find(s, tok, SHARED + OWN + 1, "", &hit), 0);
-    assert_int_equal(kvt_store_restore_into(s, &hit, refuse_all, NULL, &h), KVT_E_UNSUPPORTED);
-    assert_null(h);
-    free(tok);
-    assert_true(branch_restores(s, 0, 0));
     kvt_store_close(s);
 
     /* a restart finds the same, with sharing off too: only writing depends on the option */
@@ -447,6 +447,54 @@ static void test_store_corrupt_chunk(void **state)
     free(dir);
 }
 
+/* ---- two processes' tables on one directory ------------------------------------------ */
+
+/* While the gated put runs (after its scan, before its eviction), the other handle puts a
+ * branch of prompt 0, reusing its chunks, then the reuse ages past the grace. */
+struct other_put {
+    kvt_store *other;
+    int steps;
+};
+
+static int other_puts_meanwhile(void *engine, kvt_step_fn step, void *arg)
+{
+    struct other_put *o = engine;
+    if (o->steps++ == 0) {
+        assert_int_equal(put_branch(o->other, 0, 1), 0);
+        usleep(150 * 1000);
+    }
+    return step(arg);
+}
+
+/*
+ * Each process counts the chunks of the tails it has indexed. One that evicts the last branch
+ * it knows of a prompt must not remove the prompt's chunks while another process's branch,
+ * published since its last scan, still needs them: that branch restores afterwards.
+ */
+static void test_eviction_keeps_another_tables_chunks(void **state)
+{
+    (void)state;
+    kvt_store *a = open_handle(true, 0, 50);
+    assert_int_equal(put_branch(a, 0, 0), 0);
+    struct kvt_store_stats st;
+    kvt_store_get_stats(a, &st);
+    kvt_store_close(a);
+    a = open_handle(true, st.total_bytes + st.total_bytes / 2, 50); /* room for one prompt */
+    kvt_store *b = open_handle(true, 0, 50);
+    int32_t *tok = prompt_branch(1, 0);
+    struct kvt_entry *e;
+    assert_int_equal(synth_entry(tok, SHARED + OWN, "", true, &e), 0);
+    struct other_put o = {b, 0};
+    assert_int_equal(kvt_store_put(a, e, other_puts_meanwhile, &o), 0);
+    kvt_store_get_stats(a, &st);
+    assert_int_equal(st.evictions, 1); /* prompt 0's branch 0: a knew no other of prompt 0 */
+    assert_true(branch_restores(b, 0, 1));
+    kvt_entry_free(e);
+    free(tok);
+    kvt_store_close(a);
+    kvt_store_close(b);
+}
+
 /* ---- the CLI over a store with shared entries ------------------------------------- */
 
 static void test_cli(void **state)
@@ -536,6 +584,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_branches, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_eviction, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_store_corrupt_chunk, test_dir_setup,
+                                        test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_eviction_keeps_another_tables_chunks, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_cli, test_dir_setup, test_dir_teardown),
     };

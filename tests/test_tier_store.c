@@ -350,6 +350,48 @@ static void test_take_into_places_disk_hits(void **state)
     free(full);
 }
 
+/*
+ * With shared prefixes on (docs/SHARING.md), a disk hit kept as chunks plus a tail is placed
+ * in the caller's memory whole: every row from its file, as a whole file's would be.
+ */
+static void test_take_into_places_shared_hits(void **state)
+{
+    (void)state;
+    struct kvt_pcache_opts o;
+    base_opts(&o);
+    o.cold.share_prefixes = true;
+    kvt_pcache *pc = open_pc(&o);
+    int32_t t1[600], p[601];
+    seq(t1, 0, 600);
+    struct kvt_entry *e1 = make_entry(t1, 600, NULL, 12);
+    size_t n_full;
+    uint8_t *full = entry_bytes(e1, 600, &n_full);
+    assert_int_equal(kvt_pcache_put(pc, e1, NULL), 0);
+    flush_durable(pc, 1);
+    kvt_pcache_close(pc);
+    pc = open_pc(&o); /* RAM empty: the disk serves */
+    struct kvt_pcache_stats st;
+    kvt_pcache_get_stats(pc, &st);
+    assert_int_equal(st.cold.shared_chunks, 2);
+
+    memcpy(p, t1, sizeof(t1));
+    p[600] = 999;
+    struct placement pl = {0};
+    struct kvt_take_into into = {.place = place_all, .ud = &pl};
+    struct kvt_take t;
+    assert_int_equal(kvt_pcache_take_into(pc, p, 601, "", &into, &t), 0);
+    assert_true(t.from_disk);
+    assert_non_null(into.header);
+    assert_int_equal(into.header->n_tokens, 600);
+    assert_int_equal(into.prefix_len, 600);
+    assert_int_equal(pl.len, n_full);
+    assert_memory_equal(pl.buf, full, n_full);
+    kvt_header_free(into.header);
+    free(pl.buf);
+    kvt_pcache_close(pc);
+    free(full);
+}
+
 static void test_eviction_spills_to_disk(void **state)
 {
     (void)state;
@@ -661,6 +703,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_restart_restores_longest_prefix),
         T(test_take_into_places_disk_hits),
+        T(test_take_into_places_shared_hits),
         T(test_eviction_spills_to_disk),
         T(test_refusing_gate_leaves_nothing),
         T(test_background_cpus_place_the_threads),

@@ -130,4 +130,16 @@ void kvt_dstage_give(kvt_device *d, unsigned k, bool queued);
 /** Wait for every slot's copies (call with no slot held). */
 int kvt_dstage_drain(kvt_device *d);
 
+/**
+ * kvt_file_load_to_device() of a shared entry: its files composed in host memory
+ * (kvt_share_read()), then uploaded to the addresses the device placement @p p sets for the
+ * whole entry's header, or, with @p keep (0 < keep < n), for that header cut to its first
+ * keep tokens (kvt_header_cut_prefix()). *@p out_header is the whole header. @return as
+ * kvt_share_open() (store/share.h), @p p's refusal, or the device's error.
+ */
+struct kvt_placement;
+int kvt_share_load_to_device(const char *tail_path, const struct kvt_expect *x, kvt_device *d,
+                             const struct kvt_placement *p, size_t keep,
+                             struct kvt_header **out_header, char **bad_chunk);
+
 #endif

@@ -191,63 +191,6 @@ static int list_slots(struct dev_load *l, const uint64_t *dst, const struct kvt_
     return 0;
 }
 
-/* @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load into device memory of
- * only that prefix lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the
- * same count. KVT_E_UNSUPPORTED for other kinds (their trims are not cuts of rows). */
-static int cut_header(const struct kvt_header *h, size_t keep, struct kvt_header **out)
-{
-    *out = NULL;
-    int64_t t = (int64_t)(h->n_tokens - keep);
-    for (size_t i = 0; i < h->n_caches; i++) {
-        const struct kvt_cache_header *c = &h->caches[i];
-        if (c->info.kind != KVT_KIND_KV || c->info.offset < t)
-            return kvt_fail(KVT_E_UNSUPPORTED,
-                            "a prefix load into device memory needs kv caches "
-                            "(caches[%zu] is %s)",
-                            i, kvt_kind_name(c->info.kind));
-        for (int j = 0; j < c->n_slots; j++)
-            if (c->slots[j].rank != 4 || c->slots[j].shape[2] != c->info.offset)
-                return kvt_fail(KVT_E_UNSUPPORTED, "caches[%zu].tensors[%d] is not [B, H, T, D]", i,
-                                j);
-    }
-    struct kvt_header *o = calloc(1, sizeof(*o));
-    int rc = 0;
-    if (o) {
-        *o = *h;
-        o->model_id = o->config_fingerprint = o->tokenizer_hash = o->ns = NULL;
-        o->tokens = malloc(keep ? keep * sizeof(*o->tokens) : 1);
-        o->caches = malloc((h->n_caches ? h->n_caches : 1) * sizeof(*o->caches));
-        const char *src[4] = {h->model_id, h->config_fingerprint, h->tokenizer_hash, h->ns};
-        char **dst[4] = {&o->model_id, &o->config_fingerprint, &o->tokenizer_hash, &o->ns};
-        for (int k = 0; k < 4; k++)
-            if (src[k] && !(*dst[k] = strdup(src[k])))
-                rc = -ENOMEM;
-    }
-    if (!o || rc || !o->tokens || !o->caches) {
-        kvt_header_free(o);
-        return kvt_fail(-ENOMEM, "out of memory");
-    }
-    memcpy(o->tokens, h->tokens, keep * sizeof(*o->tokens));
-    o->n_tokens = keep;
-    memcpy(o->caches, h->caches, h->n_caches * sizeof(*o->caches));
-    uint64_t off = 0;
-    for (size_t i = 0; i < o->n_caches; i++) {
-        struct kvt_cache_header *c = &o->caches[i];
-        c->info.offset -= t;
-        for (int j = 0; j < c->n_slots; j++) {
-            struct kvt_slot *sl = &c->slots[j];
-            sl->bytes = sl->bytes / (uint64_t)(sl->shape[2] ? sl->shape[2] : 1) *
-                        (uint64_t)(sl->shape[2] - t);
-            sl->shape[2] -= t;
-            sl->off = off;
-            sl->hash = 0;
-            off += sl->bytes;
-        }
-    }
-    *out = o;
-    return 0;
-}
-
 /* kvt_file_load_to_device() of the first @p keep tokens (0: all of them); *@p out_header is
  * the whole header. */
 static int load_to_device(const char *path, const struct kvt_expect *x, kvt_device *d,
@@ -261,7 +204,7 @@ static int load_to_device(const char *path, const struct kvt_expect *x, kvt_devi
     if (rc)
         return rc;
     if (keep && keep < h->n_tokens)
-        rc = cut_header(h, keep, &cut);
+        rc = kvt_header_cut_prefix(h, keep, &cut);
     if (rc == 0)
         rc = kvt_placement_ask(p, cut ? cut : h, path, &dst);
     struct dev_load l = {.name = path, .h = h, .d = d, .fd = fd, .verify = !(x && x->no_verify)};
@@ -300,10 +243,12 @@ struct dev_placed {
 };
 
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
-                       struct kvt_header **h, bool *refused)
+                       struct kvt_header **h, bool *refused, char **bad_chunk)
 {
     struct dev_placed *p = ud;
     p->place.refused = refused;
+    if (kvt_is_tail(path)) /* a shared entry: its files are composed first */
+        return kvt_share_load_to_device(path, x, p->d, &p->place, p->keep, h, bad_chunk);
     return load_to_device(path, x, p->d, &p->place, p->keep, h);
 }
 
@@ -334,7 +279,7 @@ int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit, 
     struct kvt_header *h = NULL;
     int rc = kvt_store_restore_with(s, hit, load_placed, &p, &h);
     if (rc == 0 && h && hit->prefix_len < h->n_tokens) { /* what landed: cut as placed */
-        rc = cut_header(h, hit->prefix_len, out_header);
+        rc = kvt_header_cut_prefix(h, hit->prefix_len, out_header);
         kvt_header_free(h);
     } else if (rc == 0) {
         *out_header = h;

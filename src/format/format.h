@@ -298,7 +298,24 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
  * @return 0, KVT_E_CORRUPT (L3), -EINVAL (bad geometry) or -errno.
  */
 int kvt_tensor_read_all(struct kvt_tensor_reader *r);
+/**
+ * kvt_tensor_read_all() of the @p nf files @p r (each with its r->dst) as one load: when every
+ * slot of all of them is in the page cache, slots of all files are copied and hashed on
+ * several cores at once (kvt_read_choose_files()); else file by file in order, the next file's
+ * read-ahead stream opened while this one is read. Every reader's stream is freed on return.
+ * @return as kvt_tensor_read_all(); on failure *@p failed (may be NULL) is the index of the
+ * file whose error is reported (the first failing one in order).
+ */
+int kvt_tensor_read_files(struct kvt_tensor_reader *r, size_t nf, size_t *failed);
 void kvt_tensor_reader_free(struct kvt_tensor_reader *r);
+
+/**
+ * @p h cut to its first @p keep tokens (keep < h->n_tokens), as a load of only that prefix
+ * lays it out: every cache a kv cache of [B, H, T, D] slots, T cut by the same count, slots
+ * contiguous in order, hashes 0. @return 0, KVT_E_UNSUPPORTED for other kinds (their trims
+ * are not cuts of rows) or -ENOMEM.
+ */
+int kvt_header_cut_prefix(const struct kvt_header *h, size_t keep, struct kvt_header **out);
 
 /** Rows a restore gives a token-axis cache of @p offset rows (CACHES.md §12). */
 uint64_t kvt_restore_cap(uint64_t offset);

@@ -38,6 +38,8 @@ enum { J_READ, J_HASH, J_GEOMETRY, J_NOMEM, J_OPEN };
 
 /* One slot of a load: where it is, and how its read ended. */
 struct slot_job {
+    size_t f; /* the file (kvt_tensor_read_files()) */
+    size_t o; /* the slot's ordinal in its file's header order */
     size_t ci;
     int sj;
     int rc;       /* 0 or the error */
@@ -265,18 +267,19 @@ int kvt_tensor_read(struct kvt_tensor_reader *r, size_t ci, int sj, uint8_t *dst
 }
 
 struct par_load {
-    const struct kvt_tensor_reader *r;
+    const struct kvt_tensor_reader *r; /* the files */
     struct slot_job *job;
 };
 
-/* Copy slot @p o from the page cache into its destination and check its hash. */
+/* Copy slot @p o of the load (in its file's header order) from the page cache into its
+ * destination and check its hash. */
 static bool load_slot(void *ud, size_t o)
 {
     const struct par_load *pl = ud;
-    const struct kvt_tensor_reader *r = pl->r;
     struct slot_job *j = &pl->job[o];
+    const struct kvt_tensor_reader *r = &pl->r[j->f];
     const struct kvt_slot *s = &r->h->caches[j->ci].slots[j->sj];
-    const struct kvt_slot_dst *d = &r->dst[o];
+    const struct kvt_slot_dst *d = &r->dst[j->o];
     uint64_t abs = kvt_slot_abs(r->h, s), blk = s->bytes / d->blocks;
     struct kvt_wyhash_state st;
     kvt_wyhash_init(&st, 0);
@@ -302,59 +305,118 @@ static bool load_slot(void *ud, size_t o)
     return j->rc == 0;
 }
 
-/* The cores a load of @p n slots may copy on: kvt_read_choose() over one range per slot with
- * its destination; 1 unless it picks the parallel copy out of the page cache. */
-static struct kvt_read_way read_way(const struct kvt_tensor_reader *r, size_t n)
+static size_t slot_count(const struct kvt_header *h)
 {
-    struct kvt_read_way one = {.path = KVT_READ_RING, .threads = 1};
-    if (!r->dst || n < 2)
-        return one;
-    struct kvt_range *rg = malloc(n * sizeof(*rg));
-    if (!rg)
-        return one;
-    for (size_t i = 0, o = 0; i < r->h->n_caches; i++)
-        for (int j = 0; j < r->h->caches[i].n_slots; j++, o++) {
-            const struct kvt_slot *s = &r->h->caches[i].slots[j];
-            rg[o] = (struct kvt_range){kvt_slot_abs(r->h, s), s->bytes, r->dst[o].dst, NULL};
-        }
-    struct kvt_read_way way =
-        kvt_read_choose(r->fd, rg, n, NULL, &(struct kvt_read_split){.copies = true});
-    free(rg);
-    return way;
-}
-
-int kvt_tensor_read_all(struct kvt_tensor_reader *r)
-{
-    const struct kvt_header *h = r->h;
     size_t n = 0;
     for (size_t i = 0; i < h->n_caches; i++)
         n += (size_t)h->caches[i].n_slots;
-    struct kvt_read_way way = read_way(r, n);
-    unsigned threads = way.path == KVT_READ_PARALLEL ? way.threads : 1;
-    struct slot_job *job = threads > 1 ? calloc(n, sizeof(*job)) : NULL;
-    int rc = 0;
-    if (!job) { /* one slot after the other through the read-ahead stream */
-        for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
-            for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++)
-                rc = kvt_tensor_read(r, i, j, r->dst ? r->dst[o].dst : NULL,
-                                     r->dst ? r->dst[o].blocks : 1, r->dst ? r->dst[o].stride : 0);
-        return rc;
+    return n;
+}
+
+/* How a load of the @p n slots of files @p r[0, nf) goes: kvt_read_choose_files() over one
+ * range per slot with its destination; one slot after the other unless it picks the parallel
+ * copy out of the page cache. */
+static struct kvt_read_way read_way(const struct kvt_tensor_reader *r, size_t nf, size_t n)
+{
+    struct kvt_read_way one = {.path = KVT_READ_RING, .threads = 1}, way = one;
+    struct kvt_range *rg = n < 2 ? NULL : malloc(n * sizeof(*rg));
+    int *fd = rg ? malloc(n * sizeof(*fd)) : NULL;
+    bool all_dst = fd != NULL;
+    for (size_t f = 0, o = 0; f < nf && all_dst; f++) {
+        all_dst = r[f].dst != NULL;
+        for (size_t i = 0, so = 0; all_dst && i < r[f].h->n_caches; i++)
+            for (int j = 0; j < r[f].h->caches[i].n_slots; j++, o++, so++) {
+                const struct kvt_slot *s = &r[f].h->caches[i].slots[j];
+                rg[o] =
+                    (struct kvt_range){kvt_slot_abs(r[f].h, s), s->bytes, r[f].dst[so].dst, NULL};
+                fd[o] = r[f].fd;
+            }
     }
+    if (all_dst)
+        way = kvt_read_choose_files(fd, rg, n, NULL);
+    free(rg);
+    free(fd);
+    return way;
+}
+
+/* Every slot of file @p r in order through its read-ahead stream, the stream of @p next (may
+ * be NULL) opened once this one is under way, so that the device reads it meanwhile. */
+static int read_in_order(struct kvt_tensor_reader *r, struct kvt_tensor_reader *next)
+{
+    const struct kvt_header *h = r->h;
+    int rc = 0;
     for (size_t i = 0, o = 0; i < h->n_caches && rc == 0; i++)
         for (int j = 0; j < h->caches[i].n_slots && rc == 0; j++, o++) {
-            job[o] = (struct slot_job){.ci = i, .sj = j};
-            if (bad_geometry(&h->caches[i].slots[j], r->dst[o].dst, r->dst[o].blocks,
-                             r->dst[o].stride))
-                rc = geometry_err(r, i, j);
+            rc = kvt_tensor_read(r, i, j, r->dst ? r->dst[o].dst : NULL,
+                                 r->dst ? r->dst[o].blocks : 1, r->dst ? r->dst[o].stride : 0);
+            if (o == 0 && next && !next->rs && next->h->n_caches && next->h->caches[0].n_slots) {
+                struct slot_job nj = {0};
+                open_stream(next, 0, 0, &nj); /* best effort: a failure reopens at the read */
+            }
         }
+    return rc;
+}
+
+/* Every slot of every file copied out of the page cache on @p threads cores. */
+static int read_parallel(struct kvt_tensor_reader *r, size_t nf, size_t n, unsigned threads,
+                         size_t *failed)
+{
+    struct slot_job *job = calloc(n, sizeof(*job));
+    if (!job)
+        return kvt_fail(-ENOMEM, "%s: out of memory", r->name);
+    int rc = 0;
+    for (size_t f = 0, o = 0; f < nf && rc == 0; f++)
+        for (size_t i = 0, so = 0; i < r[f].h->n_caches && rc == 0; i++)
+            for (int j = 0; j < r[f].h->caches[i].n_slots && rc == 0; j++, o++, so++) {
+                job[o] = (struct slot_job){.f = f, .o = so, .ci = i, .sj = j};
+                const struct kvt_slot_dst *d = &r[f].dst[so];
+                if (bad_geometry(&r[f].h->caches[i].slots[j], d->dst, d->blocks, d->stride))
+                    rc = geometry_err(&r[f], i, j);
+                *failed = f;
+            }
     if (rc == 0) {
         kvt_par_for(n, threads, load_slot, &(struct par_load){r, job});
         /* slots are handed out in order, so every slot before the first failure ran: the
          * error reported is the one a load in order would have met first */
         for (size_t o = 0; o < n && rc == 0; o++)
             if (job[o].rc)
-                rc = job_err(r, &job[o]);
+                rc = job_err(&r[ *failed = job[o].f], &job[o]);
     }
     free(job);
     return rc;
+}
+
+int kvt_tensor_read_files(struct kvt_tensor_reader *r, size_t nf, size_t *failed)
+{
+    size_t n = 0, at = 0;
+    for (size_t f = 0; f < nf; f++)
+        n += slot_count(r[f].h);
+    struct kvt_read_way way = read_way(r, nf, n);
+    int rc = 0;
+    if (way.path == KVT_READ_PARALLEL && way.threads > 1) {
+        rc = read_parallel(r, nf, n, way.threads, &at);
+    } else {
+        for (; at < nf && rc == 0; at++) {
+            rc = read_in_order(&r[at], at + 1 < nf ? &r[at + 1] : NULL);
+            if (rc == 0)
+                kvt_tensor_reader_free(&r[at]);
+        }
+        at -= at > 0;
+    }
+    for (size_t f = 0; f < nf; f++) /* no read may land after this */
+        kvt_tensor_reader_free(&r[f]);
+    if (failed)
+        *failed = at;
+    return rc;
+}
+
+int kvt_tensor_read_all(struct kvt_tensor_reader *r)
+{
+    size_t n = slot_count(r->h);
+    struct kvt_read_way way = read_way(r, 1, n);
+    if (way.path == KVT_READ_PARALLEL && way.threads > 1) {
+        size_t failed;
+        return read_parallel(r, 1, n, way.threads, &failed);
+    }
+    return read_in_order(r, NULL);
 }

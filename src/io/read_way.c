@@ -99,8 +99,10 @@ static bool prefault_wanted(const struct kvt_range *r, size_t n)
     return !any;
 }
 
-/* The cores a parallel copy of @p r may use; 1 when it should not be parallel. */
-static unsigned parallel_threads(int fd, const struct kvt_range *r, size_t n, uint64_t total)
+/* The cores a parallel copy of @p r (range i of file fd[i * fstep]) may use; 1 when it should
+ * not be parallel. */
+static unsigned parallel_threads(const int *fd, size_t fstep, const struct kvt_range *r, size_t n,
+                                 uint64_t total)
 {
     if (n < 2 || total < PAR_MIN || !kvt_mem_parallel())
         return 1;
@@ -108,7 +110,7 @@ static unsigned parallel_threads(int fd, const struct kvt_range *r, size_t n, ui
     if (t < 2)
         return 1;
     for (size_t i = 0; i < n; i++)
-        if (r[i].len > 0 && (!r[i].dst || !kvt_stream_cached(fd, r[i].off, r[i].len)))
+        if (r[i].len > 0 && (!r[i].dst || !kvt_stream_cached(fd[i * fstep], r[i].off, r[i].len)))
             return 1;
     return t < PAR_THREADS ? t : PAR_THREADS;
 }
@@ -136,9 +138,10 @@ static unsigned staged_threads(size_t n, uint64_t total, const struct kvt_read_s
     return n < t ? (n ? (unsigned)n : 1) : t;
 }
 
-struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
-                                    const struct kvt_stream_opts *o,
-                                    const struct kvt_read_split *split)
+/* kvt_read_choose() with range i in file fd[i * fstep]. */
+static struct kvt_read_way choose(const int *fd, size_t fstep, const struct kvt_range *r, size_t n,
+                                  const struct kvt_stream_opts *o,
+                                  const struct kvt_read_split *split)
 {
     static const struct kvt_stream_opts def;
     uint64_t total = 0;
@@ -151,12 +154,12 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                      .threads = staged_threads(n, total, split)};
     if (!kvt_stream_fast_ok() || total < FAST_MIN)
         return (struct kvt_read_way){.path = KVT_READ_PLAIN, .threads = 1};
-    unsigned t = split && split->copies ? parallel_threads(fd, r, n, total) : 1;
+    unsigned t = split && split->copies ? parallel_threads(fd, fstep, r, n, total) : 1;
     if (t > 1)
         return (struct kvt_read_way){.path = KVT_READ_PARALLEL, .threads = t};
     bool resident = true;
     for (size_t i = 0; i < n && resident; i++)
-        resident = r[i].len == 0 || kvt_stream_cached(fd, r[i].off, r[i].len);
+        resident = r[i].len == 0 || kvt_stream_cached(fd[i * fstep], r[i].off, r[i].len);
     bool direct = kvt_mem_direct() && !o->no_direct && !resident;
     return (struct kvt_read_way){
         .path = KVT_READ_RING,
@@ -165,6 +168,20 @@ struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
         .threads = 1,
         .chunk = mostly_copied(r, n, total, direct) ? KVT_COPY_CHUNK : 0,
     };
+}
+
+struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
+                                    const struct kvt_stream_opts *o,
+                                    const struct kvt_read_split *split)
+{
+    return choose(&fd, 0, r, n, o, split);
+}
+
+struct kvt_read_way kvt_read_choose_files(const int *fd, const struct kvt_range *r, size_t n,
+                                          const struct kvt_stream_opts *o)
+{
+    static const struct kvt_read_split copies = {.copies = true};
+    return choose(fd, 1, r, n, o, &copies);
 }
 
 bool kvt_read_keeps_cache(int fd, uint64_t off, uint64_t len, bool keep)

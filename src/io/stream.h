@@ -123,6 +123,13 @@ struct kvt_read_way {
 struct kvt_read_way kvt_read_choose(int fd, const struct kvt_range *r, size_t n,
                                     const struct kvt_stream_opts *o,
                                     const struct kvt_read_split *split);
+/**
+ * kvt_read_choose() for ranges of several files, range i of file @p fd[i] (a restore read from
+ * several files as one), by a caller that can copy whole ranges on several cores: the
+ * parallel copy is its to do; the plain path and the ring are one stream per file.
+ */
+struct kvt_read_way kvt_read_choose_files(const int *fd, const struct kvt_range *r, size_t n,
+                                          const struct kvt_stream_opts *o);
 /** Cut @p n ranges into at most @p threads runs of consecutive ranges, of about equal bytes,
  * for KVT_READ_RUNS: run k ends before range @p end[k]. @return the number of runs (0 when
  * @p n is 0). */

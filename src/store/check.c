@@ -35,13 +35,14 @@ static void act(const struct check *c, enum kvt_check_kind k, const char *path, 
         c->co->report(c->co->ud, k, path, bytes, why, rc);
 }
 
-/* Remove @p path if no one holds its lock and it is older than the grace (an abandoned .tmp,
- * a chunk no tail needs), reporting it as @p k. */
-static void check_claimed(const struct check *c, const char *path, enum kvt_check_kind k)
+/* Remove @p path if no one holds its lock and it was last modified at or before @p before_ms
+ * (an abandoned .tmp, a chunk no tail needs), reporting it as @p k. */
+static void check_claimed(const struct check *c, const char *path, enum kvt_check_kind k,
+                          int64_t before_ms)
 {
     struct stat st;
     bool again;
-    int fd = kvt_tmp_claim(path, c->grace_ms, &st, &again);
+    int fd = kvt_claim_older(path, before_ms, &st, &again);
     if (fd < 0)
         return;
     int rc = c->co->repair ? kvt_tmp_unlink_claimed(path, &st) : 0;
@@ -122,15 +123,16 @@ static bool collect_needed(const char *dir, char **names, size_t n, struct kvt_h
     return complete;
 }
 
+/* Check file @p name of a directory listed at @p listed_ms whose tails need @p needed. */
 static void check_file(const struct check *c, const char *name, const char *path,
-                       const struct kvt_hmap *needed)
+                       const struct kvt_hmap *needed, int64_t listed_ms)
 {
     if (kvt_layout_has_suffix(name, KVT_TMP_EXT)) {
-        check_claimed(c, path, KVT_CHECK_TMP);
+        check_claimed(c, path, KVT_CHECK_TMP, kvt_now_ms() - c->grace_ms);
     } else if (kvt_layout_has_suffix(name, KVT_CHUNK_EXT)) {
-        /* no tail of its directory needs it (docs/SHARING.md §6) */
+        /* no tail of its directory needs it, nor one published since (docs/SHARING.md §6) */
         if (needed && !kvt_hmap_get(needed, kvt_str_hash(path), str_same, path))
-            check_claimed(c, path, KVT_CHECK_ORPHAN);
+            check_claimed(c, path, KVT_CHECK_ORPHAN, listed_ms - c->grace_ms);
     } else if (kvt_layout_has_suffix(name, ".mlxkv.corrupt")) {
         if (c->co->remove_skipped)
             act(c, KVT_CHECK_QUARANTINED, path, NULL);
@@ -147,6 +149,41 @@ static void check_file(const struct check *c, const char *name, const char *path
     }
 }
 
+static bool has_chunk(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (kvt_layout_has_suffix(names[i], KVT_CHUNK_EXT))
+            return true;
+    return false;
+}
+
+/*
+ * List directory @p d at *@p listed_ms into @p files; a repair of a directory with chunks
+ * lists it again under its chunks lock (docs/SHARING.md §6), held in *@p lock (else -1), so
+ * that every tail a put published before the lock is seen. @return 0, or < 0 to pass the
+ * directory over, as the scan does when it cannot read one.
+ */
+static int list_dir(const struct check *c, const char *d, char ***files, size_t *nf,
+                    int64_t *listed_ms, int *lock)
+{
+    *lock = -1;
+    *listed_ms = kvt_now_ms();
+    int rc = kvt_store_names(d, false, files, nf);
+    if (rc < 0 || !c->co->repair || !has_chunk(*files, *nf))
+        return rc;
+    *lock = kvt_chunks_lock(d, true);
+    if (*lock < 0)
+        return 0; /* puts kept it: no chunk is called unneeded this time */
+    kvt_store_free_names(*files, *nf);
+    *listed_ms = kvt_now_ms();
+    rc = kvt_store_names(d, false, files, nf);
+    if (rc < 0) {
+        kvt_io()->close(*lock);
+        *lock = -1;
+    }
+    return rc;
+}
+
 static int check_files(const struct check *c, const char *root)
 {
     char **dirs, **files;
@@ -156,18 +193,23 @@ static int check_files(const struct check *c, const char *root)
         return rc == -ENOENT ? 0 : kvt_fail(rc, "%s: cannot list: %s", root, kvt_strerror(rc));
     for (size_t i = 0; i < nd; i++) {
         char *d = kvt_path_join(root, dirs[i]);
-        if (!d || kvt_store_names(d, false, &files, &nf) < 0) {
+        int64_t listed_ms;
+        int lock;
+        if (!d || list_dir(c, d, &files, &nf, &listed_ms, &lock) < 0) {
             free(d);
-            continue; /* as the scan does: a directory that cannot be read is passed over */
+            continue;
         }
         struct kvt_hmap needed = {0};
-        bool complete = collect_needed(d, files, nf, &needed);
+        bool complete = (lock >= 0 || !c->co->repair || !has_chunk(files, nf)) &&
+                        collect_needed(d, files, nf, &needed);
         for (size_t j = 0; j < nf; j++) {
             char *p = kvt_path_join(d, files[j]);
             if (p)
-                check_file(c, files[j], p, complete ? &needed : NULL);
+                check_file(c, files[j], p, complete ? &needed : NULL, listed_ms);
             free(p);
         }
+        if (lock >= 0)
+            kvt_io()->close(lock);
         kvt_hmap_each(&needed, free_path, NULL);
         kvt_hmap_free(&needed);
         kvt_store_free_names(files, nf);

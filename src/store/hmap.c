@@ -6,6 +6,9 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "hash/hash.h"
 
 static char tomb_marker;
 #define TOMB ((void *)&tomb_marker)
@@ -104,4 +107,9 @@ void kvt_hmap_each(const struct kvt_hmap *m, void (*fn)(void *val, void *ud), vo
     for (size_t i = 0; i < m->cap; i++)
         if (m->slots[i].val && m->slots[i].val != TOMB)
             fn(m->slots[i].val, ud);
+}
+
+uint64_t kvt_str_hash(const char *s)
+{
+    return kvt_wyhash(0, s, strlen(s));
 }

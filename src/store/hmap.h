@@ -34,6 +34,8 @@ void *kvt_hmap_get(const struct kvt_hmap *m, uint64_t hash, kvt_hmap_eq_fn eq, c
 bool kvt_hmap_del(struct kvt_hmap *m, uint64_t hash, const void *val);
 /** Visit every value (order unspecified); the map must not change during the walk. */
 void kvt_hmap_each(const struct kvt_hmap *m, void (*fn)(void *val, void *ud), void *ud);
+/** The hash of the string @p s (its bytes up to the NUL). */
+uint64_t kvt_str_hash(const char *s);
 /** A well-mixed hash of a 64-bit integer (splitmix64 finalizer). */
 uint64_t kvt_hmap_mix(uint64_t x);
 

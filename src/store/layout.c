@@ -1,9 +1,10 @@
 /*
  * Store directory layout: namespace directory names (FORMAT.md §8), entry names (random v4
- * UUIDs) and durable directory creation (STORE.md §12.3).
+ * UUIDs), durable directory creation (STORE.md §12.3) and the sorted listing of a directory.
  */
 #include "store/layout.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -124,4 +125,71 @@ int kvt_mkdir_durable(const char *path)
     }
     free(buf);
     return rc;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void kvt_store_free_names(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+struct name_list {
+    const char *path;
+    bool dirs_only;
+    char **v;
+    size_t n, cap;
+};
+
+static int add_name(void *ud, const char *name, unsigned char type)
+{
+    struct name_list *l = ud;
+    if (l->dirs_only && type != DT_DIR) {
+        if (type != DT_UNKNOWN && type != DT_LNK)
+            return 0;
+        struct stat st;
+        char *p = kvt_path_join(l->path, name);
+        int rc = p ? kvt_io()->stat(p, &st, 0) : -ENOMEM;
+        free(p);
+        if (rc == -ENOENT || (rc == 0 && !S_ISDIR(st.st_mode)))
+            return 0;
+        if (rc < 0)
+            return rc; /* a directory that cannot be told from a file fails the listing */
+    }
+    if (l->n == l->cap) {
+        size_t c = l->cap ? l->cap * 2 : 64;
+        char **nv = realloc(l->v, c * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        l->v = nv;
+        l->cap = c;
+    }
+    if (!(l->v[l->n] = strdup(name)))
+        return -ENOMEM;
+    l->n++;
+    return 0;
+}
+
+int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    struct name_list l = {.path = path, .dirs_only = dirs_only};
+    int rc = kvt_io()->list_dir(path, add_name, &l);
+    if (rc < 0) {
+        kvt_store_free_names(l.v, l.n);
+        return rc;
+    }
+    char **v = l.v;
+    size_t n = l.n;
+    if (n)
+        qsort(v, n, sizeof(*v), name_cmp);
+    *out = v;
+    *n_out = n;
+    return 0;
 }

@@ -28,4 +28,8 @@ int kvt_mkdir_durable(const char *path);
 /** "<a>/<b>" (malloc'd), or NULL. */
 char *kvt_path_join(const char *a, const char *b);
 
+/** The sorted entry names of @p path (subdirectories only when @p dirs_only); 0 or -errno. */
+int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out);
+void kvt_store_free_names(char **v, size_t n);
+
 #endif

@@ -41,106 +41,9 @@
 #define SCAN_MIN_PARALLEL 16
 #define SCAN_BATCH 128
 
-static int name_cmp(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-void kvt_store_free_names(char **v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-}
-
-struct name_list {
-    const char *path;
-    bool dirs_only;
-    char **v;
-    size_t n, cap;
-};
-
-static int add_name(void *ud, const char *name, unsigned char type)
-{
-    struct name_list *l = ud;
-    if (l->dirs_only && type != DT_DIR) {
-        if (type != DT_UNKNOWN && type != DT_LNK)
-            return 0;
-        struct stat st;
-        char *p = kvt_path_join(l->path, name);
-        int rc = p ? kvt_io()->stat(p, &st, 0) : -ENOMEM;
-        free(p);
-        if (rc == -ENOENT || (rc == 0 && !S_ISDIR(st.st_mode)))
-            return 0;
-        if (rc < 0)
-            return rc; /* a directory that cannot be told from a file fails the listing */
-    }
-    if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 64;
-        char **nv = realloc(l->v, c * sizeof(*nv));
-        if (!nv)
-            return -ENOMEM;
-        l->v = nv;
-        l->cap = c;
-    }
-    if (!(l->v[l->n] = strdup(name)))
-        return -ENOMEM;
-    l->n++;
-    return 0;
-}
-
-int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out)
-{
-    *out = NULL;
-    *n_out = 0;
-    struct name_list l = {.path = path, .dirs_only = dirs_only};
-    int rc = kvt_io()->list_dir(path, add_name, &l);
-    if (rc < 0) {
-        kvt_store_free_names(l.v, l.n);
-        return rc;
-    }
-    char **v = l.v;
-    size_t n = l.n;
-    if (n)
-        qsort(v, n, sizeof(*v), name_cmp);
-    *out = v;
-    *n_out = n;
-    return 0;
-}
-
 static bool timespec_eq(const struct timespec *a, const struct timespec *b)
 {
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
-}
-
-int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again)
-{
-    const struct kvt_io *io = kvt_io();
-    *again = false;
-    int fd = io->openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
-    if (fd < 0)
-        return -1;
-    if (io->flock(fd, LOCK_EX | LOCK_NB) < 0)
-        *again = true; /* a live writer holds it; look again in case the writer dies */
-    else if (io->fstat(fd, st) < 0 || !S_ISREG(st->st_mode))
-        ;
-    else if (kvt_now_ms() - kvt_timespec_ms(&st->st_mtim) < grace_ms)
-        *again = true; /* may be between its writer's create and lock */
-    else
-        return fd;
-    io->close(fd);
-    return -1;
-}
-
-int kvt_tmp_unlink_claimed(const char *path, const struct stat *st)
-{
-    /* Unlink only the very file we locked: the name may have moved on since the open. */
-    const struct kvt_io *io = kvt_io();
-    struct stat now_st;
-    int rc = io->stat(path, &now_st, AT_SYMLINK_NOFOLLOW);
-    if (rc == 0 && (now_st.st_ino != st->st_ino || now_st.st_dev != st->st_dev))
-        rc = -ENOENT;
-    return rc == 0 ? io->unlinkat(AT_FDCWD, path, 0) : rc;
 }
 
 /** Reap an abandoned .tmp; true when it should be looked at again later (locked, young). */
@@ -372,10 +275,13 @@ static void forget_missing(struct kvt_store *s, struct kvt_sdir *d, const struct
     free(g.v);
 }
 
-/* Remove the chunks among @p names that no indexed tail needs (and no writer is reusing). */
+/* Remove the chunks among @p names that no indexed tail needs, nor a tail published since
+ * (kvt_share_reap_dir()). */
 static void reap_chunks(struct kvt_store *s, struct kvt_sdir *d, char **names, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
+    char **cands = malloc((n ? n : 1) * sizeof(*cands));
+    size_t nc = 0;
+    for (size_t i = 0; cands && i < n; i++) {
         if (!kvt_layout_has_suffix(names[i], KVT_CHUNK_EXT))
             continue;
         char *path = kvt_path_join(d->path, names[i]);
@@ -384,10 +290,16 @@ static void reap_chunks(struct kvt_store *s, struct kvt_sdir *d, char **names, s
         pthread_mutex_lock(&s->lock);
         bool needed = kvt_chunk_needed_locked(s, path);
         pthread_mutex_unlock(&s->lock);
-        if (!needed)
-            kvt_chunk_remove(path, s->tmp_grace_ms);
-        free(path);
+        if (needed)
+            free(path);
+        else
+            cands[nc++] = path;
     }
+    if (nc)
+        kvt_share_reap_dir(s, d->path, cands, nc);
+    for (size_t i = 0; i < nc; i++)
+        free(cands[i]);
+    free(cands);
 }
 
 /* Reap the abandoned .tmp files among @p names and index the entries, in batches; true

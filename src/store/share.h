@@ -13,12 +13,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "format/format.h"
 #include "kvtier.h"
 
 #define KVT_SHARE_EXT ".kvshare"
 #define KVT_CHUNK_EXT ".kvchunk"
-#define KVT_SHARE_CHUNK 256 /* tokens per chunk: the caches' growth step */
-#define KVT_CHUNK_ID_LEN 32 /* hex digits of a chunk id */
+#define KVT_CHUNKS_LOCK "chunks.lock" /* kvt_chunks_lock() */
+#define KVT_SHARE_CHUNK 256           /* tokens per chunk: the caches' growth step */
+#define KVT_CHUNK_ID_LEN 32           /* hex digits of a chunk id */
 
 /** Whether a cache of @p kind is cut into chunks (kv, qkv); other kinds stay whole. */
 bool kvt_share_splits(int kind);
@@ -71,16 +73,57 @@ struct kvt_share_saved {
 int kvt_share_save(const char *dir, const char *tail_path, const struct kvt_entry *e,
                    const struct kvt_save_opts *o, struct kvt_share_saved *out);
 
+/** A shared entry opened for a restore (kvt_share_open()). */
+struct kvt_share_open {
+    /* the whole entry: the tail's header with every cut layer grown to all n rows, its slots
+     * contiguous [B, H, n, D] (offsets in order, hashes 0) */
+    struct kvt_header *whole;
+    size_t nf; /* files: the tail, then its chunks in order */
+    int *fd;   /* the tail's open; a chunk's only while it is read */
+    struct kvt_header **h;
+    char **path;
+    uint64_t own; /* rows of the tail's cut layers: n - 256m */
+};
+
 /**
- * Load the entry whose tail is @p tail_path: the tail and its chunks (from the tail's
- * directory), every byte hash-checked unless x->no_verify, composed into caches of the whole
- * entry with restore capacity. A chunk that fails names itself in *@p bad_chunk (malloc'd;
- * may be NULL): the caller treats every entry that needs it as lost.
+ * Open the entry whose tail is @p tail_path: the tail's header checked as any file's (V1-V20,
+ * @p x), then every chunk's (from the tail's directory) against the entry, before any tensor
+ * byte is read. A chunk that fails names itself in *@p bad_chunk (malloc'd; may be NULL): the
+ * caller treats every entry that needs it as lost.
  * @return 0, or the codes of kvt_file_load() (KVT_E_CORRUPT also for a chunk whose tokens or
  * shape do not fit the tail; -ENOENT for a missing chunk).
  */
+int kvt_share_open(const char *tail_path, const struct kvt_expect *x, struct kvt_share_open *so,
+                   char **bad_chunk);
+/**
+ * Read every file of @p so into the whole entry's slot destinations @p d (one per slot of
+ * so->whole in order; a cut slot's blocks are its [B, H] rows of n rows each, at the stride
+ * d->stride; a NULL dst only checks): each file's rows land at their row offsets, every byte
+ * hash-checked unless x->no_verify, the files read as one load (kvt_tensor_read_files()).
+ * The slack past row n is the caller's. @return as kvt_share_open().
+ */
+int kvt_share_read(struct kvt_share_open *so, const struct kvt_slot_dst *d,
+                   const struct kvt_expect *x, char **bad_chunk);
+void kvt_share_close(struct kvt_share_open *so);
+/** The destinations of kvt_share_read() for caller memory: slot k of the whole entry @p w
+ * contiguous at @p dst[k] (NULL: only checked). */
+void kvt_share_placed_dsts(const struct kvt_header *w, void *const *dst, struct kvt_slot_dst *d);
+
+/**
+ * Load the entry whose tail is @p tail_path into new caches of the whole entry with restore
+ * capacity (kvt_share_open(), kvt_share_read()). @return as kvt_share_open().
+ */
 int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt_entry **out,
                    char **bad_chunk);
+/**
+ * kvt_file_load_into() of a shared entry through the host placement @p p: it is given the
+ * whole entry's header (n tokens, every cut layer's slots [B, H, n, D]) and each file's rows
+ * are read into their row offsets of its memory. On success *@p out_header is that header.
+ * @return as kvt_share_open(), or @p p's refusal.
+ */
+int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x,
+                        const struct kvt_placement *p, struct kvt_header **out_header,
+                        char **bad_chunk);
 
 /*
  * Composing a shared entry from chunks held in memory (the remote tier's objects): the tail
@@ -93,7 +136,6 @@ int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
                           struct kvt_share_compose **out);
 /** For a chunk k arriving as bytes (a fed load): check its header @p h against the entry and
  * give the destinations of its @p n slots, rows [256k, 256(k + 1)) of the whole entry's. */
-struct kvt_slot_dst;
 int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
                             const struct kvt_header *h, struct kvt_slot_dst *d, size_t n,
                             const char *name);

@@ -1,9 +1,8 @@
 /*
  * The chunks of shared entries in the store's bookkeeping (docs/SHARING.md §5-§6): each
  * indexed tail holds a reference on each chunk it needs; a chunk's bytes count towards the
- * cap once, however many tails need it; a chunk no indexed tail needs is removed, but only
- * once it is old enough that no writer can be about to reference it, under an exclusive lock
- * that a writer reusing it waits for.
+ * cap once, however many tails need it; a chunk no indexed tail needs goes to the caller's
+ * path list, whose removal (share_reap.c) first makes sure that no tail on disk needs it.
  */
 #include "store/store.h"
 
@@ -121,8 +120,8 @@ static int unref_one(void *ud, size_t k, const char *id)
         return 0;
     kvt_hmap_del(&j->s->chunks, kvt_str_hash(c->path), c);
     j->s->chunk_bytes -= c->bytes;
-    if (j->pl && kvt_pathlist_push(j->pl, c->path) == 0)
-        j->pl->grace_ms = j->s->tmp_grace_ms;
+    if (j->pl)
+        kvt_pathlist_push(j->pl, c->path); /* failing, a later scan removes it */
     free(c->path);
     free(c);
     return 0;
@@ -159,17 +158,6 @@ void kvt_chunks_unref_locked(struct kvt_store *s, const struct kvt_rec *r, struc
     walk(r, unref_one, &j);
 }
 
-void kvt_chunk_remove(const char *path, int64_t grace_ms)
-{
-    struct stat st;
-    bool again;
-    int fd = kvt_tmp_claim(path, grace_ms, &st, &again);
-    if (fd < 0)
-        return; /* in use or young: a later scan takes it if no tail needs it then */
-    kvt_tmp_unlink_claimed(path, &st);
-    kvt_io()->close(fd);
-}
-
 static void free_chunk(void *val, void *ud)
 {
     (void)ud;
@@ -182,43 +170,4 @@ void kvt_chunks_free(struct kvt_store *s)
 {
     kvt_hmap_each(&s->chunks, free_chunk, NULL);
     kvt_hmap_free(&s->chunks);
-}
-
-struct needs_job {
-    const char *dir, *bad;
-};
-
-static int is_bad(void *ud, size_t k, const char *id)
-{
-    (void)k;
-    struct needs_job *j = ud;
-    char *path = kvt_share_chunk_path(j->dir, id);
-    int hit = path && !strcmp(path, j->bad);
-    free(path);
-    return hit;
-}
-
-/* Whether tail @p r needs the chunk @p bad. */
-static bool needs(const struct kvt_rec *r, const char *bad)
-{
-    int32_t *tok = malloc((r->n_tokens ? r->n_tokens : 1) * sizeof(*tok));
-    if (!tok)
-        return false;
-    kvt_rec_tokens(r, tok);
-    struct needs_job j = {((const struct kvt_sdir *)r->owner)->path, bad};
-    bool yes = kvt_share_each_chunk(tok, r->n_tokens, is_bad, &j) == 1;
-    free(tok);
-    return yes;
-}
-
-void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad, struct kvt_pathlist *pl)
-{
-    struct kvt_rec **recs;
-    size_t n;
-    if (kvt_index_records(s->ix, &recs, &n) < 0)
-        return; /* their restores fail on the chunk one by one instead */
-    for (size_t i = 0; i < n; i++)
-        if (kvt_is_tail(recs[i]->path) && needs(recs[i], bad))
-            kvt_store_drop_locked(s, recs[i], pl);
-    free(recs);
 }

@@ -1,328 +1,181 @@
 /*
- * Loading an entry kept as shared chunks plus its tail (docs/SHARING.md §4): the tail is
- * loaded and checked first, then one destination of the whole entry's rows (with restore
- * capacity) is allocated per token-axis tensor and the tail's rows copied to its end; then
- * each chunk's header is checked against the entry and its slots read straight into their
- * rows, hashes checked in the same pass. Only the entry and the tail are held in memory.
+ * Loading an entry kept as shared chunks plus its tail (docs/SHARING.md §4), in two passes.
+ * First every header: the tail's (checked as any file's), then each chunk's, checked against
+ * the entry before any tensor byte is read (its tokens, then one cache of the same kind,
+ * quantization and shape per cut layer, 256 rows). From them comes the header of the whole
+ * entry, which sizes the destinations. Then every file's slots are read into their rows of
+ * those destinations as one load (kvt_tensor_read_files(): in parallel out of the page cache,
+ * else file by file with the next file read ahead), hashes checked in the same pass.
  */
 #include "store/share.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/error.h"
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "threads/restore_helper.h"
 #include "tensor/tensor.h"
 
-/** The whole entry's token-axis tensors being filled: one set per cut layer. */
-struct composed {
-    struct kvt_tensor t[KVT_MAX_CACHE_TENSORS];
-    int nt;
-};
+/* Files read as one load: bounds the descriptors open at once for a long entry. */
+#define READ_BATCH 64
 
-static void composed_free(struct composed *c, size_t n)
+void kvt_share_close(struct kvt_share_open *so)
 {
-    for (size_t i = 0; c && i < n; i++)
-        for (int j = 0; j < c[i].nt; j++)
-            kvt_tensor_release(&c[i].t[j]);
-    free(c);
+    for (size_t f = 0; f < so->nf; f++) {
+        if (so->fd && so->fd[f] >= 0)
+            kvt_io()->close(so->fd[f]);
+        if (so->h)
+            kvt_header_free(so->h[f]);
+        if (so->path)
+            free(so->path[f]);
+    }
+    free(so->fd);
+    free(so->h);
+    free(so->path);
+    kvt_header_free(so->whole);
+    *so = (struct kvt_share_open){0};
 }
 
-/* Copy the state of @p src (rows [0, offset)) into rows [a, ...) of @p dst. */
-static int place_rows(struct composed *dst, const kvt_cache *src, int64_t a, const char *name)
+/* Bytes of one row of slot @p s (a [B, H, T, D] tensor). */
+static uint64_t row_bytes(const struct kvt_slot *s)
 {
-    struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
-    int nt = kvt_cache_state(src, st);
-    if (nt != dst->nt) {
-        for (int j = 0; j < nt; j++)
-            kvt_tensor_release(&st[j]);
-        return kvt_fail(KVT_E_CORRUPT, "%s: a layer's tensors do not match the tail's", name);
-    }
-    int rc = 0;
-    for (int j = 0; j < nt; j++) {
-        struct kvt_tensor view;
-        if (rc == 0)
-            rc = kvt_tensor_slice(&view, &dst->t[j], 2, a, a + st[j].shape[2]);
-        if (rc == 0) {
-            rc = kvt_tensor_copy(&view, &st[j]);
-            kvt_tensor_release(&view);
-        }
-        kvt_tensor_release(&st[j]);
-    }
-    return rc ? kvt_fail(KVT_E_CORRUPT, "%s: a layer's rows do not fit the tail's", name) : 0;
+    return kvt_dtype_size(s->dtype) * (uint64_t)s->shape[3];
 }
 
-/* Destinations of @p n rows (with restore capacity) shaped like the tail layer @p c: every
- * row below n is filled by the tail and the chunks, the capacity slack must read zero. */
-static int composed_new(struct composed *d, const kvt_cache *c, int64_t n)
+/* Check the tail's cut layers: [B, H, own, D] slots of own = n - 256m rows, m >= 1. */
+static int tail_fits(const struct kvt_header *t, const char *path, uint64_t own)
 {
-    struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
-    int nt = kvt_cache_state(c, st), rc = nt < 0 ? nt : 0;
-    for (int j = 0; j < nt; j++) {
-        int64_t shape[KVT_MAX_RANK], cap = (int64_t)kvt_restore_cap((uint64_t)n);
-        memcpy(shape, st[j].shape, sizeof(shape));
-        shape[2] = cap;
-        size_t row = kvt_dtype_size(st[j].dtype) * (size_t)shape[3], bytes;
-        size_t blocks = (size_t)(shape[0] * shape[1]);
-        kvt_buf *b = NULL;
-        /* the tail's header sets n: a size past memory is that file's fault */
-        if (rc == 0 && (__builtin_mul_overflow(blocks, (size_t)cap, &bytes) ||
-                        __builtin_mul_overflow(bytes, row, &bytes)))
-            rc = kvt_fail(KVT_E_CORRUPT, "a tail of %lld tokens does not fit in memory",
-                          (long long)n);
-        if (rc == 0)
-            rc = kvt_buf_new_for_fill(bytes, &b);
-        if (rc == 0 && (rc = kvt_tensor_init(&d->t[j], b, 0, st[j].dtype, 4, shape)) == 0)
-            d->nt = j + 1;
-        for (size_t k = 0; rc == 0 && !kvt_buf_zeroed(b) && k < blocks; k++)
-            memset((uint8_t *)kvt_buf_data(b) + (k * (size_t)cap + (size_t)n) * row, 0,
-                   (size_t)(cap - n) * row);
-        kvt_buf_unref(b);
-        kvt_tensor_release(&st[j]);
+    if (!kvt_share_chunks(t->n_tokens))
+        return kvt_fail(KVT_E_CORRUPT, "%s: a tail of %zu tokens has no chunks", path, t->n_tokens);
+    for (size_t i = 0; i < t->n_caches; i++) {
+        const struct kvt_cache_header *c = &t->caches[i];
+        bool ok = !kvt_share_splits(c->info.kind) || (uint64_t)c->info.offset == own;
+        for (int j = 0; ok && kvt_share_splits(c->info.kind) && j < c->n_slots; j++)
+            ok = c->slots[j].rank == 4 && (uint64_t)c->slots[j].shape[2] == own;
+        if (!ok)
+            return kvt_fail(KVT_E_CORRUPT, "%s: caches[%zu] does not hold the tail's %llu rows",
+                            path, i, (unsigned long long)own);
     }
-    return rc;
-}
-
-/* Check the tail @p t and allocate the destinations of its cut layers. */
-static int tail_layout(const struct kvt_entry *t, const char *path, struct composed **out)
-{
-    int64_t n = (int64_t)t->n_tokens,
-            own = n - (int64_t)(kvt_share_chunks(t->n_tokens) * KVT_SHARE_CHUNK);
-    struct composed *c = calloc(t->n_caches ? t->n_caches : 1, sizeof(*c));
-    if (!c)
-        return -ENOMEM;
-    int rc = kvt_share_chunks(t->n_tokens) ? 0
-                                           : kvt_fail(KVT_E_CORRUPT,
-                                                      "%s: a tail of %zu tokens "
-                                                      "has no chunks",
-                                                      path, t->n_tokens);
-    for (size_t i = 0; i < t->n_caches && rc == 0; i++) {
-        struct kvt_cache_info info;
-        kvt_cache_get_info(t->caches[i], &info);
-        if (!kvt_share_splits(info.kind))
-            continue;
-        if (info.offset != own)
-            rc = kvt_fail(KVT_E_CORRUPT, "%s: caches[%zu] holds %lld rows, the tail %lld", path, i,
-                          (long long)info.offset, (long long)own);
-        if (rc == 0)
-            rc = composed_new(&c[i], t->caches[i], n);
-        if (rc == 0)
-            rc = place_rows(&c[i], t->caches[i], n - own, path);
-    }
-    if (rc < 0) {
-        composed_free(c, t->n_caches);
-        return rc;
-    }
-    *out = c;
     return 0;
 }
 
-/* Whether slot @p sj of chunk cache @p ch (256 rows) fits the destination @p t. */
-static bool slot_fits(const struct kvt_cache_header *ch, int sj, const struct kvt_tensor *t)
+/* The header of the whole entry: the tail's, every cut layer grown to all n rows (slots
+ * contiguous [B, H, n, D], offsets in order, hashes 0: no file holds them so). */
+static int whole_header(const struct kvt_header *t, const char *path, struct kvt_header **out)
 {
-    const struct kvt_slot *sl = &ch->slots[sj];
-    return sl->dtype == t->dtype && sl->rank == 4 && sl->shape[0] == t->shape[0] &&
-           sl->shape[1] == t->shape[1] && sl->shape[2] == KVT_SHARE_CHUNK &&
-           sl->shape[3] == t->shape[3];
+    struct kvt_header *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    *w = *t;
+    const char *src[4] = {t->model_id, t->config_fingerprint, t->tokenizer_hash, t->ns};
+    char **dst[4] = {&w->model_id, &w->config_fingerprint, &w->tokenizer_hash, &w->ns};
+    bool oom = false;
+    for (int k = 0; k < 4; k++)
+        oom |= src[k] && !(*dst[k] = strdup(src[k]));
+    w->tokens = malloc(t->n_tokens * sizeof(*w->tokens));
+    w->caches = malloc((t->n_caches ? t->n_caches : 1) * sizeof(*w->caches));
+    if (oom || !w->tokens || !w->caches) {
+        kvt_header_free(w);
+        return -ENOMEM;
+    }
+    memcpy(w->tokens, t->tokens, t->n_tokens * sizeof(*w->tokens));
+    memcpy(w->caches, t->caches, t->n_caches * sizeof(*w->caches));
+    uint64_t off = 0, n = t->n_tokens;
+    for (size_t i = 0; i < w->n_caches; i++) {
+        struct kvt_cache_header *c = &w->caches[i];
+        bool cut = kvt_share_splits(c->info.kind);
+        if (cut)
+            c->info.offset = (int64_t)n;
+        for (int j = 0; j < c->n_slots; j++) {
+            struct kvt_slot *s = &c->slots[j];
+            uint64_t bytes = s->bytes;
+            if (cut && (__builtin_mul_overflow((uint64_t)(s->shape[0] * s->shape[1]), n, &bytes) ||
+                        __builtin_mul_overflow(bytes, row_bytes(s), &bytes))) {
+                kvt_header_free(w);
+                return kvt_fail(KVT_E_CORRUPT, "%s: an entry of %llu tokens is too large", path,
+                                (unsigned long long)n);
+            }
+            if (cut) {
+                s->shape[2] = (int64_t)n;
+                s->hash = 0;
+            }
+            s->bytes = bytes;
+            s->off = off;
+            off += bytes;
+        }
+    }
+    *out = w;
+    return 0;
 }
 
-/* Whether the chunk of header @p h fits rows [256k, 256(k + 1)) of the tail @p t: its tokens,
+/* Whether slot @p s of a chunk fits the whole entry's slot @p w: 256 of its rows. */
+static bool slot_fits(const struct kvt_slot *s, const struct kvt_slot *w)
+{
+    return s->dtype == w->dtype && s->rank == 4 && s->shape[0] == w->shape[0] &&
+           s->shape[1] == w->shape[1] && s->shape[2] == KVT_SHARE_CHUNK &&
+           s->shape[3] == w->shape[3];
+}
+
+/* Whether the chunk of header @p h fits rows [256k, 256(k + 1)) of the entry @p w: its tokens,
  * then one cache of the same kind, 256 rows and tensor shapes per cut layer, in order. */
-static int chunk_fits(const struct kvt_entry *t, const struct composed *c,
-                      const struct kvt_header *h, size_t k, const char *path)
+static int chunk_fits(const struct kvt_header *w, const struct kvt_header *h, size_t k,
+                      const char *path)
 {
     if (h->n_tokens != KVT_SHARE_CHUNK ||
-        memcmp(h->tokens, t->tokens + k * KVT_SHARE_CHUNK, KVT_SHARE_CHUNK * sizeof(int32_t)))
+        memcmp(h->tokens, w->tokens + k * KVT_SHARE_CHUNK, KVT_SHARE_CHUNK * sizeof(int32_t)))
         return kvt_fail(KVT_E_CORRUPT, "%s: the chunk's tokens are not the entry's", path);
     size_t j = 0;
-    for (size_t i = 0; i < t->n_caches; i++) {
-        if (!c[i].nt)
+    for (size_t i = 0; i < w->n_caches; i++) {
+        const struct kvt_cache_header *want = &w->caches[i];
+        if (!kvt_share_splits(want->info.kind))
             continue;
-        struct kvt_cache_info want;
-        kvt_cache_get_info(t->caches[i], &want);
         const struct kvt_cache_header *ch = j < h->n_caches ? &h->caches[j] : NULL;
-        bool ok = ch && ch->info.kind == want.kind && ch->info.offset == KVT_SHARE_CHUNK &&
-                  ch->info.bits == want.bits && ch->info.group_size == want.group_size &&
-                  ch->n_slots == c[i].nt;
+        bool ok = ch && ch->info.kind == want->info.kind && ch->info.offset == KVT_SHARE_CHUNK &&
+                  ch->info.bits == want->info.bits &&
+                  ch->info.group_size == want->info.group_size && ch->n_slots == want->n_slots;
         for (int sj = 0; ok && sj < ch->n_slots; sj++)
-            ok = slot_fits(ch, sj, &c[i].t[sj]);
+            ok = slot_fits(&ch->slots[sj], &want->slots[sj]);
         if (!ok)
             return kvt_fail(KVT_E_CORRUPT, "%s: the chunk's layer %zu does not fit the entry", path,
                             j);
         j++;
     }
-    return j == h->n_caches ? 0
-                            : kvt_fail(KVT_E_CORRUPT,
-                                       "%s: the chunk has %zu layers, the entry "
-                                       "cuts %zu",
-                                       path, h->n_caches, j);
-}
-
-/* Where each slot of a fitting chunk goes: rows [256k, 256(k + 1)) of every [B, H] block of
- * its destination, the rows around them left as they are (zeroed: untouched slack). */
-static void chunk_dsts(const struct kvt_entry *t, const struct composed *c, size_t k,
-                       struct kvt_slot_dst *d)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < t->n_caches; i++)
-        for (int sj = 0; sj < c[i].nt; sj++) {
-            const struct kvt_tensor *dt = &c[i].t[sj];
-            size_t row = kvt_dtype_size(dt->dtype) * (size_t)dt->shape[3];
-            size_t at = k * KVT_SHARE_CHUNK * row, tail = kvt_buf_small_tail(dt->buf);
-            d[o++] = (struct kvt_slot_dst){
-                .dst = (uint8_t *)kvt_buf_data(dt->buf) + at,
-                .blocks = (uint64_t)(dt->shape[0] * dt->shape[1]),
-                .stride = (uint64_t)dt->shape[2] * row,
-                .small_tail = tail == SIZE_MAX ? UINT64_MAX
-                              : tail > at      ? tail - at
-                                               : 0,
-                .zeroed = true,
-            };
-        }
-}
-
-struct load_job {
-    const struct kvt_entry *t;
-    const char *dir;
-    const struct kvt_expect *x;
-    struct composed *c;
-    char **bad;
-};
-
-/* Read chunk @p path straight into its rows of the destinations, hashes checked. */
-static int read_chunk(struct load_job *j, size_t k, const char *path)
-{
-    struct kvt_expect cx = *j->x;
-    cx.n_layers = 0; /* a chunk holds only the cut layers */
-    int fd;
-    struct kvt_header *h;
-    int rc = kvt_file_open_header(path, &cx, &fd, &h);
-    if (rc)
-        return rc;
-    struct kvt_slot_dst d[64 * KVT_MAX_CACHE_TENSORS], *dp = d;
-    size_t slots = 0;
-    for (size_t i = 0; i < j->t->n_caches; i++)
-        slots += (size_t)j->c[i].nt;
-    rc = chunk_fits(j->t, j->c, h, k, path);
-    if (rc == 0 && slots > sizeof(d) / sizeof(d[0]) && !(dp = calloc(slots, sizeof(*dp))))
-        rc = -ENOMEM;
-    if (rc == 0)
-        chunk_dsts(j->t, j->c, k, dp);
-    /* other entries need the chunk too: its pages stay cached */
-    struct kvt_tensor_reader r = {
-        .fd = fd, .name = path, .h = h, .verify = !cx.no_verify, .keep_cache = true, .dst = dp};
-    if (rc == 0)
-        rc = kvt_tensor_read_all(&r);
-    kvt_tensor_reader_free(&r);
-    kvt_io()->close(fd);
-    kvt_header_free(h);
-    if (dp != d)
-        free(dp);
-    return rc;
-}
-
-/* Chunk @p k of the tail into place; j->bad names it on failure. */
-static int load_chunk(void *ud, size_t k, const char *id)
-{
-    struct load_job *j = ud;
-    char *path = kvt_share_chunk_path(j->dir, id);
-    if (!path)
-        return -ENOMEM;
-    int rc = read_chunk(j, k, path);
-    if (rc < 0 && j->bad)
-        *j->bad = path;
-    else
-        free(path);
-    return rc;
-}
-
-/* Replace the cut layers of @p t with caches of the whole entry over @p c. */
-static int compose(struct kvt_entry *t, struct composed *c)
-{
-    for (size_t i = 0; i < t->n_caches; i++) {
-        if (!c[i].nt)
-            continue;
-        struct kvt_cache_info info;
-        kvt_cache_get_info(t->caches[i], &info);
-        info.offset = (int64_t)t->n_tokens;
-        kvt_cache *whole;
-        int rc = kvt_cache_from_state(&info, c[i].t, c[i].nt, &whole);
-        if (rc < 0)
-            return rc;
-        kvt_cache_free(t->caches[i]);
-        t->caches[i] = whole;
-    }
+    if (j != h->n_caches)
+        return kvt_fail(KVT_E_CORRUPT, "%s: the chunk has %zu layers, the entry cuts %zu", path,
+                        h->n_caches, j);
     return 0;
 }
 
-struct kvt_share_compose {
-    struct composed *c;
-    size_t n;
+struct open_job {
+    struct kvt_share_open *so;
+    const char *dir;
+    struct kvt_expect cx; /* a chunk's: no layer count, it holds only the cut layers */
+    char **bad;
 };
 
-int kvt_share_compose_new(const struct kvt_entry *t, const char *name,
-                          struct kvt_share_compose **out)
+/* Open chunk @p k (file k + 1) and check its header against the entry; closed again (the
+ * read reopens it: a long entry would hold too many descriptors). */
+static int open_chunk(void *ud, size_t k, const char *id)
 {
-    *out = calloc(1, sizeof(**out));
-    if (!*out)
+    struct open_job *j = ud;
+    struct kvt_share_open *so = j->so;
+    size_t f = k + 1;
+    if (!(so->path[f] = kvt_share_chunk_path(j->dir, id)))
         return -ENOMEM;
-    int rc = tail_layout(t, name, &(*out)->c);
-    (*out)->n = t->n_caches;
-    if (rc < 0) {
-        free(*out);
-        *out = NULL;
+    int fd;
+    int rc = kvt_file_open_header(so->path[f], &j->cx, &fd, &so->h[f]);
+    if (rc == 0) {
+        kvt_io()->close(fd);
+        rc = chunk_fits(so->whole, so->h[f], k, so->path[f]);
     }
+    if (rc < 0 && j->bad)
+        *j->bad = strdup(so->path[f]);
     return rc;
-}
-
-int kvt_share_compose_place(struct kvt_share_compose *sc, const struct kvt_entry *t, size_t k,
-                            const struct kvt_header *h, struct kvt_slot_dst *d, size_t n,
-                            const char *name)
-{
-    size_t slots = 0;
-    for (size_t i = 0; i < t->n_caches; i++)
-        slots += (size_t)sc->c[i].nt;
-    int rc = chunk_fits(t, sc->c, h, k, name);
-    if (rc == 0 && n != slots)
-        rc = kvt_fail(KVT_E_CORRUPT, "%s: %zu tensors where the entry cuts %zu", name, n, slots);
-    if (rc == 0)
-        chunk_dsts(t, sc->c, k, d);
-    return rc;
-}
-
-struct kvt_restore_helper *kvt_share_compose_prefault(struct kvt_share_compose *sc)
-{
-    struct kvt_restore_helper *pf = NULL;
-    for (size_t i = 0; i < sc->n; i++)
-        for (int j = 0; j < sc->c[i].nt; j++) {
-            void *p = kvt_buf_data(sc->c[i].t[j].buf);
-            size_t len = kvt_tensor_nbytes(&sc->c[i].t[j]);
-            if (len < KVT_PREFAULT_MIN || !kvt_restore_helper_wanted(p, len))
-                continue;
-            if (!pf && !(pf = kvt_restore_helper_start()))
-                return NULL;
-            kvt_restore_helper_add(pf, p, len);
-        }
-    return pf;
-}
-
-int kvt_share_compose_end(struct kvt_share_compose *sc, struct kvt_entry *t)
-{
-    int rc = compose(t, sc->c);
-    kvt_share_compose_free(sc);
-    return rc;
-}
-
-void kvt_share_compose_free(struct kvt_share_compose *sc)
-{
-    if (!sc)
-        return;
-    composed_free(sc->c, sc->n);
-    free(sc);
 }
 
 static char *dir_of(const char *path)
@@ -331,29 +184,229 @@ static char *dir_of(const char *path)
     return slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
 }
 
+/* The tail of @p so (file 0), checked, and the whole entry's header. */
+static int open_tail(struct kvt_share_open *so, const char *tail_path, const struct kvt_expect *x)
+{
+    struct kvt_header *t;
+    int fd;
+    int rc = kvt_file_open_header(tail_path, x, &fd, &t);
+    if (rc)
+        return rc;
+    size_t m = kvt_share_chunks(t->n_tokens);
+    int *fds = malloc((m + 1) * sizeof(*fds));
+    struct kvt_header **h = calloc(m + 1, sizeof(*h));
+    char **path = calloc(m + 1, sizeof(*path));
+    if (!fds || !h || !path || !(path[0] = strdup(tail_path))) {
+        free(fds);
+        free(h);
+        free(path);
+        kvt_header_free(t);
+        kvt_io()->close(fd);
+        return -ENOMEM;
+    }
+    for (size_t f = 1; f <= m; f++)
+        fds[f] = -1;
+    fds[0] = fd;
+    h[0] = t;
+    *so = (struct kvt_share_open){.nf = m + 1, .fd = fds, .h = h, .path = path};
+    so->own = t->n_tokens - m * KVT_SHARE_CHUNK;
+    rc = tail_fits(t, tail_path, so->own);
+    return rc ? rc : whole_header(t, tail_path, &so->whole);
+}
+
+int kvt_share_open(const char *tail_path, const struct kvt_expect *x, struct kvt_share_open *so,
+                   char **bad_chunk)
+{
+    *so = (struct kvt_share_open){0};
+    if (bad_chunk)
+        *bad_chunk = NULL;
+    char *dir = dir_of(tail_path);
+    int rc = dir ? open_tail(so, tail_path, x) : -ENOMEM;
+    struct open_job j = {so, dir, x ? *x : (struct kvt_expect){0}, bad_chunk};
+    j.cx.n_layers = 0;
+    if (rc == 0)
+        rc = kvt_share_each_chunk(so->whole->tokens, so->whole->n_tokens, open_chunk, &j);
+    free(dir);
+    if (rc == -ENOMEM)
+        rc = kvt_fail(rc, "%s: out of memory", tail_path);
+    if (rc)
+        kvt_share_close(so);
+    return rc;
+}
+
+/* Where the slots of file @p f go, from the whole entry's destinations @p d: a chunk's cut
+ * slots into rows [256(f - 1), 256f), the tail's into its last own rows, its other slots
+ * whole. Rows of a cut slot lie between other files' rows, so they are never zeroed. */
+static void file_dsts(const struct kvt_share_open *so, size_t f, const struct kvt_slot_dst *d,
+                      struct kvt_slot_dst *out)
+{
+    const struct kvt_header *w = so->whole;
+    uint64_t first = f ? (f - 1) * KVT_SHARE_CHUNK : w->n_tokens - so->own;
+    for (size_t i = 0, o = 0, k = 0; i < w->n_caches; i++) {
+        bool cut = kvt_share_splits(w->caches[i].info.kind);
+        for (int j = 0; j < w->caches[i].n_slots; j++, o++) {
+            if (!cut && f == 0)
+                out[k++] = d[o];
+            if (!cut)
+                continue;
+            uint64_t at = first * row_bytes(&w->caches[i].slots[j]);
+            uint64_t tail = d[o].small_tail;
+            out[k++] = d[o].dst ? (struct kvt_slot_dst){d[o].dst + at, d[o].blocks, d[o].stride,
+                                                        tail == UINT64_MAX ? UINT64_MAX
+                                                        : tail > at        ? tail - at
+                                                                           : 0,
+                                                        true}
+                                : (struct kvt_slot_dst){NULL, 1, 0, UINT64_MAX, false};
+        }
+    }
+}
+
+/* Reopen chunk file @p f for its read: the same file whose header was checked, or corrupt. */
+static int reopen(struct kvt_share_open *so, size_t f)
+{
+    if (so->fd[f] >= 0)
+        return 0;
+    int fd = kvt_io()->openat(AT_FDCWD, so->path[f], O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return kvt_fail(fd, "%s: open: %s", so->path[f], kvt_strerror(fd));
+    struct stat st;
+    int rc = kvt_io()->fstat(fd, &st);
+    if (rc == 0 && (uint64_t)st.st_size != so->h[f]->file_size)
+        rc = kvt_fail(KVT_E_CORRUPT, "%s: changed size while being restored", so->path[f]);
+    if (rc) {
+        kvt_io()->close(fd);
+        return rc;
+    }
+    so->fd[f] = fd;
+    return 0;
+}
+
+/* Files [a, b) of @p so as one load into the whole entry's destinations @p d. */
+static int read_batch(struct kvt_share_open *so, size_t a, size_t b, const struct kvt_slot_dst *d,
+                      const struct kvt_expect *x, size_t *failed)
+{
+    struct kvt_tensor_reader r[READ_BATCH] = {0};
+    size_t per = 0, nd = 0;
+    for (size_t i = 0; i < so->whole->n_caches; i++)
+        per += (size_t)so->whole->caches[i].n_slots;
+    struct kvt_slot_dst *fd_dst = calloc((b - a) * per + 1, sizeof(*fd_dst));
+    int rc = fd_dst ? 0 : kvt_fail(-ENOMEM, "%s: out of memory", so->path[0]);
+    for (size_t f = a; f < b && rc == 0; f++) {
+        *failed = f;
+        rc = reopen(so, f);
+        file_dsts(so, f, d, fd_dst + nd);
+        bool keep = f > 0 || kvt_read_keeps_cache(so->fd[0], so->h[0]->data_start,
+                                                  so->h[0]->file_size - so->h[0]->data_start,
+                                                  x && x->keep_cache);
+        /* other entries need a chunk: its pages stay cached */
+        r[f - a] = (struct kvt_tensor_reader){.fd = so->fd[f],
+                                              .name = so->path[f],
+                                              .h = so->h[f],
+                                              .verify = !(x && x->no_verify),
+                                              .keep_cache = keep,
+                                              .dst = fd_dst + nd};
+        nd += per;
+    }
+    size_t at = 0;
+    if (rc == 0 && (rc = kvt_tensor_read_files(r, b - a, &at)) != 0)
+        *failed = a + at;
+    for (size_t f = a; f < b; f++)
+        if (f > 0 && so->fd[f] >= 0) {
+            kvt_io()->close(so->fd[f]);
+            so->fd[f] = -1;
+        }
+    free(fd_dst);
+    return rc;
+}
+
+int kvt_share_read(struct kvt_share_open *so, const struct kvt_slot_dst *d,
+                   const struct kvt_expect *x, char **bad_chunk)
+{
+    int rc = 0;
+    size_t failed = 0;
+    for (size_t a = 0; a < so->nf && rc == 0; a += READ_BATCH)
+        rc = read_batch(so, a, a + READ_BATCH < so->nf ? a + READ_BATCH : so->nf, d, x, &failed);
+    if (rc < 0 && failed > 0 && bad_chunk)
+        *bad_chunk = strdup(so->path[failed]);
+    return rc;
+}
+
+/* Zero rows [n, cap) of the cut slots of @p b (where the memory was not fresh zeros): the
+ * files fill every row below n, the slack must read zero. */
+static void zero_slack(const struct kvt_header *w, const struct kvt_load_bufs *b)
+{
+    for (size_t i = 0, o = 0; i < w->n_caches; i++)
+        for (int j = 0; j < w->caches[i].n_slots; j++, o++) {
+            const struct kvt_slot_dst *d = &b->d[o];
+            uint64_t used = w->caches[i].slots[j].bytes / (d->blocks ? d->blocks : 1);
+            if (!kvt_share_splits(w->caches[i].info.kind) || !d->dst || d->zeroed)
+                continue;
+            for (uint64_t k = 0; k < d->blocks; k++)
+                memset(d->dst + k * d->stride + used, 0, (size_t)(d->stride - used));
+        }
+}
+
 int kvt_share_load(const char *tail_path, const struct kvt_expect *x, struct kvt_entry **out,
                    char **bad_chunk)
 {
     *out = NULL;
-    if (bad_chunk)
-        *bad_chunk = NULL;
-    struct kvt_entry *t = NULL;
-    struct composed *c = NULL;
-    char *dir = dir_of(tail_path);
-    int rc = dir ? kvt_file_load(tail_path, x, &t, NULL) : -ENOMEM;
-    if (rc == 0)
-        rc = tail_layout(t, tail_path, &c);
-    struct load_job j = {t, dir, x, c, bad_chunk};
-    if (rc == 0)
-        rc = kvt_share_each_chunk(t->tokens, t->n_tokens, load_chunk, &j);
-    if (rc == 0)
-        rc = compose(t, c);
-    composed_free(c, t ? t->n_caches : 0);
-    free(dir);
-    if (rc < 0) {
-        kvt_entry_free(t);
+    struct kvt_share_open so;
+    int rc = kvt_share_open(tail_path, x, &so, bad_chunk);
+    if (rc)
         return rc;
+    struct kvt_load_bufs b;
+    rc = kvt_load_bufs_new(so.whole, tail_path, &b);
+    if (rc == 0) {
+        zero_slack(so.whole, &b);
+        rc = kvt_share_read(&so, b.d, x, bad_chunk);
+        if (rc == 0)
+            rc = kvt_load_bufs_entry(so.whole, tail_path, &b, out);
+        kvt_load_bufs_free(&b);
     }
-    *out = t;
-    return 0;
+    kvt_share_close(&so);
+    return rc;
+}
+
+void kvt_share_placed_dsts(const struct kvt_header *w, void *const *dst, struct kvt_slot_dst *d)
+{
+    for (size_t i = 0, o = 0; i < w->n_caches; i++)
+        for (int j = 0; j < w->caches[i].n_slots; j++, o++) {
+            const struct kvt_slot *s = &w->caches[i].slots[j];
+            uint64_t blocks = kvt_share_splits(w->caches[i].info.kind)
+                                  ? (uint64_t)(s->shape[0] * s->shape[1])
+                                  : 1;
+            d[o] = dst[o] && s->bytes && blocks
+                       ? (struct kvt_slot_dst){dst[o], blocks, s->bytes / blocks, UINT64_MAX, false}
+                       : (struct kvt_slot_dst){NULL, 1, 0, UINT64_MAX, false};
+        }
+}
+
+int kvt_share_load_into(const char *tail_path, const struct kvt_expect *x,
+                        const struct kvt_placement *p, struct kvt_header **out_header,
+                        char **bad_chunk)
+{
+    *out_header = NULL;
+    struct kvt_share_open so;
+    int rc = kvt_share_open(tail_path, x, &so, bad_chunk);
+    if (rc)
+        return rc;
+    size_t n = 0;
+    for (size_t i = 0; i < so.whole->n_caches; i++)
+        n += (size_t)so.whole->caches[i].n_slots;
+    void *dst = NULL;
+    struct kvt_slot_dst *d = calloc(n + 1, sizeof(*d));
+    rc = d ? kvt_placement_ask(p, so.whole, tail_path, &dst)
+           : kvt_fail(-ENOMEM, "%s: out of memory", tail_path);
+    if (rc == 0) {
+        kvt_share_placed_dsts(so.whole, (void *const *)dst, d);
+        rc = kvt_share_read(&so, d, x, bad_chunk);
+    }
+    if (rc == 0) {
+        *out_header = so.whole;
+        so.whole = NULL;
+    }
+    free(dst);
+    free(d);
+    kvt_share_close(&so);
+    return rc;
 }

@@ -289,11 +289,18 @@ int kvt_share_save(const char *dir, const char *tail_path, const struct kvt_entr
     memset(out, 0, sizeof(*out));
     if (!kvt_share_applies(e))
         return kvt_fail(-EINVAL, "%s: nothing of this entry can be shared", tail_path);
+    /* no chunk of the directory is removed from the first chunk's use to the tail's
+     * publication, however slow the put (docs/SHARING.md §6) */
+    int lock = kvt_chunks_lock(dir, false);
+    if (lock < 0)
+        return kvt_fail(lock, "%s: cannot lock the directory's chunks: %s", dir,
+                        kvt_strerror(lock));
     struct save_job j = {dir, e, o, out};
     int rc = kvt_share_each_chunk(e->tokens, e->n_tokens, save_chunk, &j);
-    if (rc < 0)
-        return rc;
     size_t m = kvt_share_chunks(e->n_tokens);
-    return save_part(tail_path, e, (int64_t)(m * KVT_SHARE_CHUNK), (int64_t)e->n_tokens, true, o,
-                     &out->tail_bytes);
+    if (rc == 0)
+        rc = save_part(tail_path, e, (int64_t)(m * KVT_SHARE_CHUNK), (int64_t)e->n_tokens, true, o,
+                       &out->tail_bytes);
+    kvt_io()->close(lock);
+    return rc;
 }

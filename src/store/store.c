@@ -71,7 +71,7 @@ static void evict(struct kvt_store *s)
     pthread_mutex_lock(&s->lock);
     kvt_store_evict_locked(s, &pl);
     pthread_mutex_unlock(&s->lock);
-    kvt_pathlist_unlink(&pl);
+    kvt_store_remove_paths(s, &pl);
 }
 
 void kvt_store_opts_init(struct kvt_store_opts *o)
@@ -275,7 +275,7 @@ static void chunk_lost(struct kvt_store *s, const struct restore_job *j, int rc,
     pthread_mutex_unlock(&s->lock);
     if (rc != -ENOENT && !s->read_only) /* first: the list below may hold it too */
         kvt_store_dispose_corrupt(s, bad, msg);
-    kvt_pathlist_unlink(&pl);
+    kvt_store_remove_paths(s, &pl);
     free(why);
 }
 
@@ -341,17 +341,12 @@ static int load_file(struct restore_load *l, const char *path, const struct kvt_
     const int32_t *tok;
     size_t n;
     int rc;
-    if (kvt_is_tail(path) && l->load) {
-        l->refused = true; /* the caller's memory takes one file's slots; the entry stays */
-        rc = kvt_fail(KVT_E_UNSUPPORTED, "%s: a shared entry restores only into new caches", path);
-        tok = NULL;
-        n = 0;
-    } else if (kvt_is_tail(path)) {
+    if (kvt_is_tail(path) && !l->load) {
         rc = kvt_share_load(path, x, &l->e, &l->bad_chunk);
         tok = rc ? NULL : l->e->tokens;
         n = rc ? 0 : l->e->n_tokens;
     } else if (l->load) {
-        rc = l->load(l->ud, path, x, &l->h, &l->refused);
+        rc = l->load(l->ud, path, x, &l->h, &l->refused, &l->bad_chunk);
         tok = rc ? NULL : l->h->tokens;
         n = rc ? 0 : l->h->n_tokens;
     } else {
@@ -449,10 +444,12 @@ int kvt_store_restore_with(kvt_store *s, const struct kvt_hit *hit, kvt_restore_
 
 /* kvt_store_restore_into()'s loader: the caller's placement @p ud, its refusal told apart. */
 static int load_placed(void *ud, const char *path, const struct kvt_expect *x,
-                       struct kvt_header **h, bool *refused)
+                       struct kvt_header **h, bool *refused, char **bad_chunk)
 {
     struct kvt_placement *p = ud;
     p->refused = refused;
+    if (kvt_is_tail(path))
+        return kvt_share_load_into(path, x, p, h, bad_chunk);
     return kvt_file_load_placed(path, x, p, h);
 }
 
@@ -598,7 +595,7 @@ static int index_new(struct kvt_store *s, const struct kvt_entry *e, const char 
     }
     pthread_mutex_unlock(&s->lock);
     free(sup);
-    kvt_pathlist_unlink(&pl);
+    kvt_store_remove_paths(s, &pl);
     if (rc == 0) {
         kvt_store_note_own_change(s, d);
         return 0;

@@ -78,20 +78,47 @@ struct kvt_chunk {
     uint64_t refs; /* indexed tails that need it */
 };
 
-/** Paths collected under the lock and acted on after it. */
+/** Paths collected under the lock and acted on after it (kvt_store_remove_paths()). */
 struct kvt_pathlist {
     char **v;
     size_t n, cap;
-    int64_t grace_ms; /* chunks among them are removed only when this old (share_index.c) */
 };
+
+/* ---- claim.c: removing files a writer may hold, and the clocks ---------------------------- */
+
+int64_t kvt_now_ms(void);
+int64_t kvt_timespec_ms(const struct timespec *t);
+/**
+ * Open and lock @p path if no writer holds it (its lock is free) and it was last modified at
+ * or before @p before_ms (wall ms). @return the locked descriptor (close it with the io
+ * vtable), or -1 with *@p again set when it is worth another look later.
+ */
+int kvt_claim_older(const char *path, int64_t before_ms, struct stat *st, bool *again);
+/** kvt_claim_older() of an abandoned .tmp (STORE.md §12.4): older than @p grace_ms now. */
+int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again);
+/** Unlink a claimed .tmp if the name still leads to that very file; 0 or -errno. */
+int kvt_tmp_unlink_claimed(const char *path, const struct stat *st);
+/**
+ * Remove the chunk @p path if no writer is touching it and it was last used at or before
+ * @p before_ms: the time of a listing of its directory that found every tail needing it, less
+ * the grace (a tail published after the listing was committed within the grace of its
+ * chunks' last use, docs/SHARING.md §6).
+ */
+void kvt_chunk_remove(const char *path, int64_t before_ms);
+
+/**
+ * Lock the chunks of directory @p dir (docs/SHARING.md §6): shared by a put from its first
+ * chunk to its tail's publication (waiting for a remover), exclusive by a remover from its
+ * listing to its last unlink (@p remove: waiting at most 100 ms for the puts under way).
+ * @return the descriptor holding the lock (close it to release), or -errno (-EWOULDBLOCK: puts
+ * kept it).
+ */
+int kvt_chunks_lock(const char *dir, bool remove);
 
 /* ---- store_dirs.c ---------------------------------------------------------------------- */
 
 void kvt_store_logf(struct kvt_store *s, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int64_t kvt_now_ms(void);
-int64_t kvt_timespec_ms(const struct timespec *t);
-uint64_t kvt_str_hash(const char *s);
 
 /** The directory named @p name (locked), creating its entry when @p create. */
 struct kvt_sdir *kvt_sdir_get(struct kvt_store *s, const char *name, bool create);
@@ -120,10 +147,30 @@ void kvt_store_evict_locked(struct kvt_store *s, struct kvt_pathlist *pl);
  * @return false when the file stayed where it was.
  */
 bool kvt_store_dispose_corrupt(struct kvt_store *s, const char *path, const char *why);
+/** Drop every tail that needs the chunk @p bad (locked); their paths go to @p pl. */
+void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad,
+                                      struct kvt_pathlist *pl);
+
+/* ---- pathlist.c ----------------------------------------------------------------------- */
 
 int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path);
-/** Unlink every path (ENOENT and other errors ignored) and free the list. */
-void kvt_pathlist_unlink(struct kvt_pathlist *pl);
+/** Unlink every path but the chunks' (ENOENT and other errors ignored), which stay listed. */
+void kvt_pathlist_unlink_files(struct kvt_pathlist *pl);
+void kvt_pathlist_free(struct kvt_pathlist *pl);
+
+/* ---- share_reap.c --------------------------------------------------------------------- */
+
+/**
+ * Remove what @p pl lists (not locked): entries' files at once, then each chunk that no tail
+ * on disk needs (docs/SHARING.md §6): under its directory's chunks lock (kvt_chunks_lock())
+ * the directory is listed, the tails this process has not indexed are read, and a chunk goes
+ * only if none of them needs it, no indexed tail does, and it was last used a grace before
+ * the listing. Frees the list.
+ */
+void kvt_store_remove_paths(struct kvt_store *s, struct kvt_pathlist *pl);
+/** Remove the chunks @p cands of directory @p dir that no tail needs, as
+ * kvt_store_remove_paths() does. */
+void kvt_share_reap_dir(struct kvt_store *s, const char *dir, char *const *cands, size_t n);
 
 /* ---- share_index.c: the chunks of shared entries (docs/SHARING.md) ------------------- */
 
@@ -137,11 +184,6 @@ int kvt_chunks_size(const char *dir, const int32_t *tok, size_t n, uint64_t **si
 int kvt_chunks_ref_locked(struct kvt_store *s, const struct kvt_rec *r, const uint64_t *sizes);
 /** Drop the tail @p r's references (locked); chunks no tail needs any more go to @p pl. */
 void kvt_chunks_unref_locked(struct kvt_store *s, const struct kvt_rec *r, struct kvt_pathlist *pl);
-/** Drop every tail that needs the chunk @p bad (locked); their paths go to @p pl. */
-void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad,
-                                      struct kvt_pathlist *pl);
-/** Remove the chunk @p path if no writer is touching it and it is @p grace_ms old. */
-void kvt_chunk_remove(const char *path, int64_t grace_ms);
 /** Whether the chunk @p path is needed by an indexed tail (locked). */
 bool kvt_chunk_needed_locked(struct kvt_store *s, const char *path);
 void kvt_chunks_free(struct kvt_store *s);
@@ -155,27 +197,17 @@ void kvt_chunks_free(struct kvt_store *s);
  * Does not evict. @return 0, or -errno when the root cannot be listed (a missing root is 0).
  */
 int kvt_store_scan(struct kvt_store *s, bool strict);
-/** The sorted entry names of @p path (subdirectories only when @p dirs_only); 0 or -errno. */
-int kvt_store_names(const char *path, bool dirs_only, char ***out, size_t *n_out);
-void kvt_store_free_names(char **v, size_t n);
-/**
- * Open and lock @p path if it is an abandoned .tmp (STORE.md §12.4): its writer is gone (the
- * lock is free) and it is older than @p grace_ms. @return the locked descriptor (close it with
- * the io vtable), or -1 with *@p again set when it is worth another look later.
- */
-int kvt_tmp_claim(const char *path, int64_t grace_ms, struct stat *st, bool *again);
-/** Unlink a claimed .tmp if the name still leads to that very file; 0 or -errno. */
-int kvt_tmp_unlink_claimed(const char *path, const struct stat *st);
 /** This process has just changed @p d (a put, its evictions): take its new mtime as seen. */
 void kvt_store_note_own_change(struct kvt_store *s, struct kvt_sdir *d);
 
 /**
  * A restore's load step into memory the caller owns: load @p path under expectations @p x,
  * *@p h receiving the header; set *@p refused when a failure is the caller's (a refused
- * placement), so that the file is not treated as bad.
+ * placement), so that the file is not treated as bad. A tail (kvt_is_tail()) is a shared
+ * entry: its chunk that failed goes to *@p bad_chunk (kvt_share_open()).
  */
 typedef int (*kvt_restore_load_fn)(void *ud, const char *path, const struct kvt_expect *x,
-                                   struct kvt_header **h, bool *refused);
+                                   struct kvt_header **h, bool *refused, char **bad_chunk);
 /** kvt_store_restore() with @p load as the load step (kvt_store_restore_into() and the
  * device layer's restores): 0 with *@p out_header set, 0 with it NULL on a miss, or the
  * loader's refusal. */

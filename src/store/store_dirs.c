@@ -1,8 +1,8 @@
 /*
  * Store bookkeeping shared by the scan and the public calls: the namespace-directory table
  * with each directory's records and skipped files, the set of paths this process is writing,
- * record admission and removal, eviction to the cap, disposal of corrupt files, the log
- * callback and clocks.
+ * record admission and removal (with every shared entry a lost chunk leaves useless),
+ * eviction to the cap, disposal of corrupt files and the log callback.
  */
 #include "store/store.h"
 
@@ -37,23 +37,6 @@ void kvt_store_logf(struct kvt_store *s, int level, const char *fmt, ...)
     s->log(s->log_ud, level, big ? big : small); /* truncated beats nothing */
     pthread_mutex_unlock(&s->log_lock);
     free(big);
-}
-
-int64_t kvt_timespec_ms(const struct timespec *t)
-{
-    return (int64_t)t->tv_sec * 1000 + t->tv_nsec / 1000000;
-}
-
-int64_t kvt_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return kvt_timespec_ms(&t);
-}
-
-uint64_t kvt_str_hash(const char *s)
-{
-    return kvt_wyhash(0, s, strlen(s));
 }
 
 static bool sdir_eq(const void *val, const void *key)
@@ -193,37 +176,6 @@ int kvt_store_add_locked(struct kvt_store *s, struct kvt_sdir *d, const struct k
     return 0;
 }
 
-int kvt_pathlist_push(struct kvt_pathlist *pl, const char *path)
-{
-    if (pl->n == pl->cap) {
-        size_t cap = pl->cap ? pl->cap * 2 : 8;
-        char **v = realloc(pl->v, cap * sizeof(*v));
-        if (!v)
-            return -ENOMEM;
-        pl->v = v;
-        pl->cap = cap;
-    }
-    char *p = strdup(path);
-    if (!p)
-        return -ENOMEM;
-    pl->v[pl->n++] = p;
-    return 0;
-}
-
-void kvt_pathlist_unlink(struct kvt_pathlist *pl)
-{
-    for (size_t i = 0; i < pl->n; i++) {
-        if (kvt_layout_has_suffix(pl->v[i], KVT_CHUNK_EXT))
-            kvt_chunk_remove(pl->v[i], pl->grace_ms);
-        else
-            kvt_io()->unlinkat(AT_FDCWD, pl->v[i], 0);
-        free(pl->v[i]);
-    }
-    free(pl->v);
-    pl->v = NULL;
-    pl->n = pl->cap = 0;
-}
-
 void kvt_store_drop_locked(struct kvt_store *s, struct kvt_rec *r, struct kvt_pathlist *pl)
 {
     struct kvt_sdir *d = r->owner;
@@ -235,6 +187,45 @@ void kvt_store_drop_locked(struct kvt_store *s, struct kvt_rec *r, struct kvt_pa
     if (kvt_is_tail(r->path) && d)
         kvt_chunks_unref_locked(s, r, pl);
     kvt_index_remove(s->ix, r);
+}
+
+struct needs_job {
+    const char *dir, *bad;
+};
+
+static int is_bad(void *ud, size_t k, const char *id)
+{
+    (void)k;
+    struct needs_job *j = ud;
+    char *path = kvt_share_chunk_path(j->dir, id);
+    int hit = path && !strcmp(path, j->bad);
+    free(path);
+    return hit;
+}
+
+/* Whether tail @p r needs the chunk @p bad. */
+static bool needs(const struct kvt_rec *r, const char *bad)
+{
+    int32_t *tok = malloc((r->n_tokens ? r->n_tokens : 1) * sizeof(*tok));
+    if (!tok)
+        return false;
+    kvt_rec_tokens(r, tok);
+    struct needs_job j = {((const struct kvt_sdir *)r->owner)->path, bad};
+    bool yes = kvt_share_each_chunk(tok, r->n_tokens, is_bad, &j) == 1;
+    free(tok);
+    return yes;
+}
+
+void kvt_share_drop_dependents_locked(struct kvt_store *s, const char *bad, struct kvt_pathlist *pl)
+{
+    struct kvt_rec **recs;
+    size_t n;
+    if (kvt_index_records(s->ix, &recs, &n) < 0)
+        return; /* their restores fail on the chunk one by one instead */
+    for (size_t i = 0; i < n; i++)
+        if (kvt_is_tail(recs[i]->path) && needs(recs[i], bad))
+            kvt_store_drop_locked(s, recs[i], pl);
+    free(recs);
 }
 
 void kvt_store_evict_locked(struct kvt_store *s, struct kvt_pathlist *pl)

@@ -6,7 +6,10 @@
  * each step), so their .tmp files outlive the short reaping grace and only their lock keeps
  * other processes' scans from reaping them (the grace is 200 ms, the pauses 300 ms).
  *
- * Usage: store_stress DIR ID SECONDS CAP_BYTES
+ * With "share" after the cap the store keeps shared prefixes once (docs/SHARING.md) and the
+ * prompts run up to 800 tokens, so that conversations share 256-token chunks.
+ *
+ * Usage: store_stress DIR ID SECONDS CAP_BYTES [share]
  * Prints one summary line. Exit 0 only if no restore returned wrong bytes, no put failed, no
  * .tmp was reaped, no file was found corrupt and no warning was logged.
  */
@@ -22,7 +25,7 @@
 #include "kvtier.h"
 #include "support/synth.h"
 
-#define MAX_TOK 64
+#define MAX_TOK 800
 
 static const char *const MODEL = "stress/model";
 static const char *const FP = "fp-stress";
@@ -30,6 +33,8 @@ static const char *const TOKH = "tk-stress";
 
 static uint64_t rng;
 static unsigned long warnings;
+static bool share;
+static size_t max_tok = 64; /* MAX_TOK with share */
 
 static uint64_t next(void)
 {
@@ -94,7 +99,7 @@ static bool same_state(const kvt_cache *a, const kvt_cache *b)
 /* Prompts that share prefixes: a few conversations, cut anywhere, with divergent tails. */
 static size_t gen_tokens(int32_t *tok)
 {
-    size_t base = rnd(5), n = 2 + rnd(MAX_TOK - 2), cut = rnd(2) ? rnd(n) : n;
+    size_t base = rnd(5), n = 2 + rnd(max_tok - 2), cut = rnd(2) ? rnd(n) : n;
     for (size_t i = 0; i < n; i++)
         tok[i] = i < cut ? (int32_t)(base * 1000 + i) : (int32_t)(50000 + rnd(3));
     return n;
@@ -119,6 +124,7 @@ static int open_store(const char *dir, uint64_t cap, kvt_store **s)
     if (cap)
         o.max_bytes = cap;
     o.tmp_grace_ms = 200; /* covers create-to-lock even on a loaded machine */
+    o.share_prefixes = share;
     o.log = on_log;
     int rc = kvt_store_open(dir, &o, s);
     if (rc)
@@ -176,10 +182,12 @@ static void check_restore(kvt_store *s, const int32_t *prompt, size_t n, struct 
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) {
-        fprintf(stderr, "usage: store_stress DIR ID SECONDS CAP_BYTES\n");
+    if (argc != 5 && !(argc == 6 && !strcmp(argv[5], "share"))) {
+        fprintf(stderr, "usage: store_stress DIR ID SECONDS CAP_BYTES [share]\n");
         return 2;
     }
+    share = argc == 6;
+    max_tok = share ? MAX_TOK : 64;
     const char *dir = argv[1];
     int id = atoi(argv[2]);
     double secs = atof(argv[3]);
