@@ -155,9 +155,10 @@ tests: $(TEST_BIN) $(PROG_BIN) $(CLI) $(EXAMPLE_BIN) $(LLAMA_TEST_BIN) $(LLAMA_W
 progs: $(PROG_BIN)
 benches: $(BENCH_BIN)
 
-# The docs' checks: every check ID the code can emit and every spec section a file cites is
-# defined in docs/spec/; every path README.md and docs/ name exists.
-DOC_TESTS := tests/docs/check_spec_refs.sh tests/docs/check_doc_paths.sh
+# The tree's checks: every check ID the code can emit and every spec section a file cites is
+# defined in docs/spec/; every path README.md and docs/ name exists; every C file is
+# clang-format clean.
+DOC_TESTS := tests/docs/check_spec_refs.sh tests/docs/check_doc_paths.sh tests/docs/check_format.sh
 # The normal build also runs the Python package's pytest suite (sanitizer builds: C only).
 test: tests $(if $(SANITIZE),,python)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BIN) $(LLAMA_TEST_BIN) $(DOC_TESTS); c=$$?; \

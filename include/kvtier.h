@@ -46,14 +46,14 @@ KVT_API const char *kvt_version(void);
  * Errors. Library codes are stable and never renumbered; they lie below -1000 so they never
  * collide with -errno.
  */
-#define KVT_E_FORMAT      (-1001) /* not an .mlxkv file (unknown magic) */
-#define KVT_E_CORRUPT     (-1002) /* integrity or structural failure */
-#define KVT_E_MISMATCH    (-1003) /* intact, but for another model/tokenizer/ns/layout */
+#define KVT_E_FORMAT (-1001)      /* not an .mlxkv file (unknown magic) */
+#define KVT_E_CORRUPT (-1002)     /* integrity or structural failure */
+#define KVT_E_MISMATCH (-1003)    /* intact, but for another model/tokenizer/ns/layout */
 #define KVT_E_UNSUPPORTED (-1004) /* other format version, kind, dtype or feature */
-#define KVT_E_TOO_LARGE   (-1005) /* the entry exceeds a configured byte cap */
-#define KVT_E_STATE       (-1006) /* operation not allowed in the object's state */
-#define KVT_E_REFUSED     (-1007) /* the engine's exclusion callback refused a step */
-#define KVT_E_TIMEOUT     (-1008) /* a bounded wait ran out */
+#define KVT_E_TOO_LARGE (-1005)   /* the entry exceeds a configured byte cap */
+#define KVT_E_STATE (-1006)       /* operation not allowed in the object's state */
+#define KVT_E_REFUSED (-1007)     /* the engine's exclusion callback refused a step */
+#define KVT_E_TIMEOUT (-1008)     /* a bounded wait ran out */
 
 /** A static description of @p code (any value); never NULL. */
 KVT_API const char *kvt_strerror(int code);
@@ -103,9 +103,20 @@ KVT_API uint64_t kvt_wyhash_final(const struct kvt_wyhash_state *st);
  * Tensors: dtypes with mlx-c codes, refcounted buffers, strided views.
  */
 enum kvt_dtype {
-    KVT_BOOL = 0, KVT_UINT8 = 1, KVT_UINT16 = 2, KVT_UINT32 = 3, KVT_UINT64 = 4,
-    KVT_INT8 = 5, KVT_INT16 = 6, KVT_INT32 = 7, KVT_INT64 = 8, KVT_FLOAT16 = 9,
-    KVT_FLOAT32 = 10, KVT_FLOAT64 = 11, KVT_BFLOAT16 = 12, KVT_COMPLEX64 = 13,
+    KVT_BOOL = 0,
+    KVT_UINT8 = 1,
+    KVT_UINT16 = 2,
+    KVT_UINT32 = 3,
+    KVT_UINT64 = 4,
+    KVT_INT8 = 5,
+    KVT_INT16 = 6,
+    KVT_INT32 = 7,
+    KVT_INT64 = 8,
+    KVT_FLOAT16 = 9,
+    KVT_FLOAT32 = 10,
+    KVT_FLOAT64 = 11,
+    KVT_BFLOAT16 = 12,
+    KVT_COMPLEX64 = 13,
 };
 #define KVT_DTYPE_COUNT 14
 
@@ -186,8 +197,7 @@ KVT_API int kvt_mem_configure(const struct kvt_mem_opts *o);
  * that drops the last reference, including when this call itself fails (-ENOMEM, -EINVAL).
  * Caches never write into wrapped memory: a cache built over it copies on its first write.
  */
-KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud,
-                         kvt_buf **out);
+KVT_API int kvt_buf_wrap(void *data, size_t bytes, kvt_release_fn release, void *ud, kvt_buf **out);
 /** Take another reference; returns @p b. */
 KVT_API kvt_buf *kvt_buf_ref(kvt_buf *b);
 /** Drop a reference; the last one frees the buffer (or calls its release). */
@@ -219,8 +229,8 @@ struct kvt_tensor {
  * Describe a C-contiguous tensor of @p shape over @p buf at byte @p offset; takes a new
  * reference on @p buf. Fails with -EINVAL if the view does not fit in the buffer.
  */
-KVT_API int kvt_tensor_init(struct kvt_tensor *t, kvt_buf *buf, size_t offset, int dtype,
-                            int rank, const int64_t *shape);
+KVT_API int kvt_tensor_init(struct kvt_tensor *t, kvt_buf *buf, size_t offset, int dtype, int rank,
+                            const int64_t *shape);
 /** A new zero-filled contiguous tensor of its own buffer; @p t owns it (kvt_tensor_release()).
  * @return 0, -EINVAL (NULL @p t, rank outside 0-8, unknown dtype, a size that overflows) or
  * -ENOMEM; on failure @p t is cleared. */
@@ -385,8 +395,8 @@ struct kvt_entry {
  * On failure (-EINVAL, -ENOMEM) the caches stay the caller's. meta other than ns is NULL and
  * created_at is -1; the caller may set them (owned, malloc'd strings).
  */
-KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches,
-                          size_t n_caches, const char *ns, struct kvt_entry **out);
+KVT_API int kvt_entry_new(const int32_t *tok, size_t n, kvt_cache *const *caches, size_t n_caches,
+                          const char *ns, struct kvt_entry **out);
 /** Free a library-made entry and everything it owns. */
 KVT_API void kvt_entry_free(struct kvt_entry *e);
 /** Clone every cache of @p e into a new library-owned entry (tokens and meta copied; free it
@@ -407,15 +417,15 @@ typedef int (*kvt_step_fn)(void *arg);
 typedef int (*kvt_run_exclusive_fn)(void *engine, kvt_step_fn step, void *arg);
 
 struct kvt_save_opts {
-    int64_t created_at;          /* ms since the epoch; 0 = now */
-    uint64_t max_file_bytes;     /* refuse (KVT_E_TOO_LARGE) from the plan; 0 = no limit */
+    int64_t created_at;                 /* ms since the epoch; 0 = now */
+    uint64_t max_file_bytes;            /* refuse (KVT_E_TOO_LARGE) from the plan; 0 = no limit */
     kvt_run_exclusive_fn run_exclusive; /* optional: each of the N + 1 write steps inside it */
-    void *engine;                /* passed to run_exclusive */
-    bool no_sync;                /* skip fsync of file and directory (tests, benchmarks) */
-    bool drop_cache;             /* after fsync, drop the file's pages from the page cache */
-    bool keep_cache;             /* write through the page cache (not O_DIRECT) and leave the
-                                    pages there, so that a restore reads them at memory speed;
-                                    overrides drop_cache */
+    void *engine;                       /* passed to run_exclusive */
+    bool no_sync;                       /* skip fsync of file and directory (tests, benchmarks) */
+    bool drop_cache;                    /* after fsync, drop the file's pages from the page cache */
+    bool keep_cache;                    /* write through the page cache (not O_DIRECT) and leave the
+                                           pages there, so that a restore reads them at memory speed;
+                                           overrides drop_cache */
 };
 
 /**
@@ -445,7 +455,7 @@ KVT_API int kvt_file_plan_size(const struct kvt_entry *e, uint64_t *out_bytes);
 
 /** One tensor slot of a header. */
 struct kvt_slot {
-    uint64_t off;   /* relative to data_start */
+    uint64_t off; /* relative to data_start */
     uint64_t bytes;
     int dtype;
     int rank;
@@ -462,7 +472,7 @@ struct kvt_cache_header {
 /** A validated header (FORMAT.md V1–V20 passed). Free with kvt_header_free(). */
 struct kvt_header {
     int format_version;
-    int64_t created_at; /* -1 when absent */
+    int64_t created_at;                                        /* -1 when absent */
     char *model_id, *config_fingerprint, *tokenizer_hash, *ns; /* NULL when absent */
     int32_t *tokens;
     size_t n_tokens;
@@ -604,7 +614,7 @@ struct kvt_store_stats {
     uint64_t skipped_files, skipped_bytes, corrupt_files, restore_misses;
     double restore_ms_last;
     uint64_t longest_durable_prefix_tokens;
-    uint64_t tmp_reaped; /* abandoned .tmp files removed (STORE.md §12.4) */
+    uint64_t tmp_reaped;                  /* abandoned .tmp files removed (STORE.md §12.4) */
     uint64_t shared_chunks, shared_bytes; /* chunks indexed entries need, and their bytes
                                              (in total_bytes, once each; docs/SHARING.md) */
 };
@@ -774,33 +784,33 @@ KVT_API void kvt_retain_release(kvt_retain *r);
  * threads of restores and saves (struct kvt_mem_opts).
  */
 struct kvt_pcache_opts {
-    uint64_t ram_max_bytes;         /* RAM tier cap; default 8e9. 0 = caches nothing, and
-                                       is an error (-EINVAL) together with a cold tier */
-    const char *cold_dir;           /* NULL = no cold tier (default) */
-    struct kvt_store_opts cold;     /* store options when cold_dir is set, initialised by
-                                       kvt_pcache_opts_init() with kvt_store_opts_init();
-                                       model_id, config_fingerprint and tokenizer_hash are
-                                       required */
-    int64_t spill_queue_max_bytes;  /* soft cap of the write-behind queue; default 2 GiB;
-                                       0 = only the newest item and the one in flight;
-                                       < 0 = -EINVAL */
-    bool write_behind;              /* snapshot fresh entries to disk; default on.
-                                       Spill-on-evict works either way */
-    int64_t demote_idle_ms;         /* demote RAM entries idle this long; default 300000;
-                                       0 = off; ignored without a cold tier; < 0 = -EINVAL */
-    int64_t snapshot_debounce_ms;   /* default 1000 */
-    int64_t snapshot_busy_retry_ms; /* default 5000 */
-    int64_t flush_timeout_ms;       /* used by kvt_pcache_flush(timeout < 0); default 120000 */
-    const char *background_cpus;    /* CPU list ("2-7,12") for the writer and timer threads,
-                                       to keep them off the engine's decode cores; NULL =
-                                       the CPUs of the thread calling kvt_pcache_open() */
+    uint64_t ram_max_bytes;             /* RAM tier cap; default 8e9. 0 = caches nothing, and
+                                           is an error (-EINVAL) together with a cold tier */
+    const char *cold_dir;               /* NULL = no cold tier (default) */
+    struct kvt_store_opts cold;         /* store options when cold_dir is set, initialised by
+                                           kvt_pcache_opts_init() with kvt_store_opts_init();
+                                           model_id, config_fingerprint and tokenizer_hash are
+                                           required */
+    int64_t spill_queue_max_bytes;      /* soft cap of the write-behind queue; default 2 GiB;
+                                           0 = only the newest item and the one in flight;
+                                           < 0 = -EINVAL */
+    bool write_behind;                  /* snapshot fresh entries to disk; default on.
+                                           Spill-on-evict works either way */
+    int64_t demote_idle_ms;             /* demote RAM entries idle this long; default 300000;
+                                           0 = off; ignored without a cold tier; < 0 = -EINVAL */
+    int64_t snapshot_debounce_ms;       /* default 1000 */
+    int64_t snapshot_busy_retry_ms;     /* default 5000 */
+    int64_t flush_timeout_ms;           /* used by kvt_pcache_flush(timeout < 0); default 120000 */
+    const char *background_cpus;        /* CPU list ("2-7,12") for the writer and timer threads,
+                                           to keep them off the engine's decode cores; NULL =
+                                           the CPUs of the thread calling kvt_pcache_open() */
     kvt_run_exclusive_fn run_exclusive; /* optional engine exclusion; NULL = steps run directly */
-    bool (*busy)(void *engine);     /* optional: postpones snapshots and demotion (policy only) */
+    bool (*busy)(void *engine); /* optional: postpones snapshots and demotion (policy only) */
     void *engine;
     /* Optional: called after every stored put (any thread, outside the lock). */
     void (*on_put)(void *ud, const int32_t *tok, size_t n, const char *ns);
     void *on_put_ud;
-    kvt_log_fn log;                 /* also the store's, unless cold.log is set */
+    kvt_log_fn log; /* also the store's, unless cold.log is set */
     void *log_ud;
     /* Optional remote tier below the cold tier (requires cold_dir; NULL = none): puts are
      * uploaded behind the local write, takes consult it last, restored entries are promoted
@@ -826,7 +836,7 @@ struct kvt_take {
     struct kvt_entry *entry; /* NULL on a miss */
     kvt_retain *retain;      /* pass to kvt_pcache_put() or release (NULL = no hold) */
     bool from_disk;
-    bool from_remote;        /* restored from the remote tier (from_disk is set too) */
+    bool from_remote; /* restored from the remote tier (from_disk is set too) */
 };
 
 /** Where kvt_pcache_take_into() puts a disk hit's bytes, and what it put there. */
@@ -842,7 +852,7 @@ struct kvt_take_into {
 struct kvt_flush_report {
     bool durable; /* no dirty keys, no pending spills, no drop/failure/missing in the flush */
     uint64_t pending_snapshots, pending_spills, pending_spill_bytes;
-    uint64_t dropped, failed, missing; /* during this flush */
+    uint64_t dropped, failed, missing;               /* during this flush */
     uint64_t entries, longest_durable_prefix_tokens; /* store state at the end */
 };
 
@@ -914,8 +924,7 @@ KVT_API size_t kvt_pcache_peek_prefix_len(kvt_pcache *pc, const int32_t *tok, si
 KVT_API size_t kvt_pcache_peek_longest(kvt_pcache *pc, const int32_t *tok, size_t n,
                                        const char *ns);
 /** Whether RAM holds an entry with exactly these tokens in @p ns. */
-KVT_API bool kvt_pcache_find_exact(kvt_pcache *pc, const int32_t *tok, size_t n,
-                                   const char *ns);
+KVT_API bool kvt_pcache_find_exact(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns);
 /**
  * Move every entry idle for at least @p idle_ms (at @p now_ms wall ms; <= 0 = now) to the
  * cold tier; returns the count. Without a cold tier: 0, nothing done. Call inside the engine
@@ -963,38 +972,38 @@ struct kvt_remote_opts {
     /* "redis://[[user]:password@]host[:port][,host:port...][/prefix]" (more cluster seeds) or
      * "unix://[[user]:password@]/path/to.sock[?prefix=P]"; prefix default "kvtier" */
     const char *url;
-    const char *user, *password;   /* override the URL's (keep secrets out of URLs) */
+    const char *user, *password; /* override the URL's (keep secrets out of URLs) */
     const char *model_id, *config_fingerprint, *tokenizer_hash; /* the identity; required
                                       (kvt_pcache_open(): NULL = the cold store's) */
-    int timeout_ms;                /* one deadline for each whole call (a restore, an upload, an
-                                      index sync, gc's check of one record), across every
-                                      connect and partial read and write, plus 1 s per 64 MiB
-                                      the call moves; default 2000 */
-    int poll_ms;                   /* remote index poll period; default 500 */
-    uint64_t max_bytes;            /* this identity's share of the server; default 8 GiB, 0 = none:
-                                      oldest entries are deleted to stay below it */
-    uint64_t max_entry_bytes;      /* larger records are ignored; default 64 GiB */
-    uint64_t chunk_bytes;          /* value size of the chunks written; default 1 MiB - 64 B
-                                      (Redis's allocator holds a value of exactly 1 MiB in
-                                      1.25 MiB) */
-    int64_t queue_max_bytes;       /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
-    bool no_verify;                /* skip tensor hash checks on restore (not advised) */
-    bool share_prefixes;           /* upload the whole 256-token chunks of an entry's prefix as
-                                      objects shared by every entry that starts with them
-                                      (SHARING.md "The remote tier"); off by default. Readers
-                                      restore shared entries either way */
+    int timeout_ms;           /* one deadline for each whole call (a restore, an upload, an
+                                 index sync, gc's check of one record), across every
+                                 connect and partial read and write, plus 1 s per 64 MiB
+                                 the call moves; default 2000 */
+    int poll_ms;              /* remote index poll period; default 500 */
+    uint64_t max_bytes;       /* this identity's share of the server; default 8 GiB, 0 = none:
+                                 oldest entries are deleted to stay below it */
+    uint64_t max_entry_bytes; /* larger records are ignored; default 64 GiB */
+    uint64_t chunk_bytes;     /* value size of the chunks written; default 1 MiB - 64 B
+                                 (Redis's allocator holds a value of exactly 1 MiB in
+                                 1.25 MiB) */
+    int64_t queue_max_bytes;  /* write-behind cap, as spill_queue_max_bytes; 2 GiB */
+    bool no_verify;           /* skip tensor hash checks on restore (not advised) */
+    bool share_prefixes;      /* upload the whole 256-token chunks of an entry's prefix as
+                                 objects shared by every entry that starts with them
+                                 (SHARING.md "The remote tier"); off by default. Readers
+                                 restore shared entries either way */
     kvt_log_fn log;
     void *log_ud;
 };
 
 struct kvt_remote_stats {
-    bool connected;                /* the poll thread's connection is up */
-    uint64_t entries, bytes;       /* the local view of this identity's remote index (bytes:
-                                      the records' and each shared object's once) */
+    bool connected;                        /* the poll thread's connection is up */
+    uint64_t entries, bytes;               /* the local view of this identity's remote index (bytes:
+                                              the records' and each shared object's once) */
     uint64_t shared_objects, shared_bytes; /* the shared prefix objects the view's records need */
     uint64_t puts, put_bytes, put_failures, put_skipped, dropped, pending;
     uint64_t restores, restore_bytes, misses, corrupt, errors, evictions, syncs;
-    int64_t version;               /* last index version merged; -1 = never */
+    int64_t version; /* last index version merged; -1 = never */
 };
 
 /** Fill @p o with the defaults (url and identity NULL). */
@@ -1075,8 +1084,7 @@ struct kvt_device_opts {
 
 /** Open CUDA device @p ordinal (its primary context, one copy stream, page-locked staging).
  * @return 0, KVT_E_UNSUPPORTED (no driver or no such device: "unavailable"), -EIO, -ENOMEM. */
-KVT_API int kvt_device_open_cuda(int ordinal, const struct kvt_device_opts *o,
-                                 kvt_device **out);
+KVT_API int kvt_device_open_cuda(int ordinal, const struct kvt_device_opts *o, kvt_device **out);
 /** Open the host-memory stand-in: its copies run on a worker thread, in order; close it with
  * kvt_device_close(). @return 0, -EINVAL (@p out NULL), -ENOMEM or -EAGAIN (the worker thread
  * could not start). */
@@ -1118,8 +1126,8 @@ KVT_API int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n
  * with this device (kvt_pcache_opts.device), which copies the entry into host memory.
  * The device must stay open, and the memory unchanged, until the buffer's release runs.
  */
-KVT_API int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes,
-                                kvt_release_fn release, void *ud, kvt_buf **out);
+KVT_API int kvt_buf_wrap_device(kvt_device *d, uint64_t addr, size_t bytes, kvt_release_fn release,
+                                void *ud, kvt_buf **out);
 /** The device whose memory @p b wraps (setting *@p addr), or NULL for host memory. */
 KVT_API kvt_device *kvt_buf_device(const kvt_buf *b, uint64_t *addr);
 /** The CUDA ordinal of @p d; -1 for the host stand-in. */
@@ -1158,9 +1166,9 @@ KVT_API int kvt_store_restore_to_device(kvt_store *s, const struct kvt_hit *hit,
  * cache call), and joins RAM at the next take or put.
  * @return 0 (hit or miss), the placement's refusal, -EINVAL (no device), -EIO, -ENOMEM.
  */
-KVT_API int kvt_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n,
-                                      const char *ns, kvt_device_place_fn place, void *ud,
-                                      struct kvt_take *out, struct kvt_header **out_header);
+KVT_API int kvt_pcache_take_to_device(kvt_pcache *pc, const int32_t *tok, size_t n, const char *ns,
+                                      kvt_device_place_fn place, void *ud, struct kvt_take *out,
+                                      struct kvt_header **out_header);
 
 /**
  * A take into device memory whose copies may still run: kvt_pcache_take_to_device_async().
@@ -1179,9 +1187,8 @@ typedef struct kvt_dtake kvt_dtake;
  * the end.
  */
 KVT_API int kvt_pcache_take_to_device_async(kvt_pcache *pc, const int32_t *tok, size_t n,
-                                            const char *ns, kvt_device_place_fn place,
-                                            void *ud, struct kvt_take *out,
-                                            struct kvt_header **out_header,
+                                            const char *ns, kvt_device_place_fn place, void *ud,
+                                            struct kvt_take *out, struct kvt_header **out_header,
                                             kvt_dtake **pending);
 /** Make CUDA stream @p stream (a CUstream; 0: the legacy default stream) wait, without the
  * host waiting, until slot @p slot has landed; the host stand-in waits on the host. -EINVAL
@@ -1198,8 +1205,8 @@ KVT_API int kvt_dtake_end(kvt_dtake *p);
  * [B, H, T, D] tensors only: KVT_E_UNSUPPORTED for other kinds.
  */
 KVT_API int kvt_store_restore_prefix_to_device(kvt_store *s, const struct kvt_hit *hit,
-                                               kvt_device *d, kvt_device_place_fn place,
-                                               void *ud, struct kvt_header **out_header);
+                                               kvt_device *d, kvt_device_place_fn place, void *ud,
+                                               struct kvt_header **out_header);
 
 #ifdef __cplusplus
 }

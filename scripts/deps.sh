@@ -3,6 +3,8 @@
 # exact apt-get line to run. Writes nothing else; the Makefile runs it once per build dir.
 set -u
 need="build-essential pkg-config libjansson-dev libcmocka-dev liburing-dev clang libclang-rt-14-dev"
+# the style check in make test (tests/docs/check_format.sh)
+need="$need clang-format"
 # the remote tier (src/remote/): hiredis, and Redis for its tests and benchmark
 need="$need libhiredis-dev redis-server redis-tools"
 # kvtier-llama serve: its HTTP server

@@ -1,4 +1,5 @@
-/* The README's embedding example runs: a prefix cached in one life restores from disk in the next. */
+/* The README's embedding example runs: a prefix cached in one life restores from disk in the next.
+ */
 #include "support/support.h"
 
 #include <stdio.h>

@@ -701,14 +701,10 @@ int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
-        T(test_restart_restores_longest_prefix),
-        T(test_take_into_places_disk_hits),
-        T(test_take_into_places_shared_hits),
-        T(test_eviction_spills_to_disk),
-        T(test_refusing_gate_leaves_nothing),
-        T(test_background_cpus_place_the_threads),
-        T(test_close_with_queued_snapshots),
-        T(test_configuration_errors),
+        T(test_restart_restores_longest_prefix), T(test_take_into_places_disk_hits),
+        T(test_take_into_places_shared_hits),    T(test_eviction_spills_to_disk),
+        T(test_refusing_gate_leaves_nothing),    T(test_background_cpus_place_the_threads),
+        T(test_close_with_queued_snapshots),     T(test_configuration_errors),
         T(test_failed_open_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

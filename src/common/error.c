@@ -24,26 +24,17 @@ const char *kvt_version(void)
 const char *kvt_strerror(int code)
 {
     switch (code) {
-    case 0:
-        return "success";
-    case KVT_E_FORMAT:
-        return "not an .mlxkv file";
-    case KVT_E_CORRUPT:
-        return "corrupt or inconsistent file";
+    case 0: return "success";
+    case KVT_E_FORMAT: return "not an .mlxkv file";
+    case KVT_E_CORRUPT: return "corrupt or inconsistent file";
     case KVT_E_MISMATCH:
         return "entry belongs to another model, tokenizer, namespace or layer layout";
-    case KVT_E_UNSUPPORTED:
-        return "unsupported format version, kind, dtype or feature";
-    case KVT_E_TOO_LARGE:
-        return "entry exceeds the byte cap";
-    case KVT_E_STATE:
-        return "operation not allowed in the current state";
-    case KVT_E_REFUSED:
-        return "the engine refused the step";
-    case KVT_E_TIMEOUT:
-        return "timed out";
-    default:
-        break;
+    case KVT_E_UNSUPPORTED: return "unsupported format version, kind, dtype or feature";
+    case KVT_E_TOO_LARGE: return "entry exceeds the byte cap";
+    case KVT_E_STATE: return "operation not allowed in the current state";
+    case KVT_E_REFUSED: return "the engine refused the step";
+    case KVT_E_TIMEOUT: return "timed out";
+    default: break;
     }
     if (code < 0 && code > -4096) {
         const char *s = strerror(-code);

@@ -41,7 +41,7 @@ struct kvt_buf {
     bool was_kept;  /* the mapping came back from the buffer cache: its pages are resident */
     bool zeroed;    /* all zeros as allocated (fresh memory, or cleared) */
     bool wrapped;
-    bool device;             /* data is NULL; the bytes are reached through ext */
+    bool device; /* data is NULL; the bytes are reached through ext */
     struct kvt_buf_ext ext;
 };
 
@@ -150,8 +150,8 @@ out_release:
     return rc;
 }
 
-int kvt_buf_wrap_ext(const struct kvt_buf_ext *ext, size_t bytes, kvt_release_fn release,
-                     void *ud, kvt_buf **out)
+int kvt_buf_wrap_ext(const struct kvt_buf_ext *ext, size_t bytes, kvt_release_fn release, void *ud,
+                     kvt_buf **out)
 {
     struct kvt_buf *b = kvt_malloc(sizeof(*b));
     if (!b) {

@@ -36,7 +36,6 @@ size_t kvt_tensor_run_bytes(const struct kvt_tensor *t);
 /** Fill @p dst from @p src, which holds kvt_tensor_nbytes(dst) bytes in row-major order. */
 void kvt_tensor_copy_in(const struct kvt_tensor *dst, const void *src);
 
-
 /**
  * Copy the elements of @p src into @p dst (same shape and item size; the views must not
  * overlap). @return 0 or -EINVAL.
@@ -56,8 +55,8 @@ struct kvt_buf_ext {
     uint64_t addr;
 };
 /** A buffer over such memory; @p release(ud, NULL) runs exactly once, as for kvt_buf_wrap(). */
-int kvt_buf_wrap_ext(const struct kvt_buf_ext *ext, size_t bytes, kvt_release_fn release,
-                     void *ud, kvt_buf **out);
+int kvt_buf_wrap_ext(const struct kvt_buf_ext *ext, size_t bytes, kvt_release_fn release, void *ud,
+                     kvt_buf **out);
 /** The buffer's device memory, or NULL for host memory. */
 const struct kvt_buf_ext *kvt_buf_ext_of(const kvt_buf *b);
 /** Whether @p t lies in device memory (only saves read such tensors). */
