@@ -11,8 +11,9 @@ make -j2 lib tests benches >/dev/null
 rm -rf .gpu && mkdir -p .gpu/lib .gpu/bin
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >>.git/info/exclude
 cp "$b/libkvtier.a" "$b/config.mk" .gpu/
-cp "$b/tests/test_device" "$b/tests/test_tier_device" "$b/bench/bench_device" \
-    "$b/bench/bench_tier_device" .gpu/bin/
+cp "$b/tests/test_device" "$b/tests/test_tier_device" "$b/tests/test_store_share_into" \
+    "$b/tests/test_tier_share" "$b/bench/bench_device" "$b/bench/bench_tier_device" \
+    "$b/bench/bench_share" "$b/bench/bench_ram_share" .gpu/bin/
 for so in libjansson.so.4 libhiredis.so.0.14 liburing.so.2 libcmocka.so.0; do
     f=$(ldd "$b/tests/test_device" | awk -v n="$so" '$1 == n { print $3 }')
     cp -L "$f" .gpu/lib/

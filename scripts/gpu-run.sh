@@ -8,6 +8,8 @@
 #   scripts/gpu-run.sh benches  bench_tier_device, then the e2e bench
 #   scripts/gpu-run.sh tier     the e2e bench, bench_tier_device, then the device suites and
 #                               Python tests (no bench_device)
+#   scripts/gpu-run.sh share    the device suites and Python tests, then shared prefixes:
+#                               bench_ram_share --cuda and bench_share (on that machine's disk)
 # Output goes to $OUT (default ./gpu-out).
 set -u
 root=$(pwd)
@@ -19,13 +21,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
     --build-lib /root/kvt/py) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 export PYTHONPATH=/root/kvt/py
 suites() {
-    for t in test_device test_tier_device; do
+    for t in test_device test_tier_device test_store_share_into test_tier_share; do
         (cd /root/kvt && "$root/.gpu/bin/$t") >"$out/$t.log" 2>&1
         echo "$t: exit $?"; grep -E "PASSED|FAILED|SKIPPED|skipped" "$out/$t.log"
     done
     (cd /root/kvt && python3 -m pytest -q -p no:cacheprovider --basetemp=/root/kvt/pt \
         "$root/python/tests/test_device.py" "$root/python/tests/test_hf.py" \
-        "$root/python/tests/test_pcache.py" -rs) >"$out/pytest.log" 2>&1
+        "$root/python/tests/test_pcache.py" "$root/python/tests/test_pcache_share.py" -rs) >"$out/pytest.log" 2>&1
     echo "pytest: exit $?"; tail -8 "$out/pytest.log"
 }
 case ${1:-checks} in
@@ -44,6 +46,12 @@ tier)
     .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 3 2>&1 |
         tee "$out/bench_tier_device.txt"
     suites
+    ;;
+share)
+    suites
+    .gpu/bin/bench_ram_share --cuda 2>&1 | tee "$out/bench_ram_share.txt"
+    mkdir -p /root/bs
+    .gpu/bin/bench_share /root/bs 2>&1 | tee "$out/bench_share.txt"
     ;;
 benches)
     .gpu/bin/bench_tier_device --dir /root/btd --size 256M,1G,4G --repeat 5 2>&1 |

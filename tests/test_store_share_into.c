@@ -301,12 +301,9 @@ static uint8_t *cut_rows(const uint8_t *want, int slots, size_t rows, size_t kee
  * placement's device memory (host stand-in); kvt_store_restore_prefix_to_device() of 2,000 of
  * a kv entry's 3,000 tokens lands exactly those rows, across its chunks and tail.
  */
-static void test_restore_to_device(void **state)
+static void restore_to_device_on(kvt_device *d)
 {
-    (void)state;
     kvt_store *s = open_store();
-    kvt_device *d;
-    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
     struct kvt_entry *e;
     int32_t *tok;
     put_branch(s, 0, &e, &tok);
@@ -342,9 +339,31 @@ static void test_restore_to_device(void **state)
     free(want);
     kvt_entry_free(k);
     free(kt);
-    kvt_device_close(d);
     kvt_store_close(s);
     free(tok);
+}
+
+static void test_restore_to_device(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    restore_to_device_on(d);
+    kvt_device_close(d);
+}
+
+/* The same on a CUDA device, where one is present (a GPU machine); skipped elsewhere. */
+static void test_restore_to_cuda(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    if (kvt_device_open_cuda(0, NULL, &d) == KVT_E_UNSUPPORTED) {
+        print_message("skipped: %s\n", kvt_last_error());
+        skip();
+    }
+    assert_non_null(d);
+    restore_to_device_on(d);
+    kvt_device_close(d);
 }
 
 int main(void)
@@ -353,6 +372,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_one_load, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_restore_into, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_restore_to_device, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_restore_to_cuda, test_dir_setup, test_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
