@@ -161,6 +161,19 @@ def _place_kv(tensors: List[torch.Tensor], device: str) -> Any:
     return place
 
 
+def _as_device(device: Any) -> Device:
+    """A :class:`Device` for ``device``: itself, or from a torch device or its name ("cpu":
+    the host stand-in; "cuda" or "cuda:N": that GPU; None: CUDA device 0)."""
+    if isinstance(device, Device):
+        return device
+    d = torch.device(device or "cuda")
+    if d.type == "cpu":
+        return Device.host()
+    if d.type == "cuda":
+        return Device.cuda(d.index or 0)
+    raise UnsupportedError(f"restore_cache: device {device!r}: only cpu and cuda devices are supported")
+
+
 def restore_cache(store: Union[Store, PromptCache], input_ids: Any, *, device: Any = None,
                   namespace: Optional[str] = None, cache_cls: Any = None
                   ) -> Tuple[int, Optional[Any]]:
@@ -169,7 +182,8 @@ def restore_cache(store: Union[Store, PromptCache], input_ids: Any, *, device: A
     miss). ``n`` is at most ``len(input_ids) - 1``: the last token is left for the model to
     compute its logits. From a :class:`PromptCache` (opened with a device): RAM, then disk,
     then remote, the bytes landing in the cache's final tensors on that device. From a
-    :class:`Store`: restored into tensors on ``device`` (default: CUDA device 0)."""
+    :class:`Store`: restored into tensors on ``device``: a :class:`Device`, or a torch device
+    or its name ("cpu" restores into host memory; default: CUDA device 0)."""
     if cache_cls is None:
         from transformers import DynamicCache
         cache_cls = DynamicCache
@@ -188,8 +202,7 @@ def restore_cache(store: Union[Store, PromptCache], input_ids: Any, *, device: A
         hit = store.find(tok, namespace)
         if not hit:
             return 0, None
-        dev = device if isinstance(device, Device) else Device.cuda(
-            torch.device(device or "cuda").index or 0)
+        dev = _as_device(device)
         if store.restore_to_device(hit, dev, _place_kv(tensors, _torch_device(dev))) is None:
             return 0, None
         n = hit.prefix_len

@@ -112,6 +112,15 @@ def test_host_standin_restore_continues_identically(tmp_path):
                                                   cache_cls=StandInDynamicCache)
             assert kvtier.hf.restore_cache(store, prompt + 1, device=kvtier.Device.host(),
                                            cache_cls=StandInDynamicCache) == (0, None)
+            # a torch device or its name says the same: "cpu" is the host, never CUDA 0
+            for dev in ("cpu", torch.device("cpu")):
+                m, by_name = kvtier.hf.restore_cache(store, prompt, device=dev,
+                                                     cache_cls=StandInDynamicCache)
+                assert m == 39
+                assert all(torch.equal(a, b) for a, b in
+                           zip(by_name.key_cache + by_name.value_cache, saved))
+            with pytest.raises(kvtier.UnsupportedError, match="only cpu and cuda"):
+                kvtier.hf.restore_cache(store, prompt, device="meta", cache_cls=StandInDynamicCache)
         assert n == 39 and isinstance(restored, StandInDynamicCache)
         got = restored.key_cache + restored.value_cache
         assert all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in got)
