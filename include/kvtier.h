@@ -605,7 +605,8 @@ struct kvt_hit {
     size_t n_tokens; /* tokens of the matched entry */
     uint64_t id;     /* the record (opaque) */
     bool trimmable;
-    uint32_t store; /* the store that found it: a nonzero number unique in the process */
+    uint32_t store; /* the store or remote tier that found it: a nonzero number unique in the
+                       process */
 };
 
 struct kvt_store_stats {
@@ -1023,7 +1024,8 @@ KVT_API int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const c
                             struct kvt_hit *hit);
 /**
  * Fetch and validate a hit. @return 0 with *out set, or 0 with *out NULL on a miss (the entry
- * vanished, was evicted, or is corrupt: its record is removed and counted); -EINVAL.
+ * vanished, was evicted, or is corrupt: its record is removed and counted); -EINVAL (also
+ * for a hit that another remote tier or a store found).
  */
 KVT_API int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entry **out);
 /**

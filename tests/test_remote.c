@@ -552,6 +552,37 @@ static void test_corrupt_and_missing_chunks(void **state)
     }
 }
 
+/* A hit carries the index that found it: a remote tier refuses a hit another remote tier or a
+ * store found, whose id names a record of another index. */
+static void test_hit_of_another_index_refused(void **state)
+{
+    (void)state;
+    kvt_remote *a = open_remote(redis_url(&S, "hit-a"), 0),
+               *b = open_remote(redis_url(&S, "hit-b"), 0);
+    assert_int_equal(put(a, 95, N_TOK), 0);
+    assert_int_equal(put(b, 96, N_TOK), 0);
+    int32_t tok[N_TOK + 1];
+    remote_tokens(95, N_TOK, tok);
+    tok[N_TOK] = 1;
+    struct kvt_hit ha;
+    assert_int_equal(kvt_remote_find(a, tok, N_TOK + 1, "", &ha), 0);
+    assert_int_equal(ha.prefix_len, N_TOK);
+    assert_int_not_equal(ha.store, 0);
+    struct kvt_entry *got = (struct kvt_entry *)1;
+    assert_int_equal(kvt_remote_restore(b, &ha, &got), -EINVAL);
+    assert_null(got);
+    assert_non_null(strstr(kvt_last_error(), "another index"));
+    struct kvt_hit none = ha;
+    none.store = 0; /* a hit no index made */
+    assert_int_equal(kvt_remote_restore(a, &none, &got), -EINVAL);
+    assert_int_equal(kvt_remote_restore(a, &ha, &got), 0); /* its own: restored */
+    assert_non_null(got);
+    kvt_entry_free(got);
+    assert_int_equal(restore(b, 96, N_TOK), 1);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+}
+
 /* Index records that cannot be trusted are ignored; counts come before allocations. */
 static void test_hostile_index_records(void **state)
 {
@@ -772,6 +803,7 @@ int main(void)
         T(test_orphan_chunks_expire),
         T(test_corrupt_and_missing_chunks),
         T(test_hostile_index_records),
+        T(test_hit_of_another_index_refused),
         T(test_maxmemory_eviction),
         T(test_auth),
         T(test_unix_socket),

@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/serial.h"
 #include "remote/remote_obj.h"
 #include "store/index.h"
 #include "threads/write_queue.h"
@@ -172,6 +173,7 @@ int kvt_remote_open(const struct kvt_remote_opts *o, kvt_remote **out)
     struct kvt_remote *r = calloc(1, sizeof(*r));
     if (!r)
         return kvt_fail(-ENOMEM, "remote: out of memory");
+    r->serial = kvt_serial_next();
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->poll_mu, NULL);
     pthread_mutex_init(&r->put_mu, NULL);
@@ -250,6 +252,7 @@ int kvt_remote_find(kvt_remote *r, const int32_t *tok, size_t n, const char *ns,
         hit->n_tokens = rec->n_tokens;
         hit->id = rec->seq;
         hit->trimmable = rec->trimmable;
+        hit->store = r->serial;
     }
     pthread_mutex_unlock(&r->mu);
     return 0;

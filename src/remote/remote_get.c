@@ -153,6 +153,13 @@ int kvt_remote_restore(kvt_remote *r, const struct kvt_hit *hit, struct kvt_entr
     *out = NULL;
     if (!r || !hit)
         return kvt_fail(-EINVAL, "kvt_remote_restore: NULL argument");
+    if (hit->prefix_len == 0)
+        return 0;
+    if (hit->store != r->serial) /* its id names a record of another index */
+        return kvt_fail(-EINVAL,
+                        "kvt_remote_restore: the hit is of another index (found by %u, "
+                        "restored by remote %u)",
+                        hit->store, r->serial);
     struct kvt_rrec *rec = kvt_remote_rec_copy(r, hit->id);
     if (!rec)
         return 0; /* dropped since the find */

@@ -17,12 +17,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "common/error.h"
+#include "common/serial.h"
 #include "format/format.h"
 #include "io/io.h"
 #include "settings/settings.h"
@@ -102,17 +102,6 @@ static int check_open_args(const char *dir, const struct kvt_store_opts *o)
     return kvt_mem_check(o->mem);
 }
 
-/* A number per store opened in the process, never 0 (kvt_hit.store of no store). */
-static uint32_t next_serial(void)
-{
-    static _Atomic uint32_t last;
-    uint32_t n;
-    do
-        n = atomic_fetch_add(&last, 1) + 1;
-    while (n == 0); /* wrapped after 2^32 opens */
-    return n;
-}
-
 int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **out)
 {
     if (!out)
@@ -146,7 +135,7 @@ int kvt_store_open(const char *dir, const struct kvt_store_opts *o, kvt_store **
     s->tmp_grace_ms = o->tmp_grace_ms;
     s->log = o->log;
     s->log_ud = o->log_ud;
-    s->serial = next_serial();
+    s->serial = kvt_serial_next();
 
     if (!s->read_only) {
         rc = kvt_mkdir_durable(s->root);
