@@ -10,11 +10,15 @@
 #include "support/support.h"
 
 #include <errno.h>
+#include <stdint.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -281,6 +285,62 @@ static void test_cli_errors(void **state)
     free(keyless);
 }
 
+/* A server that answers every request with an error full of control bytes and far too long
+ * (no real Redis sends one: this stands in for a hostile or broken peer); a thread a
+ * connection, as the remote tier holds several. */
+static void *hostile_conn(void *ud)
+{
+    int c = (int)(intptr_t)ud;
+    char evil[1000], req[4096];
+    int n = snprintf(evil, sizeof(evil), "-ERR evil\x1b[2J\x07\x7f\xc3\xa9");
+    memset(evil + n, 'A', sizeof(evil) - n - 2);
+    memcpy(evil + sizeof(evil) - 2, "\r\n", 2);
+    while (read(c, req, sizeof(req)) > 0)
+        if (write(c, evil, sizeof(evil)) != (ssize_t)sizeof(evil))
+            break;
+    close(c);
+    return NULL;
+}
+
+static void *hostile_server(void *ud)
+{
+    for (int c; (c = accept(*(int *)ud, NULL, NULL)) >= 0;) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, hostile_conn, (void *)(intptr_t)c) == 0)
+            pthread_detach(t);
+    }
+    return NULL;
+}
+
+/* Error text from the server reaches messages as printable ASCII, bounded in length. */
+static void test_server_error_text_cleaned(void **state)
+{
+    (void)state;
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    assert_int_equal(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(ls, 8), 0);
+    assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, hostile_server, &ls), 0);
+    char url[96];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/evil", ntohs(a.sin_port));
+    kvt_remote *r = open_remote(url, 64 << 10, 2000); /* opens: the server may come back */
+    assert_non_null(r);
+    assert_true(remote_put(r, 333, N_TOK) < 0);
+    const char *msg = kvt_last_error();
+    print_message("put: %.120s...\n", msg);
+    assert_non_null(strstr(msg, "evil"));
+    for (const char *p = msg; *p; p++)
+        assert_true(*p >= 0x20 && *p <= 0x7e);
+    assert_true(strlen(msg) < 600);
+    kvt_remote_close(r);
+    shutdown(ls, SHUT_RDWR);
+    close(ls);
+    pthread_join(t, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_reader_out_of_memory),
         cmocka_unit_test(test_deadline_through_slow_link),
         cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_server_error_text_cleaned),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

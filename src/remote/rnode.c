@@ -114,6 +114,24 @@ static int exchange(struct kvt_rnode *n, const char *req, size_t len, int64_t de
     return rc;
 }
 
+/* Error text a server sends lands in messages and logs: printable ASCII only, at most
+ * ERR_MAX bytes, so that a hostile or broken server cannot write control sequences into a
+ * terminal or a log, or flood it. */
+#define ERR_MAX 240
+static void clean_errors(redisReply *r)
+{
+    if (r->type == REDIS_REPLY_ERROR && r->str) {
+        if (r->len > ERR_MAX)
+            r->len = ERR_MAX, r->str[ERR_MAX] = '\0';
+        for (size_t i = 0; i < r->len; i++)
+            if ((unsigned char)r->str[i] < 0x20 || (unsigned char)r->str[i] > 0x7e)
+                r->str[i] = '?';
+    }
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        if (r->element[i])
+            clean_errors(r->element[i]);
+}
+
 redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **argv, const size_t *len,
                           int64_t deadline_ms, int *err)
 {
@@ -135,5 +153,6 @@ redisReply *kvt_rnode_cmd(struct kvt_rnode *n, int argc, const char **argv, cons
         return NULL;
     }
     n->used = true;
+    clean_errors(r);
     return r;
 }
