@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "kvtier.h"
 #include "remote/remote_parts.h"
 
@@ -341,6 +342,40 @@ static void test_server_error_text_cleaned(void **state)
     pthread_join(t, NULL);
 }
 
+static int zero_next(void *ud, uint8_t **at, size_t *len)
+{
+    *at = ud;
+    *len = 0;
+    return 0;
+}
+
+static int zero_wrote(void *ud, size_t n)
+{
+    (void)ud;
+    (void)n;
+    return 0;
+}
+
+/* A sink that offers no room ends the read with its own error instead of looping forever. */
+static void test_sink_without_room(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    const char reply[] = "$8\r\n12345678\r\n";
+    assert_int_equal(write(sv[1], reply, sizeof(reply) - 1), (ssize_t)sizeof(reply) - 1);
+    static struct kvt_rio r;
+    memset(&r, 0, sizeof(r));
+    r.fd = sv[0];
+    r.deadline_ms = kvt_mono_ms() + 2000;
+    uint8_t room[8];
+    struct kvt_rsink sink = {.next = zero_next, .wrote = zero_wrote, .ud = room};
+    assert_int_equal(kvt_rio_reply_sink(&r, 8, &sink), KVT_R_SINK);
+    assert_int_equal(r.sink_rc, -EINVAL);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +384,7 @@ int main(void)
         cmocka_unit_test(test_deadline_through_slow_link),
         cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_server_error_text_cleaned),
+        cmocka_unit_test(test_sink_without_room),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -164,6 +164,10 @@ static int read_sink(struct kvt_rio *r, size_t want, const struct kvt_rsink *s)
         size_t len = want;
         if (s && (r->sink_rc = s->next(s->ud, &at, &len)) != 0)
             return KVT_R_SINK;
+        if (s && len == 0) { /* no progress could ever be made */
+            r->sink_rc = kvt_fail(-EINVAL, "redis: a reply's sink offered no room");
+            return KVT_R_SINK;
+        }
         len = len < want ? len : want;
         if (r->pos == r->len && (!at || len < DIRECT_MIN)) {
             int rc = fill(r);
