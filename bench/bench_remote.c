@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kvtier.h"
 #include "remote/remote_parts.h"
 
@@ -53,13 +54,6 @@
 static const char *g_dir = "/tmp";
 static int g_port;
 static pid_t g_server;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -163,7 +157,7 @@ static struct kvt_entry *make_entry(size_t bytes, int32_t first)
 static double raw_xfer(redisContext *c, uint8_t *buf, size_t size, bool get)
 {
     size_t n = (size + CHUNK - 1) / CHUNK, sent = 0, got = 0;
-    double t0 = now_s();
+    double t0 = bench_now();
     while (got < n) {
         for (; sent < n && sent - got < WINDOW; sent++) {
             size_t len = size - sent * CHUNK < CHUNK ? size - sent * CHUNK : CHUNK;
@@ -183,7 +177,7 @@ static double raw_xfer(redisContext *c, uint8_t *buf, size_t size, bool get)
         freeReplyObject(r);
         got++;
     }
-    return now_s() - t0;
+    return bench_now() - t0;
 }
 
 /* ---- 1 and 2: transfers ----------------------------------------------------------------- */
@@ -214,7 +208,7 @@ static double timed_restore(kvt_remote *r, kvt_store *s, const struct kvt_entry 
     tok[e->n_tokens] = 1;
     struct kvt_hit hit;
     struct kvt_entry *out = NULL;
-    double t0 = now_s();
+    double t0 = bench_now();
     if (r) {
         kvt_remote_find(r, tok, e->n_tokens + 1, "", &hit);
         kvt_remote_restore(r, &hit, &out);
@@ -222,7 +216,7 @@ static double timed_restore(kvt_remote *r, kvt_store *s, const struct kvt_entry 
         kvt_store_find(s, tok, e->n_tokens + 1, "", &hit);
         kvt_store_restore(s, &hit, &out);
     }
-    double t = now_s() - t0;
+    double t = bench_now() - t0;
     free(tok);
     if (!out)
         return -1;
@@ -244,9 +238,9 @@ static void one_rep(kvt_remote *r, kvt_store *s, redisContext *c, uint8_t *buf, 
     struct kvt_entry *e = make_entry(size, first);
     struct kvt_remote_stats a, b;
     kvt_remote_get_stats(r, &a);
-    double t0 = now_s();
+    double t0 = bench_now();
     kvt_remote_put(r, e);
-    t[0] = now_s() - t0;
+    t[0] = bench_now() - t0;
     kvt_remote_get_stats(r, &b);
     uint64_t bytes = b.put_bytes - a.put_bytes;
     t[1] = raw_xfer(c, buf, bytes, false);
@@ -340,14 +334,14 @@ static void bench_find(const char *url)
     kvt_rclient_init(&rc, &cfg);
     const char *pre = strrchr(purl, '/') + 1;
     kvt_rkeys_init(&keys, pre, MODEL, FP, TOKH);
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int i = 0; i < N_FIND; i++)
         publish(&rc, &keys, i);
-    double t_pub = now_s() - t0;
-    t0 = now_s();
+    double t_pub = bench_now() - t0;
+    t0 = bench_now();
     kvt_remote *r =
         open_remote(purl, CHUNK, false); /* the reader: a fresh host, first sync at open */
-    double t_open = now_s() - t0;
+    double t_open = bench_now() - t0;
     double lat[1001];
     int32_t tok[FIND_TOK + 1];
     int hits = 0;
@@ -355,9 +349,9 @@ static void bench_find(const char *url)
         find_tokens((j * 7) % N_FIND, tok);
         tok[FIND_TOK] = 3;
         struct kvt_hit hit;
-        double a = now_s();
+        double a = bench_now();
         kvt_remote_find(r, tok, FIND_TOK + 1, "", &hit);
-        lat[j] = (now_s() - a) * 1e6;
+        lat[j] = (bench_now() - a) * 1e6;
         hits += hit.prefix_len == FIND_TOK;
     }
     double delay[5];
@@ -365,13 +359,13 @@ static void bench_find(const char *url)
         find_tokens(N_FIND + t, tok);
         tok[FIND_TOK] = 3;
         struct kvt_hit hit = {0};
-        double a = now_s();
+        double a = bench_now();
         publish(&rc, &keys, N_FIND + t);
-        while (hit.prefix_len != FIND_TOK && now_s() - a < 10) {
+        while (hit.prefix_len != FIND_TOK && bench_now() - a < 10) {
             usleep(1000);
             kvt_remote_find(r, tok, FIND_TOK + 1, "", &hit);
         }
-        delay[t] = (now_s() - a) * 1e3;
+        delay[t] = (bench_now() - a) * 1e3;
         usleep(137000); /* another phase of the poll period */
     }
     printf("find over %d remote entries: median %.1f us (%d/1001 hits); first sync at open "

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kvtier.h"
 
 #define MODEL "bench-model"
@@ -35,13 +36,6 @@ struct report {
     long long read_bytes, puts, evictions, entries;
     double find_before_us, find_during_us;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static long long rchar(void)
 {
@@ -97,9 +91,9 @@ static double find_us(kvt_remote *r, int lo, int n, int n_tok)
         tokens_of(lo + i % n, n_tok, tok);
         tok[n_tok] = 1;
         struct kvt_hit hit;
-        double t0 = now_s();
+        double t0 = bench_now();
         kvt_remote_find(r, tok, (size_t)n_tok + 1, "", &hit);
-        t[i] = (now_s() - t0) * 1e6;
+        t[i] = (bench_now() - t0) * 1e6;
     }
     free(tok);
     qsort(t, 1001, sizeof(*t), cmp_d);
@@ -147,8 +141,8 @@ static int host(const struct cfg *c, int id, int up, int down)
     kvt_remote_get_stats(r, &st0);
     rep.find_before_us = find_us(r, 0, c->entries, c->tokens);
     long long r0 = rchar();
-    double end = now_s() + c->seconds, next = now_s();
-    for (int k = 0; now_s() < end; k++) {
+    double end = bench_now() + c->seconds, next = bench_now();
+    for (int k = 0; bench_now() < end; k++) {
         struct kvt_entry *x = make_entry(c->entries + id + k * c->hosts, c->tokens);
         kvt_remote_put(r, x);
         kvt_entry_free(x);
@@ -156,8 +150,8 @@ static int host(const struct cfg *c, int id, int up, int down)
         if (k == 2) /* about 2 * hosts of the oldest are gone by now, and as many more came */
             rep.find_during_us = find_us(r, 3 * c->hosts, c->entries - 3 * c->hosts, c->tokens);
         next += 0.5;
-        if (next > now_s())
-            usleep((useconds_t)((next - now_s()) * 1e6));
+        if (next > bench_now())
+            usleep((useconds_t)((next - bench_now()) * 1e6));
     }
     usleep(500000); /* the last syncs */
     rep.read_bytes = rchar() - r0;
