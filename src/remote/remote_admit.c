@@ -8,15 +8,6 @@
 #include "remote/remote_obj.h"
 #include "remote/robj.h"
 
-void kvt_remote_free_objs(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rout *o)
-{
-    for (size_t i = 0; i < o->n_dead; i++) {
-        char name[KVT_ROBJ_NAME];
-        struct kvt_rentry e = kvt_robj_entry(&o->dead[i].o, o->dead[i].ns, name);
-        kvt_rentry_del(rc, &r->keys, &e);
-    }
-}
-
 /* The entries the index script removed to make room: their chunks and the objects no record
  * needs any more deleted, out of the view, counted (put_mu held). */
 static void evicted(struct kvt_remote *r, struct kvt_rout *o)

@@ -49,6 +49,15 @@ struct kvt_rrec *kvt_remote_rec_copy(struct kvt_remote *r, uint64_t id)
     return d;
 }
 
+void kvt_remote_free_objs(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rout *o)
+{
+    for (size_t i = 0; i < o->n_dead; i++) {
+        char name[KVT_ROBJ_NAME];
+        struct kvt_rentry e = kvt_robj_entry(&o->dead[i].o, o->dead[i].ns, name);
+        kvt_rentry_del(rc, &r->keys, &e);
+    }
+}
+
 void kvt_remote_delete(struct kvt_remote *r, struct kvt_rclient *rc, const struct kvt_rrec *rec)
 {
     struct kvt_rentry e = {rec->ns, rec->uuid, rec->bytes, rec->chunk, rec->n_chunks};
