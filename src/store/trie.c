@@ -5,7 +5,7 @@
  * and either records or at least two children; kids are sorted by their first token; every
  * node's aggregates equal those computed from its own records and its kids.
  */
-#include "store/index.h"
+#include "store/trie.h"
 
 #include <errno.h>
 #include <stddef.h>
