@@ -24,20 +24,13 @@ static struct redis_srv S;
 static int group_setup(void **state)
 {
     (void)state;
-    if (!redis_available())
-        return -1;
-    base = scratch_dir("remote-index");
-    return base && redis_start(&S, base, 0, "") == 0 ? 0 : -1;
+    return redis_suite_start(&S, "remote-index", &base);
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    redis_kill(&S);
-    if (base)
-        rm_rf(base);
-    free(base);
-    return 0;
+    return redis_suite_stop(&S, &base);
 }
 
 static kvt_remote *open_remote(const char *url, uint64_t chunk, uint64_t max_bytes)

@@ -32,20 +32,13 @@ static struct redis_srv S;
 static int group_setup(void **state)
 {
     (void)state;
-    if (!redis_available())
-        return -1;
-    base = scratch_dir("rshare");
-    return base && redis_start(&S, base, 0, "") == 0 ? 0 : -1;
+    return redis_suite_start(&S, "rshare", &base);
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    redis_kill(&S);
-    if (base)
-        rm_rf(base);
-    free(base);
-    return 0;
+    return redis_suite_stop(&S, &base);
 }
 
 static kvt_remote *open_share(const char *prefix, bool share, uint64_t cap)

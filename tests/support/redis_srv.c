@@ -22,6 +22,24 @@ bool redis_available(void)
     return access("/usr/bin/redis-server", X_OK) == 0 && access("/usr/bin/redis-cli", X_OK) == 0;
 }
 
+int redis_suite_start(struct redis_srv *s, const char *tag, char **base)
+{
+    if (!redis_available())
+        return -1;
+    *base = scratch_dir(tag);
+    return *base && redis_start(s, *base, 0, "") == 0 ? 0 : -1;
+}
+
+int redis_suite_stop(struct redis_srv *s, char **base)
+{
+    redis_kill(s);
+    if (*base)
+        rm_rf(*base);
+    free(*base);
+    *base = NULL;
+    return 0;
+}
+
 static bool port_free(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -32,6 +32,11 @@ int redis_free_port(void);
 /** Start a server in @p dir on @p port (0 = a free one) with @p extra arguments ("" = none);
  * waits until it answers PING. 0 or -1. */
 int redis_start(struct redis_srv *s, const char *dir, int port, const char *extra);
+/** A suite's server: a scratch directory tagged @p tag in *@p base and a server in it, no
+ * extra arguments. 0, or -1 (also when Redis is not installed). */
+int redis_suite_start(struct redis_srv *s, const char *tag, char **base);
+/** Kill the suite's server and remove its directory *@p base (freed). 0. */
+int redis_suite_stop(struct redis_srv *s, char **base);
 /** SIGKILL and reap (no-op when not running). */
 void redis_kill(struct redis_srv *s);
 /** Kill and start again on the same port, empty. */
