@@ -149,7 +149,8 @@ int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n)
 static int queue_copy(kvt_device *d, const struct kvt_dcopy *c, bool up, unsigned slot)
 {
     if (c->rows > 1) /* strided runs: host to device only */
-        return d->ops->h2d_rows(d, c->dev, c->host, c->pitch, c->n, c->rows, slot);
+        return d->ops->h2d_rows(d, c->dev, c->host, c->pitch, c->dpitch ? c->dpitch : c->n, c->n,
+                                c->rows, slot);
     return up ? d->ops->h2d(d, c->dev, c->host, c->n, slot)
               : d->ops->d2h(d, c->host, c->dev, c->n, slot);
 }

@@ -120,12 +120,12 @@ static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned 
     return rc ? rc : enqueue(d, (void *)(uintptr_t)dst, src, n, slot);
 }
 
-static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
-                    size_t rows, unsigned slot)
+static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t dpitch,
+                    size_t n, size_t rows, unsigned slot)
 {
     int rc = 0;
     for (size_t r = 0; r < rows && rc == 0; r++) /* in order: the last one tracked */
-        rc = h2d(d, dst + r * n, (const uint8_t *)src + r * pitch, n,
+        rc = h2d(d, dst + r * dpitch, (const uint8_t *)src + r * pitch, n,
                  r + 1 == rows ? slot : KVT_DEVICE_UNTRACKED);
     return rc;
 }

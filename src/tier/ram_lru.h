@@ -39,6 +39,11 @@ struct kvt_dev_dest {
     /* Or, when set, a disk hit goes into the caller's host memory instead
      * (kvt_pcache_take_into(), through cfg->cold->restore_into; place unused). */
     struct kvt_take_into *host;
+    /* Out: a shared RAM hit handed over unjoined (its tail and chunk clones, owned by the
+     * caller) when the device can take it so (cfg->dev->shared_to_device); n: its tokens
+     * taken. out->entry is then NULL. */
+    struct kvt_entry *tail, **parts;
+    size_t m, n;
 };
 
 /** kvt_ram_lru_take() that lands a cold hit in device memory through @p dest (the RAM and
