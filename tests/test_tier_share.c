@@ -459,14 +459,10 @@ static void test_device_take_reads_chunks_in_place(void **state)
     kvt_device_close(d);
 }
 
-/* A pool too small for every chunk and tail: those past its room are in ordinary memory, and
- * their rows land beside the page-locked ones, whole takes and prefixes alike. */
-static void test_device_take_past_the_pool(void **state)
+/* Whole takes and prefixes of 4 branches held shared in a pool of @p ram bytes, on @p d. */
+static void takes_on(kvt_device *d, uint64_t ram)
 {
-    (void)state;
-    kvt_device *d;
-    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
-    kvt_pcache *pc = open_device_pc(d, 1904 * ROW_BYTES); /* the first put's twin + 3 chunks */
+    kvt_pcache *pc = open_device_pc(d, ram);
     put_device_branches(pc, d, 4);
     assert_int_equal(ram_bytes(pc, NULL), (PROMPT + 4 * OWN) * ROW_BYTES);
     for (int b = 0; b < 4; b++) {
@@ -479,6 +475,32 @@ static void test_device_take_past_the_pool(void **state)
         free(tok);
     }
     kvt_pcache_close(pc);
+}
+
+/* A pool too small for every chunk and tail: those past its room are in ordinary memory, and
+ * their rows land beside the page-locked ones, whole takes and prefixes alike. */
+static void test_device_take_past_the_pool(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    takes_on(d, 1904 * ROW_BYTES); /* the first put's twin and 3 chunks */
+    kvt_device_close(d);
+}
+
+/* The same takes on a CUDA device (its strided copies), where one is present; skipped
+ * elsewhere. */
+static void test_device_takes_on_cuda(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    if (kvt_device_open_cuda(0, NULL, &d) == KVT_E_UNSUPPORTED) {
+        print_message("skipped: %s\n", kvt_last_error());
+        skip();
+    }
+    assert_non_null(d);
+    takes_on(d, 64 << 20);
+    takes_on(d, 1904 * ROW_BYTES);
     kvt_device_close(d);
 }
 
@@ -567,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_device_take_reads_chunks_in_place),
         cmocka_unit_test(test_device_take_past_the_pool),
         cmocka_unit_test(test_device_take_uncut_layers),
+        cmocka_unit_test(test_device_takes_on_cuda),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
