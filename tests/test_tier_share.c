@@ -392,22 +392,32 @@ static void put_device_branches(kvt_pcache *pc, kvt_device *d, int n)
     }
 }
 
-static void test_device_entries_shared(void **state)
+/* Whole takes and prefixes of 4 branches held shared in a pool of @p ram bytes, on @p d. */
+static void takes_on(kvt_device *d, uint64_t ram)
 {
-    (void)state;
-    kvt_device *d;
-    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
-    kvt_pcache *pc = open_device_pc(d, 64 << 20);
+    kvt_pcache *pc = open_device_pc(d, ram);
     put_device_branches(pc, d, 4);
     assert_int_equal(ram_bytes(pc, NULL), (PROMPT + 4 * OWN) * ROW_BYTES);
     for (int b = 0; b < 4; b++) {
         int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
         assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), PROMPT + OWN);
+        tok[900] = -1;
+        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 900);
         tok[700] = -1;
         assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 700);
+        tok[256] = -1;
+        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 256);
         free(tok);
     }
     kvt_pcache_close(pc);
+}
+
+static void test_device_entries_shared(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    takes_on(d, 64 << 20);
     kvt_device_close(d);
 }
 
@@ -457,24 +467,6 @@ static void test_device_take_reads_chunks_in_place(void **state)
     free(tok);
     kvt_pcache_close(pc);
     kvt_device_close(d);
-}
-
-/* Whole takes and prefixes of 4 branches held shared in a pool of @p ram bytes, on @p d. */
-static void takes_on(kvt_device *d, uint64_t ram)
-{
-    kvt_pcache *pc = open_device_pc(d, ram);
-    put_device_branches(pc, d, 4);
-    assert_int_equal(ram_bytes(pc, NULL), (PROMPT + 4 * OWN) * ROW_BYTES);
-    for (int b = 0; b < 4; b++) {
-        int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
-        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), PROMPT + OWN);
-        tok[900] = -1;
-        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 900);
-        tok[256] = -1;
-        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 256);
-        free(tok);
-    }
-    kvt_pcache_close(pc);
 }
 
 /* A pool too small for every chunk and tail: those past its room are in ordinary memory, and

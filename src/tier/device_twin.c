@@ -345,6 +345,9 @@ static int plan_cut(const struct taken *s, const kvt_cache *tc, size_t j, const 
     struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
     int nt = kvt_cache_state(tc, st), rc = nt < 0 ? nt : 0;
     kvt_tensors_release(st, nt > 0 ? nt : 0);
+    for (size_t p = 0; rc == 0 && p < s->m; p++)
+        if (j >= s->parts[p]->n_caches)
+            rc = kvt_fail(-EINVAL, "prompt cache take: chunk %zu lacks cut cache %zu", p, j);
     for (int sl = 0; rc == 0 && sl < nt; sl++, (*k)++) {
         for (size_t p = 0; rc == 0 && dst[*k] && p <= s->m && p * KVT_SHARE_CHUNK < s->n; p++)
             rc = plan_piece(p < s->m ? s->parts[p]->caches[j] : tc, sl, p * KVT_SHARE_CHUNK, s->n,

@@ -47,7 +47,8 @@ struct kvt_dev_dest {
 };
 
 /** kvt_ram_lru_take() that lands a cold hit in device memory through @p dest (the RAM and
- * remote hits come back as host entries in out->entry, for the caller to copy). */
+ * remote hits come back as host entries in out->entry, for the caller to copy; a shared RAM
+ * hit, where the device can take it so, as dest's tail and parts). */
 int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                         struct kvt_dev_dest *dest, struct kvt_take *out);
 /** TIER.md §2.3: takes @p e and @p retain on every path. With cfg->dev, an entry in its
