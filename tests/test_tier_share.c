@@ -427,9 +427,20 @@ static int refuse(void *ud, const struct kvt_header *h, uint64_t *dst)
     return -ENOSPC;
 }
 
+/* A placement whose last slot is half the size the header says: its copies fail. */
+static int place_short(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    struct dest *p = ud;
+    place(ud, h, dst);
+    kvt_device_free(p->d, p->addr[p->n - 1]);
+    assert_int_equal(kvt_device_alloc(p->d, p->bytes[p->n - 1] / 2, &p->addr[p->n - 1]), 0);
+    dst[p->n - 1] = p->addr[p->n - 1];
+    return 0;
+}
+
 /* A take into device memory reads a shared record's chunks where they lie: the copies in flight
  * read the tail and the chunks themselves (no joined entry), which outlive the records that held
- * them; a refused placement leaves the RAM tier as it was. */
+ * them; a refused placement or copy leaves the RAM tier as it was. */
 static void test_device_take_reads_chunks_in_place(void **state)
 {
     (void)state;
@@ -445,6 +456,14 @@ static void test_device_take_reads_chunks_in_place(void **state)
     assert_int_equal(kvt_pcache_take_to_device(pc, tok, PROMPT + OWN + 1, "", refuse, NULL, &t, &h),
                      -ENOSPC);
     assert_null(h);
+    assert_int_equal(ram_bytes(pc, NULL), held);
+    struct dest shortp = {.d = d}; /* a copy the device refuses: an error, the rest finished */
+    assert_int_equal(
+        kvt_pcache_take_to_device(pc, tok, PROMPT + OWN + 1, "", place_short, &shortp, &t, &h),
+        -EINVAL);
+    assert_null(h);
+    for (int k = 0; k < shortp.n; k++)
+        kvt_device_free(d, shortp.addr[k]);
     assert_int_equal(ram_bytes(pc, NULL), held);
     for (size_t keep = PROMPT + OWN; keep >= 700; keep -= PROMPT + OWN - 700) {
         tok[keep] = -1;
