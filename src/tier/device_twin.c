@@ -204,6 +204,8 @@ struct runs {
     struct kvt_tier_dev *t;
     struct kvt_dcopy *cp;
     size_t n, cap;
+    size_t first; /* the current slot's first copy: none before it is extended (another
+                     allocation, which may lie right before this one's) */
     uint64_t dev;
 };
 
@@ -222,7 +224,7 @@ static bool extends(const struct kvt_dcopy *c, const uint8_t *p, size_t n, uint6
 /* Run @p p of @p n bytes to @p dev, a row of a copy whose rows are @p dpitch apart there. */
 static int add_seg(struct runs *r, const void *p, size_t n, uint64_t dev, size_t dpitch)
 {
-    struct kvt_dcopy *c = r->n ? &r->cp[r->n - 1] : NULL;
+    struct kvt_dcopy *c = r->n > r->first ? &r->cp[r->n - 1] : NULL;
     if (!kvt_dpool_owns(r->t->pool, p)) /* not page-locked: through the staging ring */
         return kvt_device_upload(r->t->d, dev, p, n);
     if (c && extends(c, p, n, dev, dpitch)) {
@@ -260,6 +262,7 @@ static int plan_cache(const kvt_cache *c, const uint64_t *dst, struct runs *r, s
     int nt = kvt_cache_state(c, st), rc = nt < 0 ? nt : 0;
     for (int j = 0; j < nt; j++, (*k)++) {
         r->dev = dst[*k];
+        r->first = r->n;
         if (rc == 0 && dst[*k])
             rc = kvt_tensor_for_each_run(&st[j], add_run, r);
         ends[*k] = r->n;
@@ -349,6 +352,7 @@ static int plan_cut(const struct taken *s, const kvt_cache *tc, size_t j, const 
         if (j >= s->parts[p]->n_caches)
             rc = kvt_fail(-EINVAL, "prompt cache take: chunk %zu lacks cut cache %zu", p, j);
     for (int sl = 0; rc == 0 && sl < nt; sl++, (*k)++) {
+        r->first = r->n;
         for (size_t p = 0; rc == 0 && dst[*k] && p <= s->m && p * KVT_SHARE_CHUNK < s->n; p++)
             rc = plan_piece(p < s->m ? s->parts[p]->caches[j] : tc, sl, p * KVT_SHARE_CHUNK, s->n,
                             dst[*k], r);
