@@ -4,8 +4,9 @@
  * inside a chunk shares the chunks before it, at the chunk edges too; supersession and eviction
  * under a cap never break a held entry and keep the count exact; ssm layers stay whole per entry;
  * every take is byte-equal to what was put; an evicted shared entry spills to disk whole and comes
- * back byte-equal; device entries are held shared in the page-locked pool and land byte-equal; puts
- * and takes from several threads.
+ * back byte-equal; device entries are held shared in the page-locked pool (or past its room) and
+ * land byte-equal, each chunk's rows copied straight from it, the records free to leave RAM while
+ * the copies run; puts and takes from several threads.
  */
 #include "support/support.h"
 #include "support/synth.h"
