@@ -98,7 +98,7 @@ static double time_copy(struct run *r, bool up)
     for (size_t i = 0; i < n; i++) {
         uint64_t at = (uint64_t)i * PIECE;
         size_t k = r->bytes - at < PIECE ? (size_t)(r->bytes - at) : PIECE;
-        c[i] = (struct kvt_dcopy){(uint8_t *)r->pinned + at, r->dev + at, k, 1, 0};
+        c[i] = (struct kvt_dcopy){(uint8_t *)r->pinned + at, r->dev + at, k, 1, 0, 0};
     }
     double t0 = bench_now();
     int rc = kvt_device_copies(r->d, c, n, up);

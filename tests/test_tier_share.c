@@ -4,12 +4,16 @@
  * inside a chunk shares the chunks before it, at the chunk edges too; supersession and eviction
  * under a cap never break a held entry and keep the count exact; ssm layers stay whole per entry;
  * every take is byte-equal to what was put; an evicted shared entry spills to disk whole and comes
- * back byte-equal; device entries are held shared in the page-locked pool and land byte-equal; puts
- * and takes from several threads.
+ * back byte-equal; device entries are held shared in the page-locked pool (or past its room) and
+ * land byte-equal, each chunk's rows copied straight from it, the records free to leave RAM while
+ * the copies run; puts and takes from several threads.
  */
 #include "support/support.h"
 #include "support/synth.h"
 
+#include "device/device.h"
+
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,6 +321,35 @@ static int place(void *ud, const struct kvt_header *h, uint64_t *dst)
     return 0;
 }
 
+/* Every slot of @p p holds the state of @p want, as header @p h says, to the byte; then the
+ * device memory is freed. */
+static void assert_landed(struct dest *p, const struct kvt_header *h, const struct kvt_entry *want)
+{
+    assert_int_equal(h->n_tokens, want->n_tokens);
+    assert_int_equal(h->n_caches, want->n_caches);
+    for (size_t i = 0, k = 0; i < want->n_caches; i++) {
+        struct kvt_cache_info info;
+        kvt_cache_get_info(want->caches[i], &info);
+        assert_int_equal(h->caches[i].info.offset, info.offset);
+        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+        int nt = kvt_cache_state(want->caches[i], st);
+        assert_int_equal(h->caches[i].n_slots, nt);
+        for (int j = 0; j < nt; j++, k++) {
+            size_t bytes = kvt_tensor_nbytes(&st[j]);
+            uint8_t *w = malloc(bytes), *g = malloc(bytes);
+            kvt_tensor_copy_out(&st[j], w);
+            assert_int_equal(p->bytes[k], bytes);
+            assert_memory_equal(h->caches[i].slots[j].shape, st[j].shape, sizeof(st[j].shape));
+            assert_int_equal(kvt_device_download(p->d, g, p->addr[k], bytes), 0);
+            assert_memory_equal(g, w, bytes);
+            free(w);
+            free(g);
+            kvt_tensor_release(&st[j]);
+            kvt_device_free(p->d, p->addr[k]);
+        }
+    }
+}
+
 /* Take @p tok into device memory: every slot holds the rows of the prefix served. */
 static size_t take_to_device(kvt_pcache *pc, kvt_device *d, const int32_t *tok, size_t n)
 {
@@ -325,25 +358,59 @@ static size_t take_to_device(kvt_pcache *pc, kvt_device *d, const int32_t *tok, 
     struct kvt_header *h;
     assert_int_equal(kvt_pcache_take_to_device(pc, tok, n + 1, "", place, &p, &t, &h), 0);
     size_t got = h ? h->n_tokens : 0;
-    struct kvt_entry *want = got ? branch_entry(tok, got) : NULL;
-    for (int k = 0; k < p.n; k++) {
-        struct kvt_tensor st[2];
-        assert_int_equal(kvt_cache_state(want->caches[k / 2], st), 2);
-        size_t bytes = kvt_tensor_nbytes(&st[k % 2]);
-        uint8_t *w = malloc(bytes), *g = malloc(bytes);
-        kvt_tensor_copy_out(&st[k % 2], w);
-        assert_int_equal(p.bytes[k], bytes);
-        assert_int_equal(kvt_device_download(d, g, p.addr[k], bytes), 0);
-        assert_memory_equal(g, w, bytes);
-        free(w);
-        free(g);
-        kvt_tensor_release(&st[0]);
-        kvt_tensor_release(&st[1]);
-        kvt_device_free(d, p.addr[k]);
+    if (got) {
+        struct kvt_entry *want = branch_entry(tok, got);
+        assert_landed(&p, h, want);
+        kvt_entry_free(want);
     }
-    kvt_entry_free(want);
     kvt_header_free(h);
     return got;
+}
+
+/* A device prompt cache holding shared prefixes, its page-locked pool @p ram bytes. */
+static kvt_pcache *open_device_pc(kvt_device *d, uint64_t ram)
+{
+    struct kvt_pcache_opts o;
+    kvt_pcache_opts_init(&o);
+    o.ram_max_bytes = ram;
+    o.spill_queue_max_bytes = 0;
+    o.device = d;
+    o.share_prefixes = true;
+    kvt_pcache *pc;
+    assert_int_equal(kvt_pcache_open(&o, &pc), 0);
+    return pc;
+}
+
+/* Put the device twins of branches [0, n) of the prompt, each of PROMPT + OWN tokens. */
+static void put_device_branches(kvt_pcache *pc, kvt_device *d, int n)
+{
+    for (int b = 0; b < n; b++) {
+        int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
+        struct kvt_entry *e = branch_entry(tok, PROMPT + OWN);
+        assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, e, MODEL, FP, TOK), NULL), 0);
+        kvt_entry_free(e);
+        free(tok);
+    }
+}
+
+/* Whole takes and prefixes of 4 branches held shared in a pool of @p ram bytes, on @p d. */
+static void takes_on(kvt_device *d, uint64_t ram)
+{
+    kvt_pcache *pc = open_device_pc(d, ram);
+    put_device_branches(pc, d, 4);
+    assert_int_equal(ram_bytes(pc, NULL), (PROMPT + 4 * OWN) * ROW_BYTES);
+    for (int b = 0; b < 4; b++) {
+        int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
+        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), PROMPT + OWN);
+        tok[900] = -1;
+        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 900);
+        tok[700] = -1;
+        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 700);
+        tok[256] = -1;
+        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 256);
+        free(tok);
+    }
+    kvt_pcache_close(pc);
 }
 
 static void test_device_entries_shared(void **state)
@@ -351,27 +418,131 @@ static void test_device_entries_shared(void **state)
     (void)state;
     kvt_device *d;
     assert_int_equal(kvt_device_open_host(NULL, &d), 0);
-    struct kvt_pcache_opts o;
-    kvt_pcache_opts_init(&o);
-    o.ram_max_bytes = 64 << 20;
-    o.spill_queue_max_bytes = 0;
-    o.device = d;
-    o.share_prefixes = true;
-    kvt_pcache *pc;
-    assert_int_equal(kvt_pcache_open(&o, &pc), 0);
-    for (int b = 0; b < 4; b++) {
+    takes_on(d, 64 << 20);
+    kvt_device_close(d);
+}
+
+static int refuse(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    (void)ud, (void)h, (void)dst;
+    return -ENOSPC;
+}
+
+/* A placement whose last slot is half the size the header says: its copies fail. */
+static int place_short(void *ud, const struct kvt_header *h, uint64_t *dst)
+{
+    struct dest *p = ud;
+    place(ud, h, dst);
+    kvt_device_free(p->d, p->addr[p->n - 1]);
+    assert_int_equal(kvt_device_alloc(p->d, p->bytes[p->n - 1] / 2, &p->addr[p->n - 1]), 0);
+    dst[p->n - 1] = p->addr[p->n - 1];
+    return 0;
+}
+
+/* A take into device memory reads a shared record's chunks where they lie: the copies in flight
+ * read the tail and the chunks themselves (no joined entry), which outlive the records that held
+ * them; a refused placement or copy leaves the RAM tier as it was. */
+static void test_device_take_reads_chunks_in_place(void **state)
+{
+    (void)state;
+    struct kvt_device_opts dopts = {.copy_delay_us = 200};
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(&dopts, &d), 0);
+    kvt_pcache *pc = open_device_pc(d, 64 << 20);
+    put_device_branches(pc, d, 4);
+    uint64_t held = ram_bytes(pc, NULL);
+    int32_t *tok = branch_tokens(2, PROMPT + OWN, PROMPT);
+    struct kvt_take t;
+    struct kvt_header *h;
+    assert_int_equal(kvt_pcache_take_to_device(pc, tok, PROMPT + OWN + 1, "", refuse, NULL, &t, &h),
+                     -ENOSPC);
+    assert_null(h);
+    assert_int_equal(ram_bytes(pc, NULL), held);
+    struct dest shortp = {.d = d}; /* a copy the device refuses: an error, the rest finished */
+    assert_int_equal(
+        kvt_pcache_take_to_device(pc, tok, PROMPT + OWN + 1, "", place_short, &shortp, &t, &h),
+        -EINVAL);
+    assert_null(h);
+    for (int k = 0; k < shortp.n; k++)
+        kvt_device_free(d, shortp.addr[k]);
+    assert_int_equal(ram_bytes(pc, NULL), held);
+    for (size_t keep = PROMPT + OWN; keep >= 700; keep -= PROMPT + OWN - 700) {
+        tok[keep] = -1;
+        struct dest p = {.d = d};
+        kvt_dtake *pend;
+        assert_int_equal(
+            kvt_pcache_take_to_device_async(pc, tok, keep + 1, "", place, &p, &t, &h, &pend), 0);
+        assert_int_equal(h->n_tokens, keep);
+        assert_non_null(pend->src); /* the tail, its own rows only: nothing was joined */
+        assert_int_equal(kvt_cache_offset(pend->src->caches[0]), OWN);
+        kvt_pcache_clear(pc); /* the chunks leave RAM while their copies run */
+        assert_int_equal(ram_bytes(pc, NULL), 0);
+        assert_int_equal(kvt_dtake_end(pend), 0);
+        struct kvt_entry *want = branch_entry(tok, keep);
+        assert_landed(&p, h, want);
+        kvt_entry_free(want);
+        kvt_header_free(h);
+        put_device_branches(pc, d, 4);
+    }
+    free(tok);
+    kvt_pcache_close(pc);
+    kvt_device_close(d);
+}
+
+/* A pool too small for every chunk and tail: those past its room are in ordinary memory, and
+ * their rows land beside the page-locked ones, whole takes and prefixes alike. */
+static void test_device_take_past_the_pool(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    takes_on(d, 1904 * ROW_BYTES); /* the first put's twin and 3 chunks */
+    kvt_device_close(d);
+}
+
+/* The same takes on a CUDA device (its strided copies), where one is present; skipped
+ * elsewhere. */
+static void test_device_takes_on_cuda(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    if (kvt_device_open_cuda(0, NULL, &d) == KVT_E_UNSUPPORTED) {
+        print_message("skipped: %s\n", kvt_last_error());
+        skip();
+    }
+    assert_non_null(d);
+    takes_on(d, 64 << 20);
+    takes_on(d, 1904 * ROW_BYTES);
+    kvt_device_close(d);
+}
+
+/* Uncut (ssm) layers beside cut kv ones land whole, each from its own record's tail. */
+static void test_device_take_uncut_layers(void **state)
+{
+    (void)state;
+    kvt_device *d;
+    assert_int_equal(kvt_device_open_host(NULL, &d), 0);
+    kvt_pcache *pc = open_device_pc(d, 64 << 20);
+    for (int b = 0; b < 3; b++) {
         int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
-        struct kvt_entry *e = branch_entry(tok, PROMPT + OWN);
+        struct kvt_entry *e;
+        assert_int_equal(synth_entry(tok, PROMPT + OWN, "", false, &e), 0);
         assert_int_equal(kvt_pcache_put(pc, synth_device_twin(d, e, MODEL, FP, TOK), NULL), 0);
         kvt_entry_free(e);
         free(tok);
     }
-    assert_int_equal(ram_bytes(pc, NULL), (PROMPT + 4 * OWN) * ROW_BYTES);
-    for (int b = 0; b < 4; b++) {
+    for (int b = 0; b < 3; b++) {
         int32_t *tok = branch_tokens(b, PROMPT + OWN, PROMPT);
-        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), PROMPT + OWN);
-        tok[700] = -1;
-        assert_int_equal(take_to_device(pc, d, tok, PROMPT + OWN), 700);
+        struct dest p = {.d = d};
+        struct kvt_take t;
+        struct kvt_header *h;
+        assert_int_equal(
+            kvt_pcache_take_to_device(pc, tok, PROMPT + OWN + 1, "", place, &p, &t, &h), 0);
+        struct kvt_entry *want;
+        assert_int_equal(synth_entry(tok, PROMPT + OWN, "", false, &want), 0);
+        assert_landed(&p, h, want);
+        kvt_entry_free(want);
+        kvt_header_free(h);
         free(tok);
     }
     kvt_pcache_close(pc);
@@ -427,6 +598,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spill_of_shared_entry, test_dir_setup,
                                         test_dir_teardown),
         cmocka_unit_test(test_device_entries_shared),
+        cmocka_unit_test(test_device_take_reads_chunks_in_place),
+        cmocka_unit_test(test_device_take_past_the_pool),
+        cmocka_unit_test(test_device_take_uncut_layers),
+        cmocka_unit_test(test_device_takes_on_cuda),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -149,7 +149,8 @@ int kvt_device_download(kvt_device *d, void *dst, uint64_t src, size_t n)
 static int queue_copy(kvt_device *d, const struct kvt_dcopy *c, bool up, unsigned slot)
 {
     if (c->rows > 1) /* strided runs: host to device only */
-        return d->ops->h2d_rows(d, c->dev, c->host, c->pitch, c->n, c->rows, slot);
+        return d->ops->h2d_rows(d, c->dev, c->host, c->pitch, c->dpitch ? c->dpitch : c->n, c->n,
+                                c->rows, slot);
     return up ? d->ops->h2d(d, c->dev, c->host, c->n, slot)
               : d->ops->d2h(d, c->host, c->dev, c->n, slot);
 }
@@ -190,22 +191,35 @@ int kvt_device_copies_wait(kvt_device *d, unsigned slot)
     return rc;
 }
 
+/* After a failure: the copies queued before it finish (their sources are freed next), and the
+ * @p made marks go. */
+static void finish_queued(kvt_device *d, void **marks, size_t made)
+{
+    void *ev = NULL;
+    if (d->ops->mark(d, &ev) == 0) {
+        d->ops->mark_sync(d, ev);
+        d->ops->mark_free(d, ev);
+    } else if (made > 0) {
+        d->ops->mark_sync(d, marks[made - 1]);
+    }
+    for (size_t k = 0; k < made; k++)
+        d->ops->mark_free(d, marks[k]);
+}
+
 int kvt_device_copies_marked(kvt_device *d, const struct kvt_dcopy *c, const size_t *ends,
                              size_t n_marks, void **marks)
 {
     pthread_mutex_lock(&d->op_lock);
     int rc = d->ops->side(d, true);
     size_t made = 0;
-    for (size_t i = 0; rc == 0 && made < n_marks; made++) {
+    for (size_t i = 0; rc == 0 && made < n_marks;) {
         for (; rc == 0 && i < ends[made]; i++)
             rc = queue_copy(d, &c[i], true, KVT_DEVICE_UNTRACKED);
-        if (rc == 0 && (rc = d->ops->mark(d, &marks[made])))
-            break;
+        if (rc == 0 && (rc = d->ops->mark(d, &marks[made])) == 0)
+            made++;
     }
-    if (rc && made > 0) /* the copies queued before the failure finish; the marks go */
-        d->ops->mark_sync(d, marks[made - 1]);
-    for (size_t k = 0; rc && k < made; k++)
-        d->ops->mark_free(d, marks[k]);
+    if (rc)
+        finish_queued(d, marks, made);
     int rs = d->ops->side(d, false);
     pthread_mutex_unlock(&d->op_lock);
     return rc ? rc : rs;

@@ -28,9 +28,9 @@ struct kvt_device_ops {
     int (*h2d)(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot);
     int (*d2h)(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot);
     /* queue @p rows host-to-device copies of @p n bytes, the host's @p pitch bytes apart,
-     * to consecutive device memory (one strided copy) */
-    int (*h2d_rows)(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
-                    size_t rows, unsigned slot);
+     * the device's @p dpitch bytes apart (one strided copy) */
+    int (*h2d_rows)(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t dpitch,
+                    size_t n, size_t rows, unsigned slot);
     /* wait for every copy queued for @p slot */
     int (*wait)(kvt_device *d, unsigned slot);
     /* copies queued from now on go to the side stream (@p on; it first waits for the work
@@ -70,12 +70,13 @@ int kvt_device_cuda_open(int ordinal, kvt_device *d);
 int kvt_device_host_open(const struct kvt_device_opts *o, kvt_device *d);
 
 /* One copy between page-locked host memory and the device: @p rows rows of @p n bytes, on the
- * host @p pitch bytes apart, consecutive on the device (rows 1: one run of n bytes). */
+ * host @p pitch bytes apart, on the device @p dpitch apart (0: consecutive; rows 1: one run of
+ * n bytes). */
 struct kvt_dcopy {
     void *host;
     uint64_t dev;
     size_t n;
-    size_t rows, pitch;
+    size_t rows, pitch, dpitch;
 };
 
 /** Queue every copy of @p c straight on the device's queue (the host sides are page-locked,
@@ -87,12 +88,15 @@ int kvt_device_copies_marked(kvt_device *d, const struct kvt_dcopy *c, const siz
                              size_t n_marks, void **marks);
 
 /* A take whose copies may still run (kvtier.h, kvt_dtake): a mark per slot, and the host
- * entry the copies read from, freed once they are done. */
+ * entries the copies read from (an entry, or a shared one's tail and its n_parts chunks),
+ * freed once they are done. */
 struct kvt_dtake {
     kvt_device *d;
     void **marks;
     size_t n;
     struct kvt_entry *src;
+    struct kvt_entry **parts;
+    size_t n_parts;
 };
 
 /** kvt_device_copies() without the wait: 0 with *@p slot the ring slot held until

@@ -187,8 +187,8 @@ static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned 
     return 0;
 }
 
-static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
-                    size_t rows, unsigned slot)
+static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t dpitch,
+                    size_t n, size_t rows, unsigned slot)
 {
     struct cuda_dev *c = d->impl;
     c->api.CtxSetCurrent(c->ctx);
@@ -197,7 +197,7 @@ static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, 
                        .srcPitch = pitch,
                        .dstMemoryType = 2 /* device */,
                        .dstDevice = (CUdeviceptr)dst,
-                       .dstPitch = n,
+                       .dstPitch = dpitch,
                        .WidthInBytes = n,
                        .Height = rows};
     CU(c, c->api.Memcpy2DAsync(&m, c->cur), "cuMemcpy2DAsync");

@@ -16,15 +16,16 @@
 
 #include "common/error.h"
 
+/* rows runs of n bytes, pitch apart at src and dpitch apart at dst: one queued copy */
 struct copy_job {
-    void *dst;
-    const void *src;
-    size_t n;
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t n, rows, pitch, dpitch;
     unsigned slot;
     uint64_t seq;
 };
 
-#define QUEUE 64
+#define QUEUE 1024
 
 struct host_dev {
     pthread_mutex_t lock;
@@ -59,7 +60,8 @@ static void *worker(void *arg)
             struct timespec ts = {0, (long)h->delay_us * 1000};
             nanosleep(&ts, NULL);
         }
-        memcpy(j.dst, j.src, j.n);
+        for (size_t r = 0; r < j.rows; r++)
+            memcpy(j.dst + r * j.dpitch, j.src + r * j.pitch, j.n);
         pthread_mutex_lock(&h->lock);
         h->head = (h->head + 1) % QUEUE;
         h->count--;
@@ -70,14 +72,17 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static int enqueue(kvt_device *d, void *dst, const void *src, size_t n, unsigned slot)
+static int enqueue(kvt_device *d, const struct copy_job *c, unsigned slot)
 {
     struct host_dev *h = d->impl;
     pthread_mutex_lock(&h->lock);
     while (h->count == QUEUE)
         pthread_cond_wait(&h->cond, &h->lock);
     uint64_t seq = ++h->queued;
-    h->q[(h->head + h->count) % QUEUE] = (struct copy_job){dst, src, n, slot, seq};
+    struct copy_job *j = &h->q[(h->head + h->count) % QUEUE];
+    *j = *c;
+    j->slot = slot;
+    j->seq = seq;
     h->count++;
     if (slot < KVT_DEVICE_MAX_SLOTS)
         h->slot_last[slot] = seq;
@@ -114,26 +119,24 @@ static int check_span(kvt_device *d, uint64_t addr, size_t n)
     return 0;
 }
 
-static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot)
+static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t dpitch,
+                    size_t n, size_t rows, unsigned slot)
 {
-    int rc = check_span(d, dst, n);
-    return rc ? rc : enqueue(d, (void *)(uintptr_t)dst, src, n, slot);
+    int rc = rows ? check_span(d, dst, (rows - 1) * dpitch + n) : 0;
+    struct copy_job j = {(uint8_t *)(uintptr_t)dst, src, n, rows, pitch, dpitch, 0, 0};
+    return rc ? rc : enqueue(d, &j, slot);
 }
 
-static int h2d_rows(kvt_device *d, uint64_t dst, const void *src, size_t pitch, size_t n,
-                    size_t rows, unsigned slot)
+static int h2d(kvt_device *d, uint64_t dst, const void *src, size_t n, unsigned slot)
 {
-    int rc = 0;
-    for (size_t r = 0; r < rows && rc == 0; r++) /* in order: the last one tracked */
-        rc = h2d(d, dst + r * n, (const uint8_t *)src + r * pitch, n,
-                 r + 1 == rows ? slot : KVT_DEVICE_UNTRACKED);
-    return rc;
+    return h2d_rows(d, dst, src, n, n, n, 1, slot);
 }
 
 static int d2h(kvt_device *d, void *dst, uint64_t src, size_t n, unsigned slot)
 {
     int rc = check_span(d, src, n);
-    return rc ? rc : enqueue(d, dst, (const void *)(uintptr_t)src, n, slot);
+    struct copy_job j = {dst, (const uint8_t *)(uintptr_t)src, n, 1, n, n, 0, 0};
+    return rc ? rc : enqueue(d, &j, slot);
 }
 
 static int wait_slot(kvt_device *d, unsigned slot)

@@ -29,6 +29,9 @@ int kvt_dtake_end(kvt_dtake *p)
         p->d->ops->mark_free(p->d, p->marks[k]);
     free(p->marks);
     kvt_entry_free(p->src);
+    for (size_t k = 0; k < p->n_parts; k++)
+        kvt_entry_free(p->parts[k]);
+    free(p->parts);
     free(p);
     return rc;
 }

@@ -248,6 +248,9 @@ int kvt_pcache_take_to_device_async(kvt_pcache *t, const int32_t *tok, size_t n,
         *out_header = NULL;
         rc = kvt_fail(-ENOMEM, "out of memory");
     }
+    if (rc == 0 && dest.m)
+        return t->cfg.dev->shared_to_device(t->cfg.dev_ud, dest.tail, dest.parts, dest.m, dest.n,
+                                            place, ud, out_header, pending);
     if (rc < 0 || !out->entry)
         return rc;
     kvt_retain_release(out->retain); /* the clone's buffers hold the donor's bytes */

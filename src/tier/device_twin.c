@@ -13,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "common/error.h"
 #include "device/device.h"
+#include "store/share.h"
 #include "tensor/tensor.h"
 
 struct kvt_tier_dev {
@@ -105,7 +107,7 @@ static int twin_cache(struct kvt_tier_dev *t, const kvt_cache *c, struct kvt_dco
             break;
         rc = kvt_tensor_init(&ht[made], b, 0, st[made].dtype, st[made].rank, st[made].shape);
         if (rc == 0 && on_device)
-            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), addr + st[made].offset, n, 1, 0};
+            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), addr + st[made].offset, n, 1, 0, 0};
         else if (rc == 0) /* a tensor of the entry in host memory */
             kvt_tensor_copy_out(&st[made], kvt_buf_data(b));
         kvt_buf_unref(b);
@@ -202,29 +204,30 @@ struct runs {
     struct kvt_tier_dev *t;
     struct kvt_dcopy *cp;
     size_t n, cap;
+    size_t first; /* the current slot's first copy: none before it is extended (another
+                     allocation, which may lie right before this one's) */
     uint64_t dev;
 };
 
 /* Whether run @p p (@p n bytes, bound for @p dev) extends copy @p c by a row: the same width,
- * next on the device, and on the host one pitch after its last row (the second row sets the
- * pitch). A tensor cut to a prefix is so one strided copy, not a copy a row. */
-static bool extends(const struct kvt_dcopy *c, const uint8_t *p, size_t n, uint64_t dev)
+ * @p dpitch after its last row on the device, and on the host one pitch after it (the second
+ * row sets the pitch). A tensor cut to a prefix is so one strided copy, not a copy a row. */
+static bool extends(const struct kvt_dcopy *c, const uint8_t *p, size_t n, uint64_t dev,
+                    size_t dpitch)
 {
-    if (c->n != n || c->dev + c->rows * c->n != dev)
+    if (c->n != n || c->dpitch != dpitch || c->dev + c->rows * dpitch != dev)
         return false;
     const uint8_t *last = (const uint8_t *)c->host + (c->rows - 1) * c->pitch;
     return p > last && (c->rows == 1 || (size_t)(p - last) == c->pitch);
 }
 
-static int add_run(void *ud, const void *p, size_t n)
+/* Run @p p of @p n bytes to @p dev, a row of a copy whose rows are @p dpitch apart there. */
+static int add_seg(struct runs *r, const void *p, size_t n, uint64_t dev, size_t dpitch)
 {
-    struct runs *r = ud;
-    struct kvt_dcopy *c = r->n ? &r->cp[r->n - 1] : NULL;
-    uint64_t dev = r->dev;
-    r->dev += n;
+    struct kvt_dcopy *c = r->n > r->first ? &r->cp[r->n - 1] : NULL;
     if (!kvt_dpool_owns(r->t->pool, p)) /* not page-locked: through the staging ring */
         return kvt_device_upload(r->t->d, dev, p, n);
-    if (c && extends(c, p, n, dev)) {
+    if (c && extends(c, p, n, dev, dpitch)) {
         if (c->rows == 1)
             c->pitch = (size_t)((const uint8_t *)p - (const uint8_t *)c->host);
         c->rows++;
@@ -238,31 +241,164 @@ static int add_run(void *ud, const void *p, size_t n)
         r->cp = m;
         r->cap = cap;
     }
-    r->cp[r->n++] = (struct kvt_dcopy){(void *)p, dev, n, 1, 0};
+    r->cp[r->n++] = (struct kvt_dcopy){(void *)p, dev, n, 1, 0, dpitch};
     return 0;
 }
 
-/* The copies of host entry @p e into the memory @p dst names, into @p r; ends[k]: the copies
- * up to slot k's last. */
-static int plan_runs(const struct kvt_entry *e, const uint64_t *dst, struct runs *r, size_t *ends)
+static int add_run(void *ud, const void *p, size_t n)
 {
+    struct runs *r = ud;
+    uint64_t dev = r->dev;
+    r->dev += n;
+    return add_seg(r, p, n, dev, n);
+}
+
+/* The copies of cache @p c's slots into the memory dst[*k...] names, into @p r; ends[k]: the
+ * copies up to slot k's last. */
+static int plan_cache(const kvt_cache *c, const uint64_t *dst, struct runs *r, size_t *ends,
+                      size_t *k)
+{
+    struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+    int nt = kvt_cache_state(c, st), rc = nt < 0 ? nt : 0;
+    for (int j = 0; j < nt; j++, (*k)++) {
+        r->dev = dst[*k];
+        r->first = r->n;
+        if (rc == 0 && dst[*k])
+            rc = kvt_tensor_for_each_run(&st[j], add_run, r);
+        ends[*k] = r->n;
+        kvt_tensor_release(&st[j]);
+    }
+    return rc;
+}
+
+/* A record taken into device memory: a whole entry (m 0, tail the entry), or the first n
+ * tokens of a shared one, its tail and m chunks (owned: freed once the copies are done). */
+struct taken {
+    struct kvt_entry *tail;
+    struct kvt_entry **parts;
+    size_t m, n;
+};
+
+static void taken_free(struct taken *s)
+{
+    kvt_entry_free(s->tail);
+    for (size_t k = 0; k < s->m; k++)
+        kvt_entry_free(s->parts[k]);
+    free(s->parts);
+}
+
+/* Whether @p c is a cut cache of a shared record's tail: every token-axis one is. */
+static bool cut_cache(const kvt_cache *c)
+{
+    struct kvt_cache_info info;
+    kvt_cache_get_info(c, &info);
+    return kvt_share_splits(info.kind);
+}
+
+/* Where the rows of a chunk or tail land in a cut slot: each block's at the next @p dpitch,
+ * @p width bytes of them, from @p dev on (@p filled of the current block's written). */
+struct piece {
+    struct runs *r;
+    uint64_t dev;
+    size_t width, dpitch, filled;
+};
+
+static int add_piece_run(void *ud, const void *p, size_t n)
+{
+    struct piece *q = ud;
     int rc = 0;
-    for (size_t i = 0, k = 0; i < e->n_caches; i++) {
-        struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
-        int nt = kvt_cache_state(e->caches[i], st);
-        for (int j = 0; j < nt; j++, k++) {
-            r->dev = dst[k];
-            if (rc == 0 && dst[k])
-                rc = kvt_tensor_for_each_run(&st[j], add_run, r);
-            ends[k] = r->n;
-            kvt_tensor_release(&st[j]);
+    while (rc == 0 && n) {
+        size_t k = q->width - q->filled < n ? q->width - q->filled : n;
+        rc = add_seg(q->r, p, k, q->dev + q->filled, q->dpitch);
+        p = (const uint8_t *)p + k;
+        n -= k;
+        if ((q->filled += k) == q->width) {
+            q->filled = 0;
+            q->dev += q->dpitch;
         }
     }
     return rc;
 }
 
-/* A pending take of @p n slots over @p src (owned), its copies queued with a mark each. */
-static int queue_take(struct kvt_tier_dev *t, struct kvt_entry *src, const struct runs *r,
+/* Rows [start, n) of a cut slot, those that piece @p c's slot @p s holds, to their rows of the
+ * slot at @p dst, which holds n rows a block. */
+static int plan_piece(const kvt_cache *c, int s, size_t start, size_t n, uint64_t dst,
+                      struct runs *r)
+{
+    struct kvt_tensor st[KVT_MAX_CACHE_TENSORS], rows = {0};
+    int nt = kvt_cache_state(c, st);
+    int rc = nt > s ? 0 : kvt_fail(-EINVAL, "prompt cache take: a chunk lacks tensor %d", s);
+    if (rc == 0) {
+        size_t have = (size_t)st[s].shape[2], take = n - start < have ? n - start : have;
+        size_t row = kvt_dtype_size(st[s].dtype) * (size_t)st[s].shape[3];
+        struct piece q = {r, dst + start * row, take * row, n * row, 0};
+        if ((rc = kvt_tensor_slice(&rows, &st[s], 2, 0, (int64_t)take)) == 0 && q.width)
+            rc = kvt_tensor_for_each_run(&rows, add_piece_run, &q);
+        kvt_tensor_release(&rows);
+    }
+    kvt_tensors_release(st, nt > 0 ? nt : 0);
+    return rc;
+}
+
+/* The copies of the slots of cut cache @p j of @p s (the tail's @p tc): each chunk's rows and
+ * the tail's straight to their rows of the slot, no join. */
+static int plan_cut(const struct taken *s, const kvt_cache *tc, size_t j, const uint64_t *dst,
+                    struct runs *r, size_t *ends, size_t *k)
+{
+    struct kvt_tensor st[KVT_MAX_CACHE_TENSORS];
+    int nt = kvt_cache_state(tc, st), rc = nt < 0 ? nt : 0;
+    kvt_tensors_release(st, nt > 0 ? nt : 0);
+    for (size_t p = 0; rc == 0 && p < s->m; p++)
+        if (j >= s->parts[p]->n_caches)
+            rc = kvt_fail(-EINVAL, "prompt cache take: chunk %zu lacks cut cache %zu", p, j);
+    for (int sl = 0; rc == 0 && sl < nt; sl++, (*k)++) {
+        r->first = r->n;
+        for (size_t p = 0; rc == 0 && dst[*k] && p <= s->m && p * KVT_SHARE_CHUNK < s->n; p++)
+            rc = plan_piece(p < s->m ? s->parts[p]->caches[j] : tc, sl, p * KVT_SHARE_CHUNK, s->n,
+                            dst[*k], r);
+        ends[*k] = r->n;
+    }
+    return rc;
+}
+
+/* The copies of @p s into the memory @p dst names, into @p r; ends[k]: the copies up to slot
+ * k's last. */
+static int plan_runs(const struct taken *s, const uint64_t *dst, struct runs *r, size_t *ends)
+{
+    int rc = 0;
+    for (size_t i = 0, j = 0, k = 0; rc == 0 && i < s->tail->n_caches; i++)
+        rc = s->m && cut_cache(s->tail->caches[i])
+                 ? plan_cut(s, s->tail->caches[i], j++, dst, r, ends, &k)
+                 : plan_cache(s->tail->caches[i], dst, r, ends, &k);
+    return rc;
+}
+
+/* Header @p h of a shared record's tail (describe()) as its first @p n tokens land: its cut
+ * caches' slots hold n rows, every slot after the one before. */
+static void cut_header(struct kvt_header *h, size_t n)
+{
+    uint64_t off = 0;
+    for (size_t i = 0; i < h->n_caches; i++) {
+        struct kvt_cache_header *c = &h->caches[i];
+        bool cut = kvt_share_splits(c->info.kind);
+        if (cut)
+            c->info.offset = (int64_t)n;
+        for (int k = 0; k < c->n_slots; k++) {
+            struct kvt_slot *sl = &c->slots[k];
+            if (cut) {
+                sl->shape[2] = (int64_t)n;
+                sl->bytes = kvt_dtype_size(sl->dtype) * (uint64_t)(sl->shape[0] * sl->shape[1]) *
+                            n * (uint64_t)sl->shape[3];
+            }
+            sl->off = off;
+            off += sl->bytes;
+        }
+    }
+    h->n_tokens = n;
+}
+
+/* A pending take of @p n slots over @p s (owned), its copies queued with a mark each. */
+static int queue_take(struct kvt_tier_dev *t, struct taken *s, const struct runs *r,
                       const size_t *ends, size_t n, kvt_dtake **out)
 {
     kvt_dtake *p = calloc(1, sizeof(*p));
@@ -272,10 +408,10 @@ static int queue_take(struct kvt_tier_dev *t, struct kvt_entry *src, const struc
     if (rc) {
         free(marks);
         free(p);
-        kvt_entry_free(src);
+        taken_free(s);
         return rc;
     }
-    *p = (kvt_dtake){t->d, marks, n, src};
+    *p = (kvt_dtake){t->d, marks, n, s->tail, s->parts, s->m};
     *out = p;
     return 0;
 }
@@ -319,7 +455,7 @@ static int keep_cache(struct kvt_tier_dev *t, const struct kvt_cache_header *ch,
         if (rc == 0)
             rc = kvt_tensor_init(&ht[made], b, 0, sl->dtype, sl->rank, sl->shape);
         if (rc == 0)
-            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), dst[made], sl->bytes, 1, 0};
+            cp[(*ncp)++] = (struct kvt_dcopy){kvt_buf_data(b), dst[made], sl->bytes, 1, 0, 0};
         kvt_buf_unref(b);
         if (rc)
             break;
@@ -402,13 +538,15 @@ static struct kvt_entry *kept(void *ud)
     return e;
 }
 
-static int to_device(void *ud, struct kvt_entry *e, bool keep, kvt_device_place_fn place, void *pud,
-                     struct kvt_header **out, kvt_dtake **pending)
+/* The record of @p s (owned) into device memory: to_device(), or shared_to_device(). */
+static int take_to(struct kvt_tier_dev *t, struct taken *s, bool keep, kvt_device_place_fn place,
+                   void *pud, struct kvt_header **out, kvt_dtake **pending)
 {
-    struct kvt_tier_dev *t = ud;
     *out = NULL;
     struct kvt_header *h = NULL;
-    int rc = describe(e, &h);
+    int rc = describe(s->tail, &h);
+    if (rc == 0 && s->m)
+        cut_header(h, s->n);
     size_t ns = 0;
     for (size_t i = 0; h && i < h->n_caches; i++)
         ns += (size_t)h->caches[i].n_slots;
@@ -423,14 +561,14 @@ static int to_device(void *ud, struct kvt_entry *e, bool keep, kvt_device_place_
     }
     struct runs r = {.t = t};
     if (rc == 0)
-        rc = plan_runs(e, dst, &r, ends);
+        rc = plan_runs(s, dst, &r, ends);
     /* a host entry outside the pool (a remote hit) has landed through the staging ring, none
      * of it left on the side stream: the kept copy, queued after, reads the landed bytes */
     bool landed = rc == 0 && r.n == 0;
     if (rc == 0)
-        rc = queue_take(t, e, &r, ends, ns, pending);
+        rc = queue_take(t, s, &r, ends, ns, pending);
     else
-        kvt_entry_free(e);
+        taken_free(s);
     if (rc == 0 && keep && landed && w.dst)
         keep_hit(t, h, &w);
     free(w.dst);
@@ -443,6 +581,29 @@ static int to_device(void *ud, struct kvt_entry *e, bool keep, kvt_device_place_
     }
     *out = h;
     return 0;
+}
+
+static int to_device(void *ud, struct kvt_entry *e, bool keep, kvt_device_place_fn place, void *pud,
+                     struct kvt_header **out, kvt_dtake **pending)
+{
+    struct taken s = {e, NULL, 0, e->n_tokens};
+    return take_to(ud, &s, keep, place, pud, out, pending);
+}
+
+static int shared_to_device(void *ud, struct kvt_entry *tail, struct kvt_entry **parts, size_t m,
+                            size_t n, kvt_device_place_fn place, void *pud, struct kvt_header **out,
+                            kvt_dtake **pending)
+{
+    struct taken s = {tail, parts, m, n};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < tail->n_caches; i++) /* the cut ones are read up to n */
+        if (!cut_cache(tail->caches[i]))
+            rc = kvt_cache_trim(tail->caches[i], (int64_t)(tail->n_tokens - n));
+    if (rc == 0)
+        return take_to(ud, &s, false, place, pud, out, pending);
+    *out = NULL;
+    taken_free(&s);
+    return rc;
 }
 
 static int cold_to_device(void *ud, kvt_store *s, const struct kvt_hit *hit,
@@ -465,4 +626,4 @@ static int host_buf(void *ud, size_t bytes, kvt_buf **out)
 }
 
 const struct kvt_tier_device_ops kvt_tier_dev_ops = {owns, to_host,   to_device, cold_to_device,
-                                                     kept, dev_close, host_buf};
+                                                     kept, dev_close, host_buf,  shared_to_device};

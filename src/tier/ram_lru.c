@@ -272,11 +272,32 @@ void kvt_ram_lru_free(struct kvt_ram_lru *lru)
     free(lru);
 }
 
-/* Step 3 after the lock: the donor's clones (joined when it is shared) trimmed to @p best
- * tokens. */
-static int finish_ram_hit(struct kvt_ram_lru *lru, struct kvt_ram_held *held, int clone_rc,
-                          kvt_retain *share, size_t donor_len, size_t best, struct kvt_take *out)
+/* A shared donor's clones handed to a take into device memory unjoined (true), when the
+ * device copies their rows straight to theirs. */
+static bool hand_over(struct kvt_ram_lru *lru, struct kvt_ram_held *held, size_t best,
+                      struct kvt_dev_dest *dest)
 {
+    const struct kvt_tier_device_ops *d = lru->cfg.dev;
+    if (!held->m || !dest || dest->host || !d || !d->shared_to_device)
+        return false;
+    dest->tail = held->e;
+    dest->parts = held->parts;
+    dest->m = held->m;
+    dest->n = best;
+    *held = (struct kvt_ram_held){0};
+    return true;
+}
+
+/* Step 3 after the lock: the donor's clones (joined when it is shared) trimmed to @p best
+ * tokens, or handed over unjoined to @p dest. */
+static int finish_ram_hit(struct kvt_ram_lru *lru, struct kvt_ram_held *held, int clone_rc,
+                          kvt_retain *share, size_t donor_len, size_t best,
+                          struct kvt_dev_dest *dest, struct kvt_take *out)
+{
+    if (clone_rc == 0 && hand_over(lru, held, best, dest)) {
+        kvt_retain_release(share); /* the clones' buffers hold the donor's bytes */
+        return 0;
+    }
     struct kvt_entry *clones = NULL;
     int rc = clone_rc;
     if (rc == 0)
@@ -501,7 +522,7 @@ int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, c
     }
     if (!have_donor)
         return 0;
-    return finish_ram_hit(lru, &held, clone_rc, share, donor_len, best, out);
+    return finish_ram_hit(lru, &held, clone_rc, share, donor_len, best, dest, out);
 }
 
 static int grow(struct kvt_ram_lru *lru)

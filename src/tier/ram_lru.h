@@ -39,10 +39,16 @@ struct kvt_dev_dest {
     /* Or, when set, a disk hit goes into the caller's host memory instead
      * (kvt_pcache_take_into(), through cfg->cold->restore_into; place unused). */
     struct kvt_take_into *host;
+    /* Out: a shared RAM hit handed over unjoined (its tail and chunk clones, owned by the
+     * caller) when the device can take it so (cfg->dev->shared_to_device); n: its tokens
+     * taken. out->entry is then NULL. */
+    struct kvt_entry *tail, **parts;
+    size_t m, n;
 };
 
 /** kvt_ram_lru_take() that lands a cold hit in device memory through @p dest (the RAM and
- * remote hits come back as host entries in out->entry, for the caller to copy). */
+ * remote hits come back as host entries in out->entry, for the caller to copy; a shared RAM
+ * hit, where the device can take it so, as dest's tail and parts). */
 int kvt_ram_lru_take_to(struct kvt_ram_lru *lru, const int32_t *tok, size_t n, const char *ns,
                         struct kvt_dev_dest *dest, struct kvt_take *out);
 /** TIER.md §2.3: takes @p e and @p retain on every path. With cfg->dev, an entry in its

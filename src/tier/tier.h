@@ -117,6 +117,12 @@ struct kvt_tier_device_ops {
     /* Optional: a buffer of @p bytes in the page-locked pool (-ENOSPC when it has no room),
      * where the RAM tier puts the rows it copies for shared prefixes. */
     int (*host_buf)(void *ud, size_t bytes, kvt_buf **out);
+    /* Optional: to_device() of the first @p n tokens of a shared record, from its tail @p tail
+     * and the @p m chunks in @p parts (all owned, the array too): each copied from where it
+     * lies straight to its rows in device memory, with no join. Without it, a join. */
+    int (*shared_to_device)(void *ud, struct kvt_entry *tail, struct kvt_entry **parts, size_t m,
+                            size_t n, kvt_device_place_fn place, void *pud, struct kvt_header **out,
+                            kvt_dtake **pending);
 };
 
 /*
