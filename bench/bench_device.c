@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "device/device.h"
+#include "device/device_parts.h"
 #include "kvtier.h"
 
 #define LAYERS 32

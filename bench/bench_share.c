@@ -29,7 +29,7 @@
 
 #include "kvtier.h"
 #include "store/share.h"
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #define BRANCHES 200
 #define UNSHARED_BRANCHES 10

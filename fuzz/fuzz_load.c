@@ -21,7 +21,7 @@
 
 #include "format/format.h"
 #include "kvtier.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 /* A load may allocate the file's tensor bytes, as much again in slack, or 64 MiB of slack. */
 #define FREE_SLACK_BYTES ((uint64_t)64 << 20)

@@ -7,7 +7,7 @@
  */
 #include "support/support.h"
 
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 #include <errno.h>
 #include <stdlib.h>

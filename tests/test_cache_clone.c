@@ -8,7 +8,7 @@
 #include "support/support.h"
 
 #include "tensor/alloc.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -11,7 +11,7 @@
 #include "support/support.h"
 #include "support/synth.h"
 
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <pthread.h>

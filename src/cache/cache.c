@@ -1,9 +1,9 @@
 /*
  * The cache object: creation, restore from state, the append/trim entry points, and the
  * views it hands out (window, state, clone) with the exposure marks that keep those views
- * immune to later writes (cache.h).
+ * immune to later writes (cache_parts.h).
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 #include "tensor/alloc.h"
 

@@ -1,9 +1,9 @@
 /*
  * Copy-on-write for cache arrays (CACHES.md §13): who may write which rows in place, the
  * exposed-rows mark views raise, and the row copies used when a cache must move to a new
- * buffer. See cache.h for the model.
+ * buffer. See cache_parts.h for the model.
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 
 #include <errno.h>

@@ -2,7 +2,7 @@
  * Library-owned entries: construction from tokens and caches, freeing, cloning every cache
  * (all or nothing), and the byte and trimmability sums over the caches.
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 #include "tensor/alloc.h"
 

@@ -2,7 +2,7 @@
  * The kind table: names, tensor counts, and the one trimmability rule (CACHES.md §9) used
  * for live caches and for headers alike.
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 
 #include <string.h>
 

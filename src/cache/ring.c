@@ -5,7 +5,7 @@
  * Ring clones share every row, so a write through either side copies unless it holds the
  * buffer alone.
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 
 #include <errno.h>

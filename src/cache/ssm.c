@@ -3,7 +3,7 @@
  * recurrent wholesale. The new bytes go into the current buffers when this cache holds them
  * alone, else into fresh ones, so clones keep the state they captured.
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 
 #include <errno.h>

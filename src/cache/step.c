@@ -4,7 +4,7 @@
  * when no other holder can see them, and a clone that holds the last references of its
  * donor's buffer keeps appending into the spare rows (CACHES.md §13).
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 
 #include <errno.h>

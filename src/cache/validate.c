@@ -3,7 +3,7 @@
  * B/H/L, dtype roles, last dimensions consistent with the parameters and with the rows
  * already held) and restored state (FORMAT.md V18-V20 restated for live tensors).
  */
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 
 #include <errno.h>

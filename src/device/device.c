@@ -2,7 +2,7 @@
  * The public device calls (kvtier.h, "Devices") over the backend table, and the staging ring
  * that restores into device memory use.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <pthread.h>

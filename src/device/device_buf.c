@@ -3,13 +3,13 @@
  * the device. Their bytes come out through the device's staging ring, copies to the host
  * queued a ring ahead of the writer, so the bus and the disk work at the same time.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <inttypes.h>
 
 #include "common/error.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 /* One queued download: which staging slot, and how many bytes. */
 struct pending {

@@ -7,7 +7,7 @@
  * page-locked (cuMemHostAlloc), which is what lets host-to-device copies run at the bus's speed and
  * overlap the next read.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <dlfcn.h>
 #include <errno.h>

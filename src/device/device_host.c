@@ -4,7 +4,7 @@
  * engine would; waiting for a slot waits for the last copy queued for it. It tests the
  * staging ring and the overlap of reads, hashing and copies without a GPU.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -8,7 +8,7 @@
  * A hash mismatch fails the load after the copies in flight have finished, so nothing the caller
  * owns is touched after the call returns.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -21,7 +21,7 @@
 #include "io/io.h"
 #include "io/stream.h"
 #include "threads/par_for.h"
-#include "store/store.h"
+#include "store/store_parts.h"
 
 /* One slot of the file, in header order, and where it goes (0: only checked). A slot cut to
  * a prefix keeps the first @p keep bytes of each @p row bytes (row 0: all of it). */

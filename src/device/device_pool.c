@@ -5,7 +5,7 @@
  * out first-fit in 4 KiB units; each is a kvt_buf whose release returns its bytes. Copies
  * between the region and the device need no staging: they run straight on the device's queue.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * staging ring. A whole file streams straight to the device instead (device_load.c); a
  * shared entry's rows come from several files, which that stream does not take.
  */
-#include "device/device.h"
+#include "device/device_parts.h"
 
 #include <errno.h>
 #include <stdlib.h>

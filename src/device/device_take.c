@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "common/error.h"
-#include "device/device.h"
+#include "device/device_parts.h"
 
 int kvt_dtake_wait(kvt_dtake *p, size_t slot, uint64_t stream)
 {

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 /* Zero padding is handed out from this many bytes of zeros at a time. */
 #define ZEROS ((size_t)16384)

@@ -21,7 +21,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "tensor/alloc.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 static bool has_capacity(int kind)
 {

@@ -23,7 +23,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 struct save_job {
     const char *path;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "format/format.h"
 #include "remote/remote_obj.h"
 

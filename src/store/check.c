@@ -14,7 +14,7 @@
 #include "io/io.h"
 #include "store/layout.h"
 #include "store/share.h"
-#include "store/store.h"
+#include "store/store_parts.h"
 
 struct check {
     const struct kvt_store_opts *so;

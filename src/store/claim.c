@@ -6,7 +6,7 @@
  * every shared put holds shared from its first chunk to its tail's publication. The store's
  * clocks, which ages are judged by, live here too.
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <errno.h>
 #include <fcntl.h>

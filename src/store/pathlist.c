@@ -2,7 +2,7 @@
  * Paths collected under the store's lock and removed after it: entries' files at once;
  * chunks stay listed for kvt_store_remove_paths() (share_reap.c).
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <errno.h>
 #include <fcntl.h>

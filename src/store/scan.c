@@ -16,7 +16,7 @@
  * those added after the listing began. All file I/O runs outside the store lock. Headers of a
  * large directory are read on several threads, batch by batch, and indexed in name order.
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <dirent.h>
 #include <errno.h>

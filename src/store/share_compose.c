@@ -15,7 +15,7 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "io/stream.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 #include "threads/restore_helper.h"
 
 /** The whole entry's token-axis tensors being filled: one set per cut layer. */

@@ -4,7 +4,7 @@
  * cap once, however many tails need it; a chunk no indexed tail needs goes to the caller's
  * path list, whose removal (share_reap.c) first makes sure that no tail on disk needs it.
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <errno.h>
 #include <fcntl.h>

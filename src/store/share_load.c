@@ -19,7 +19,7 @@
 #include "format/format.h"
 #include "io/io.h"
 #include "io/stream.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 /* Files read as one load: bounds the descriptors open at once for a long entry. */
 #define READ_BATCH 64

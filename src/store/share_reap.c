@@ -8,7 +8,7 @@
  * stays if one of them needs it. A put that starts after the listing finds the chunk gone and
  * writes it again; and a chunk used a grace before the listing is left in any case.
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <errno.h>
 #include <stdlib.h>

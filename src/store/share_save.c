@@ -17,7 +17,7 @@
 #include "common/error.h"
 #include "io/io.h"
 #include "store/layout.h"
-#include "store/store.h"
+#include "store/store_parts.h"
 
 bool kvt_share_splits(int kind)
 {

@@ -13,7 +13,7 @@
  * which the next refresh re-admits. A put failure is soft: partial files are unlinked, the
  * first failure of the store is logged with the reference's message, counters move on.
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <errno.h>
 #include <fcntl.h>

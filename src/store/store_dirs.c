@@ -4,7 +4,7 @@
  * record admission and removal (with every shared entry a lost chunk leaves useless),
  * eviction to the cap, disposal of corrupt files and the log callback.
  */
-#include "store/store.h"
+#include "store/store_parts.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,7 @@
 #include "mem/hugepage.h"
 #include "mem/buf_cache.h"
 #include "tensor/alloc.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 #include "settings/settings.h"
 
 #include <errno.h>

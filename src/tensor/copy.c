@@ -5,7 +5,7 @@
  * outer dimensions that chain are folded, so the per-run overhead stays negligible.
  */
 #include "common/error.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 #include <errno.h>
 #include <string.h>

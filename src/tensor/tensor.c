@@ -4,7 +4,7 @@
  * inside its buffer.
  */
 #include "common/error.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 #include <errno.h>
 #include <string.h>

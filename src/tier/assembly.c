@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "tier/ram_lru.h"
 #include "threads/write_queue.h"
-#include "device/device.h"
+#include "device/device_parts.h"
 #include "tier/tier.h"
 #include "threads/timer_thread.h"
 #include "tier/snapshots.h"

@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
-#include "device/device.h"
+#include "device/device_parts.h"
 #include "store/share.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 struct kvt_tier_dev {
     kvt_device *d;

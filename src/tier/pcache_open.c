@@ -6,7 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/cpus.h"
 #include "common/error.h"
 #include "io/stream.h"

@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache.h"
+#include "cache/cache_parts.h"
 #include "common/error.h"
 #include "format/format.h"
 #include "store/share.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 /* Whether @p c, a cache of an entry of @p n tokens, is cut: a token-axis kind holding a row
  * for each token. */

@@ -13,7 +13,7 @@
 #define KVT_CACHE_H
 
 #include "kvtier.h"
-#include "tensor/tensor.h"
+#include "tensor/tensor_parts.h"
 
 struct kvt_arr {
     struct kvt_tensor t; /* owned; token-axis kinds [B, H, rows, ·], rows >= the cache's cap */
