@@ -113,8 +113,11 @@ def model_device(model: Any) -> Device:
 def prompt_cache(model: Any, cold_dir: Any = None, *, tokenizer: Any = None,
                  digest: Optional[str] = None, **opts: Any) -> PromptCache:
     """A :class:`PromptCache` for ``model``: its :func:`identity`, on its device
-    (:func:`model_device`); ``opts`` are PromptCache's (``ram_max_bytes``, ...)."""
+    (:func:`model_device`); ``opts`` are PromptCache's (``ram_max_bytes``, ...).
+    ``share_prefixes`` is off unless given: restores of shared entries into GPU memory cost
+    several times a whole entry's today (docs/SHARING.md §8)."""
     opts.setdefault("device", model_device(model))
+    opts.setdefault("share_prefixes", False)
     return PromptCache(cold_dir, **identity(model, tokenizer=tokenizer, digest=digest), **opts)
 
 

@@ -189,8 +189,19 @@ def test_standin_prompt_cache_restores_into_the_final_tensors(tmp_path):
     for i in range(3):
         assert torch.equal(cache.key_cache[i], saved.key_cache[i])
         assert torch.equal(cut.value_cache[i], saved.value_cache[i][:, :, :250])
+    # the adapter keeps entries whole unless sharing is asked for (SHARING.md §8)
+    assert list((tmp_path / "pc").rglob("*.mlxkv"))
+    assert not list((tmp_path / "pc").rglob("*.kvchunk"))
     with kvtier.hf.prompt_cache(model, tmp_path / "pc", **opts) as pc:  # a restart: disk
         n, cache = kvtier.hf.restore_cache(pc, ids, cache_cls=StandInDynamicCache)
+        assert n == 399 and all(torch.equal(cache.key_cache[i], saved.key_cache[i])
+                                for i in range(3))
+    with kvtier.hf.prompt_cache(model, tmp_path / "shared", share_prefixes=True, **opts) as pc:
+        kvtier.hf.save_cache(pc, ids[:, :-1], saved)
+    assert list((tmp_path / "shared").rglob("*.kvchunk"))
+    with kvtier.hf.prompt_cache(model, tmp_path / "shared", share_prefixes=True, **opts) as pc:
+        n, cache = kvtier.hf.restore_cache(pc, ids, cache_cls=StandInDynamicCache)
+        kvtier.hf.wait_restored(cache)
         assert n == 399 and all(torch.equal(cache.key_cache[i], saved.key_cache[i])
                                 for i in range(3))
     tuned = TinyModel(0)
