@@ -159,7 +159,7 @@ int redis_restart(struct redis_srv *s)
 
 const char *redis_url(const struct redis_srv *s, const char *prefix)
 {
-    static char buf[256];
+    static _Thread_local char buf[256]; /* suites call it from several threads */
     snprintf(buf, sizeof(buf), "redis://127.0.0.1:%d/%s", s->port, prefix);
     return buf;
 }

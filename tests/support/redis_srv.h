@@ -43,7 +43,7 @@ void redis_kill(struct redis_srv *s);
 int redis_restart(struct redis_srv *s);
 /** Run redis-cli against @p s with @p args; its output in *out (may be NULL; caller frees). */
 int redis_cli(const struct redis_srv *s, const char *args, char **out);
-/** "redis://127.0.0.1:<port>/<prefix>" (static buffer). */
+/** "redis://127.0.0.1:<port>/<prefix>" (a buffer of the calling thread). */
 const char *redis_url(const struct redis_srv *s, const char *prefix);
 
 /** A cluster of @p masters masters with @p replicas replicas each. */
