@@ -17,7 +17,7 @@ struct kvt_remote {
     int poll_ms;
     uint64_t max_bytes, max_entry_bytes, chunk_bytes;
     bool no_verify;
-    bool share; /* upload shared prefixes once (SHARING.md "The remote tier") */
+    bool share;      /* upload shared prefixes once (SHARING.md "The remote tier") */
     uint32_t serial; /* kvt_hit.store of the hits this remote finds */
     kvt_log_fn log;
     void *log_ud;
