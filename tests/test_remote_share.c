@@ -521,6 +521,39 @@ static void test_hostile_shared_records(void **state)
     kvt_remote_close(w);
 }
 
+/* A put whose record was published but could not be made permanent (PERSIST refused to this
+ * user) fails whole: the record leaves the index with its objects, never listed with keys
+ * deleted under it; the next writer of the prefix uploads it again and a reader restores it. */
+static void test_failure_after_publish(void **state)
+{
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(
+        redis_cli(&S, "ACL SETUSER nopersist on '>pw' '~*' '&*' '+@all' '-persist'", &out), 0);
+    free(out);
+    struct kvt_remote_opts o;
+    char url[160];
+    snprintf(url, sizeof(url), "redis://nopersist:pw@127.0.0.1:%d/afterpub", S.port);
+    remote_opts(&o, url, 4096, 2000, 100);
+    o.share_prefixes = true;
+    kvt_remote *w = NULL;
+    assert_int_equal(kvt_remote_open(&o, &w), 0);
+    assert_true(put_branch(w, 0, 0) < 0);
+    struct server_state st;
+    check_server("afterpub", true, &st); /* every listed object's keys are there */
+    assert_int_equal(st.records, 0);
+    assert_int_equal(st.objects, 0);
+    state_free(&st);
+    kvt_remote *ok = open_share("afterpub", true, 0);
+    assert_int_equal(put_branch(ok, 0, 1), 0);
+    kvt_remote *rd = open_share("afterpub", false, 0);
+    wait_synced(rd, 1);
+    assert_int_equal(restore_branch(rd, 0, 1), 1);
+    kvt_remote_close(rd);
+    kvt_remote_close(ok);
+    kvt_remote_close(w);
+}
+
 /* A shared entry's record rewritten to list no objects names bytes that are only its tail:
  * every cache but the tail's rows missing. A miss (V21), never a short entry served. */
 static void test_tail_listed_as_whole(void **state)
@@ -600,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_writer_killed_mid_upload),
         cmocka_unit_test(test_hostile_shared_records),
         cmocka_unit_test(test_tail_listed_as_whole),
+        cmocka_unit_test(test_failure_after_publish),
         cmocka_unit_test(test_cli_ls_gc),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -31,6 +31,7 @@ struct sput {
     char (*ids)[33];
     bool *mine;      /* object k is this upload's own copy */
     uint64_t loaded; /* bytes of objects this upload wrote */
+    bool sent;       /* a publish went out: the record may be listed, whatever the reply */
 };
 
 static int collect_id(void *ud, size_t k, const char *id)
@@ -133,6 +134,7 @@ static int publish(struct sput *s)
     bool done = false;
     for (int t = 0; rc == 0 && !done && t < PUBLISH_TRIES; t++) {
         struct kvt_rout o;
+        s->sent = true;
         rc = kvt_remote_admit(s->r, s->rec, 0, s->r->max_bytes, true, &o);
         if (rc < 0)
             break;
@@ -153,7 +155,10 @@ static int publish(struct sput *s)
 }
 
 /* The tail's image, its chunks written, the objects written or taken, the record published
- * and made permanent; on failure before the publish nothing of it is left. put_mu held. */
+ * and made permanent; on failure before the publish nothing of it is left. After a publish
+ * went out the record may be listed, and its objects with it (other records may have taken
+ * them since): it is removed as any record is, its objects with the last record that needs
+ * them, and its own copies that were never listed expire. put_mu held. */
 static int upload(struct sput *s, const struct kvt_image *tail)
 {
     struct kvt_rrec *rec = s->rec;
@@ -170,10 +175,14 @@ static int upload(struct sput *s, const struct kvt_image *tail)
     if (rc < 0) {
         char why[512]; /* the failure, not the cleanup's own, is what the caller hears */
         snprintf(why, sizeof(why), "%s", kvt_last_error());
-        for (size_t k = 0; k < rec->n_objs; k++)
-            if (s->mine[k])
-                drop_own(s, k);
-        kvt_rentry_del(&s->r->put_rc, &s->r->keys, &te);
+        if (s->sent) {
+            kvt_remote_delete(s->r, &s->r->put_rc, rec);
+        } else {
+            for (size_t k = 0; k < rec->n_objs; k++)
+                if (s->mine[k])
+                    drop_own(s, k);
+            kvt_rentry_del(&s->r->put_rc, &s->r->keys, &te);
+        }
         kvt_fail(rc, "%s", why);
     }
     return rc;
@@ -208,7 +217,7 @@ int kvt_remote_put_shared(struct kvt_remote *r, const struct kvt_entry *e, struc
     struct kvt_entry copy = *e;
     copy.meta = (struct kvt_meta){r->model, r->fp, r->tok, rec->ns};
     size_t m = kvt_share_chunks(e->n_tokens);
-    struct sput s = {r, &copy, rec, calloc(m, sizeof(*s.ids)), calloc(m, sizeof(bool)), 0};
+    struct sput s = {r, &copy, rec, calloc(m, sizeof(*s.ids)), calloc(m, sizeof(bool)), 0, false};
     rec->objs = calloc(m, sizeof(*rec->objs));
     int rc = s.ids && s.mine && rec->objs ? 0 : kvt_fail(-ENOMEM, "remote: out of memory");
     if (rc == 0) {

@@ -111,7 +111,8 @@ static int open_remote(const struct kvt_pcache_opts *o, struct kvt_tier_cfg *cfg
         ro.config_fingerprint = o->cold.config_fingerprint;
         ro.tokenizer_hash = o->cold.tokenizer_hash;
     }
-    ro.share_prefixes = ro.share_prefixes || o->cold.share_prefixes; /* as the store puts */
+    ro.share_prefixes =
+        ro.share_prefixes || o->cold.share_prefixes || o->share_prefixes; /* as the store puts */
     if (!ro.log) {
         ro.log = o->log;
         ro.log_ud = o->log_ud;
