@@ -124,6 +124,58 @@ static void test_one_load(void **state)
     free(tok);
 }
 
+/* The first file in the store's namespace directory whose name ends in @p ext (malloc'd). */
+static char *first_file(const char *ext)
+{
+    char *cmd = strf("find '%s/%s' -type f -name '*%s' | sort | head -1", test_dir, FP, ext), *out;
+    run_capture(cmd, &out);
+    free(cmd);
+    out[strcspn(out, "\n")] = '\0';
+    assert_true(out[0] != '\0');
+    return out;
+}
+
+/*
+ * A chunk replaced under its name between the check of its header and its read (its entries
+ * evicted and the chunk removed by another process, then the prefix put again with other
+ * bytes) is a stale read, -ESTALE, not a corrupt chunk: the store would otherwise quarantine
+ * the new chunk and every entry that needs it.
+ */
+static void test_chunk_replaced_while_restored(void **state)
+{
+    (void)state;
+    kvt_store *s = open_store();
+    struct kvt_entry *e;
+    int32_t *tok;
+    put_branch(s, 0, &e, &tok);
+    char *tail = first_file(".kvshare"), *chunk = first_file(".kvchunk");
+    struct kvt_expect x = {.model_id = MODEL, .config_fingerprint = FP, .tokenizer_hash = TOKH};
+    struct kvt_share_open so;
+    char *bad = NULL;
+    assert_int_equal(kvt_share_open(tail, &x, &so, &bad), 0);
+    char *cmd = strf("cp '%s' '%s.new' && printf '\\377' | dd of='%s.new' bs=1 seek=$(( $(stat "
+                     "-c %%s '%s') - 7 )) conv=notrunc status=none && mv '%s.new' '%s'",
+                     chunk, chunk, chunk, chunk, chunk, chunk);
+    assert_int_equal(system(cmd), 0);
+    free(cmd);
+    void *none[64] = {0}; /* every slot only checked */
+    struct kvt_slot_dst d[64];
+    size_t slots = 0;
+    for (size_t i = 0; i < so.whole->n_caches; i++)
+        slots += (size_t)so.whole->caches[i].n_slots;
+    assert_true(slots <= 64);
+    kvt_share_placed_dsts(so.whole, none, d);
+    assert_int_equal(kvt_share_read(&so, d, &x, &bad), -ESTALE);
+    assert_non_null(strstr(kvt_last_error(), "replaced"));
+    free(bad);
+    kvt_share_close(&so);
+    free(tail);
+    free(chunk);
+    kvt_store_close(s);
+    kvt_entry_free(e);
+    free(tok);
+}
+
 /* Placement into malloc'd memory, one allocation per slot; @p refuse: refuse instead. */
 struct hplace {
     uint8_t *mem[8];
@@ -370,6 +422,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_load, test_dir_setup, test_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_chunk_replaced_while_restored, test_dir_setup,
+                                        test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_restore_into, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_restore_to_device, test_dir_setup, test_dir_teardown),
         cmocka_unit_test_setup_teardown(test_restore_to_cuda, test_dir_setup, test_dir_teardown),

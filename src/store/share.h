@@ -78,8 +78,9 @@ struct kvt_share_open {
     /* the whole entry: the tail's header with every cut layer grown to all n rows, its slots
      * contiguous [B, H, n, D] (offsets in order, hashes 0) */
     struct kvt_header *whole;
-    size_t nf; /* files: the tail, then its chunks in order */
-    int *fd;   /* the tail's open; a chunk's only while it is read */
+    size_t nf;     /* files: the tail, then its chunks in order */
+    int *fd;       /* the tail's open; a chunk's only while it is read */
+    uint64_t *ino; /* a chunk's inode when its header was checked: its read must find it */
     struct kvt_header **h;
     char **path;
     uint64_t own; /* rows of the tail's cut layers: n - 256m */

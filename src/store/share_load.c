@@ -35,6 +35,7 @@ void kvt_share_close(struct kvt_share_open *so)
             free(so->path[f]);
     }
     free(so->fd);
+    free(so->ino);
     free(so->h);
     free(so->path);
     kvt_header_free(so->whole);
@@ -170,7 +171,12 @@ static int open_chunk(void *ud, size_t k, const char *id)
     int fd;
     int rc = kvt_file_open_header(so->path[f], &j->cx, &fd, &so->h[f]);
     if (rc == 0) {
+        struct stat st;
+        rc = kvt_io()->fstat(fd, &st);
+        so->ino[f] = (uint64_t)st.st_ino;
         kvt_io()->close(fd);
+    }
+    if (rc == 0) {
         rc = chunk_fits(so->whole, so->h[f], k, so->path[f]);
     }
     if (rc < 0 && j->bad)
@@ -194,10 +200,12 @@ static int open_tail(struct kvt_share_open *so, const char *tail_path, const str
         return rc;
     size_t m = kvt_share_chunks(t->n_tokens);
     int *fds = malloc((m + 1) * sizeof(*fds));
+    uint64_t *ino = calloc(m + 1, sizeof(*ino));
     struct kvt_header **h = calloc(m + 1, sizeof(*h));
     char **path = calloc(m + 1, sizeof(*path));
-    if (!fds || !h || !path || !(path[0] = strdup(tail_path))) {
+    if (!fds || !ino || !h || !path || !(path[0] = strdup(tail_path))) {
         free(fds);
+        free(ino);
         free(h);
         free(path);
         kvt_header_free(t);
@@ -208,7 +216,7 @@ static int open_tail(struct kvt_share_open *so, const char *tail_path, const str
         fds[f] = -1;
     fds[0] = fd;
     h[0] = t;
-    *so = (struct kvt_share_open){.nf = m + 1, .fd = fds, .h = h, .path = path};
+    *so = (struct kvt_share_open){.nf = m + 1, .fd = fds, .ino = ino, .h = h, .path = path};
     so->own = t->n_tokens - m * KVT_SHARE_CHUNK;
     rc = tail_fits(t, tail_path, so->own);
     return rc ? rc : whole_header(t, tail_path, &so->whole);
@@ -261,7 +269,10 @@ static void file_dsts(const struct kvt_share_open *so, size_t f, const struct kv
     }
 }
 
-/* Reopen chunk file @p f for its read: the same file whose header was checked, or corrupt. */
+/* Reopen chunk file @p f for its read: the same file whose header was checked. Another file
+ * under its name (its entries evicted and the chunk removed by another process, then the
+ * prefix put again) is no fault of the chunk: -ESTALE, a miss that removes nothing. The same
+ * file at another size is corrupt. */
 static int reopen(struct kvt_share_open *so, size_t f)
 {
     if (so->fd[f] >= 0)
@@ -271,7 +282,9 @@ static int reopen(struct kvt_share_open *so, size_t f)
         return kvt_fail(fd, "%s: open: %s", so->path[f], kvt_strerror(fd));
     struct stat st;
     int rc = kvt_io()->fstat(fd, &st);
-    if (rc == 0 && (uint64_t)st.st_size != so->h[f]->file_size)
+    if (rc == 0 && (uint64_t)st.st_ino != so->ino[f])
+        rc = kvt_fail(-ESTALE, "%s: replaced while being restored", so->path[f]);
+    else if (rc == 0 && (uint64_t)st.st_size != so->h[f]->file_size)
         rc = kvt_fail(KVT_E_CORRUPT, "%s: changed size while being restored", so->path[f]);
     if (rc) {
         kvt_io()->close(fd);
