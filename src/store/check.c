@@ -98,9 +98,14 @@ static int note_needed(void *ud, size_t k, const char *id)
     char *path = kvt_share_chunk_path(n->dir, id);
     if (!path)
         return -ENOMEM;
-    if (kvt_hmap_get(n->set, kvt_str_hash(path), str_same, path) ||
-        kvt_hmap_put(n->set, kvt_str_hash(path), path) < 0)
+    if (kvt_hmap_get(n->set, kvt_str_hash(path), str_same, path)) {
         free(path);
+        return 0;
+    }
+    if (kvt_hmap_put(n->set, kvt_str_hash(path), path) < 0) {
+        free(path); /* a needed chunk not noted: the set is incomplete */
+        return -ENOMEM;
+    }
     return 0;
 }
 
