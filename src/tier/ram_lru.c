@@ -114,15 +114,16 @@ static bool same_tokens(const struct kvt_entry *e, const int32_t *tok, size_t n)
     return e->n_tokens == n && (n == 0 || !memcmp(e->tokens, tok, n * sizeof(*tok)));
 }
 
-/* Remove recs[i] keeping insertion order. */
-static struct rec *detach(struct kvt_ram_lru *lru, size_t i)
+/* Remove recs[i] keeping insertion order; @p spill: the record may be spilled (its chunks cloned).
+ */
+static struct rec *detach(struct kvt_ram_lru *lru, size_t i, bool spill)
 {
     struct rec *r = lru->recs[i];
     memmove(lru->recs + i, lru->recs + i + 1, (lru->n - i - 1) * sizeof(*lru->recs));
     lru->n--;
     lru->total_bytes -= r->bytes;
-    if (r->m) { /* clones of its chunks go with it: a spill joins them */
-        r->parts = calloc(r->m, sizeof(*r->parts));
+    if (r->m) { /* clones of its chunks go with it only for a spill, which joins them */
+        r->parts = spill && !r->on_disk ? calloc(r->m, sizeof(*r->parts)) : NULL;
         kvt_ram_chunks_drop(lru->cfg.cache, r->chunks, r->m, r->parts, &lru->total_bytes);
         free(r->chunks);
         r->chunks = NULL;
@@ -257,7 +258,7 @@ void kvt_ram_lru_clear(struct kvt_ram_lru *lru)
     list_init(&all);
     pthread_mutex_lock(&lru->mu);
     while (lru->n)
-        list_push(&all, detach(lru, lru->n - 1));
+        list_push(&all, detach(lru, lru->n - 1, false));
     pthread_mutex_unlock(&lru->mu);
     dispose_list(lru, all.head, false);
 }
@@ -574,7 +575,7 @@ static void detach_superseded(struct kvt_ram_lru *lru, const struct rec *r, stru
                 gone = true; /* strict prefix ancestor, superseded */
         }
         if (gone)
-            list_push(out, detach(lru, i));
+            list_push(out, detach(lru, i, false));
         else
             i++;
     }
@@ -590,7 +591,7 @@ static void detach_over_cap(struct kvt_ram_lru *lru, struct rec_list *out)
         for (size_t i = 1; i < lru->n; i++)
             if (lru->recs[i]->last_used < lru->recs[oldest]->last_used)
                 oldest = i;
-        list_push(out, detach(lru, oldest));
+        list_push(out, detach(lru, oldest, true));
     }
 }
 
@@ -878,7 +879,7 @@ size_t kvt_ram_lru_demote_idle(struct kvt_ram_lru *lru, int64_t idle_ms, int64_t
     pthread_mutex_lock(&lru->mu);
     for (size_t i = 0; i < lru->n;) {
         if (now - lru->recs[i]->last_used_ms >= idle_ms) {
-            list_push(&idle, detach(lru, i));
+            list_push(&idle, detach(lru, i, true));
             count++;
         } else {
             i++;
