@@ -114,8 +114,7 @@ static bool same_tokens(const struct kvt_entry *e, const int32_t *tok, size_t n)
     return e->n_tokens == n && (n == 0 || !memcmp(e->tokens, tok, n * sizeof(*tok)));
 }
 
-/* Remove recs[i] keeping insertion order; @p spill: the record may be spilled (its chunks cloned).
- */
+/* Remove recs[i] keeping insertion order; @p spill: it may be spilled (its chunks cloned). */
 static struct rec *detach(struct kvt_ram_lru *lru, size_t i, bool spill)
 {
     struct rec *r = lru->recs[i];
