@@ -129,8 +129,13 @@ int kvt_llama_flush(kvt_llama *kl, int64_t timeout_ms)
     struct kvt_flush_report r;
     int rc = kvt_pcache_flush(kl->pc, timeout_ms < 0 ? 120000 : timeout_ms, &r);
     if (rc == 0 && !r.durable)
-        rc = kvt_set_error(-EIO, "kvtier-llama: not durable: %llu dropped, %llu failed writes",
-                           (unsigned long long)r.dropped, (unsigned long long)r.failed);
+        rc = kvt_set_error(-EIO,
+                           "kvtier-llama: not durable: %llu dropped, %llu failed writes, %llu "
+                           "entries gone from RAM before their snapshot, %llu snapshots and %llu "
+                           "spills pending",
+                           (unsigned long long)r.dropped, (unsigned long long)r.failed,
+                           (unsigned long long)r.missing, (unsigned long long)r.pending_snapshots,
+                           (unsigned long long)r.pending_spills);
     return rc;
 }
 
