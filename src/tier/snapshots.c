@@ -230,6 +230,22 @@ static int clone_step(void *arg)
     return st->rc < 0 ? st->rc : 0;
 }
 
+/* Whether the tokens of @p k are still on their way to the disk though its record left RAM:
+ * another dirty key of its namespace extends them (the record that superseded it), or the
+ * write queue still holds work (a spill of it). Its outcome then waits for a later attempt. */
+static bool on_the_way(struct kvt_snapshots *wb, const struct key *k)
+{
+    struct kvt_write_queue_stats qs;
+    kvt_write_queue_get_stats(wb->q, &qs);
+    bool yes = qs.pending_count > 0;
+    pthread_mutex_lock(&wb->mu);
+    for (const struct key *o = wb->keys; o && !yes; o = o->next)
+        yes = o != k && o->n > k->n && !strcmp(o->ns, k->ns) &&
+              !memcmp(o->tok, k->tok, k->n * sizeof(*k->tok));
+    pthread_mutex_unlock(&wb->mu);
+    return yes;
+}
+
 /* One attempt on @p k, whose `running` the caller set. The outcome is recorded here, or by
  * the queue's settle callback once the snapshot is written. */
 static void attempt(struct kvt_snapshots *wb, struct key *k, uint64_t gen, bool forced)
@@ -262,7 +278,7 @@ static void attempt(struct kvt_snapshots *wb, struct key *k, uint64_t gen, bool 
     }
     /* Evicted or superseded: fine if the disk already holds it (or a longer trimmable one). */
     bool durable = c->cold->has_durable_prefix(c->store, k->tok, k->n, k->ns);
-    finish(wb, k, gen, durable ? OUT_STORED : OUT_MISSING);
+    finish(wb, k, gen, durable ? OUT_STORED : on_the_way(wb, k) ? OUT_FAILED : OUT_MISSING);
 }
 
 int64_t kvt_snapshots_tick(void *arg, int64_t now)
