@@ -57,7 +57,9 @@ static void *relay(void *arg)
     }
     close(k->c);
     close(k->s);
+    struct slow_relay *p = k->p;
     free(k);
+    p->live--; /* the last touch of p: stop may return once every relay got here */
     return NULL;
 }
 
@@ -72,8 +74,15 @@ static void *accept_main(void *arg)
         pthread_t t;
         if (k) {
             *k = (struct conn){p, c, socket(AF_INET, SOCK_STREAM, 0), 0};
-            pthread_create(&t, NULL, relay, k);
-            pthread_detach(t);
+            p->live++;
+            if (pthread_create(&t, NULL, relay, k) == 0) {
+                pthread_detach(t);
+            } else {
+                p->live--;
+                close(k->c);
+                close(k->s);
+                free(k);
+            }
         } else {
             close(c);
         }
@@ -100,5 +109,6 @@ void slow_relay_stop(struct slow_relay *p)
     shutdown(p->lfd, SHUT_RDWR);
     pthread_join(p->th, NULL);
     close(p->lfd);
-    msleep(100); /* the relays see the flag within one poll */
+    while (p->live > 0) /* each relay sees the flag within one poll */
+        msleep(5);
 }

@@ -16,6 +16,7 @@ struct slow_relay {
     int lfd, port, to_port;
     size_t fast_bytes;      /* towards the client, passed at full speed before the trickle */
     _Atomic int slow, stop; /* read by the relay threads */
+    _Atomic int live;       /* relay threads still running: stop waits for none */
     pthread_t th;
 };
 
